@@ -1,0 +1,145 @@
+"""analyze(): model -> Report, by the passes load, bind + infer, graph, order, liveness, summarize."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import onnx
+
+from .dtypes import dtype_name
+from .graph import INPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from .liveness import Timeline, liveness
+from .load import load_model
+from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
+from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
+from .schedule import execution_order
+from .shapes import bind_and_infer
+
+_TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
+
+
+def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
+            default_dim: int | None = None, order: str = "model",
+            rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+    """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims."""
+    loaded = load_model(model)
+    sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
+    graph = build_graph(loaded.proto, sized.types)
+    steps = execution_order(graph, order)
+    timeline = liveness(graph, steps, rules)
+    warnings = [*loaded.warnings, *sized.warnings, *graph.warnings, *_size_warnings(graph, timeline)]
+    return Report(
+        model=str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>"),
+        dims=dict(sized.dims),
+        order=order,
+        nodes=len(graph.ops),
+        tensors=len(graph.tensors),
+        opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},
+        inference=summarize_inference(graph, timeline),
+        warnings=tuple(warnings),
+    )
+
+
+def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
+    """Give the inference part of a report from the graph and its timeline."""
+    weights = graph.tensors_of_kind(WEIGHT)
+    by_dtype: dict[str, int] = {}
+    for t in weights:
+        by_dtype[dtype_name(t.dtype)] = by_dtype.get(dtype_name(t.dtype), 0) + (t.nbytes or 0)
+    weights_bytes = sum(by_dtype.values())
+    input_bytes = sum(t.nbytes or 0 for t in graph.tensors_of_kind(INPUT))
+    output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
+    step = timeline.peak_step
+    peak_op = graph.ops[timeline.order[step]] if step >= 0 else None
+    live = [graph.tensors[t] for t in timeline.live_at(step)] if step >= 0 else []
+    live.sort(key=lambda t: -(t.nbytes or 0))
+    owned = [t for t in graph.tensors if timeline.buffer_of[t.index] == t.index]
+    return InferenceReport(
+        weights_bytes=weights_bytes,
+        weights_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        peak_activation_bytes=timeline.peak_bytes,
+        peak_bytes=weights_bytes + input_bytes + timeline.peak_bytes,
+        peak_node=peak_op.name if peak_op else "",
+        peak_op_type=peak_op.op_type if peak_op else "",
+        peak_step=step,
+        sum_activation_bytes=sum(t.nbytes or 0 for t in owned),
+        live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
+        by_op_type=_by_op_type(graph, timeline),
+        by_layer=_by_layer(graph, timeline),
+        unsized_tensors=len(timeline.unsized),
+    )
+
+
+def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
+    producer = graph.ops[t.producer] if t.producer is not None else None
+    return LiveTensor(
+        name=t.name, shape=t.shape, dtype=dtype_name(t.dtype), bytes=t.nbytes,
+        producer=producer.name if producer else "", op_type=producer.op_type if producer else "",
+        layer=producer.layer if producer else "",
+    )
+
+
+def _weight_bytes_read(graph: ModelGraph, op_index: int, seen: set[int]) -> int:
+    total = 0
+    for t in graph.ops[op_index].inputs:
+        if t >= 0 and t not in seen and graph.tensors[t].kind == WEIGHT:
+            seen.add(t)
+            total += graph.tensors[t].nbytes or 0
+    return total
+
+
+def _allocated_bytes(graph: ModelGraph, timeline: Timeline, op_index: int) -> int:
+    return sum(graph.tensors[t].nbytes or 0 for t in graph.ops[op_index].outputs
+               if t >= 0 and timeline.buffer_of[t] == t)
+
+
+def _by_op_type(graph: ModelGraph, timeline: Timeline) -> tuple[OpTypeRow, ...]:
+    rows: dict[str, list[int]] = {}
+    seen: set[int] = set()
+    for op in graph.ops:
+        row = rows.setdefault(op.op_type, [0, 0, 0])
+        row[0] += 1
+        row[1] += _weight_bytes_read(graph, op.index, seen)
+        row[2] += _allocated_bytes(graph, timeline, op.index)
+    ordered = sorted(rows.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
+    return tuple(OpTypeRow(k, v[0], v[1], v[2]) for k, v in ordered)
+
+
+def _by_layer(graph: ModelGraph, timeline: Timeline) -> tuple[LayerRow, ...]:
+    rows: dict[str, list[int]] = {}
+    seen: set[int] = set()
+    for step, op_index in enumerate(timeline.order):
+        op = graph.ops[op_index]
+        row = rows.setdefault(op.layer or "(top level)", [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += _weight_bytes_read(graph, op_index, seen)
+        row[2] += _allocated_bytes(graph, timeline, op_index)
+        row[3] = max(row[3], timeline.live_bytes[step])
+    return tuple(LayerRow(k, *v) for k, v in rows.items())
+
+
+def _size_warnings(graph: ModelGraph, timeline: Timeline) -> list[Warning]:
+    if not timeline.unsized:
+        return []
+    names = []
+    for t in timeline.unsized[:10]:
+        tensor = graph.tensors[t]
+        producer = graph.ops[tensor.producer] if tensor.producer is not None else None
+        where = f" from {producer.op_type} node '{producer.name}'" if producer else ""
+        names.append(f"'{tensor.name}'{where} (shape {_shape_text(tensor.shape)})")
+    more = f" and {len(timeline.unsized) - 10} more" if len(timeline.unsized) > 10 else ""
+    return [Warning(
+        "unknown-shape",
+        f"{len(timeline.unsized)} activations have no known size and are not counted, so the activation peak "
+        f"is a lower bound: {', '.join(names)}{more}",
+    )]
+
+
+def _shape_text(shape: tuple[object, ...] | None) -> str:
+    if shape is None:
+        return "unknown rank"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+

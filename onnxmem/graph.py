@@ -1,0 +1,250 @@
+"""ModelGraph: the networkx graph of operators and tensors, with every tensor's dtype, shape and bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import networkx as nx
+import onnx
+from onnx import AttributeProto, GraphProto
+
+from .dtypes import tensor_bytes
+from .errors import ModelFileError
+from .report import Warning
+
+WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "output", "outer"
+Dim = int | str | None
+_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
+# Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
+_RUNTIME_DOMAINS = ("com.microsoft", "com.microsoft.nchwc", "com.microsoft.dml", "org.pytorch.aten", "com.ms.internal.nhwc")
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A value in the graph: its size where known, its kind, who makes it and who reads it."""
+
+    index: int
+    name: str
+    dtype: int  # onnx.TensorProto element type; 0 where unknown
+    shape: tuple[Dim, ...] | None  # None: rank unknown; a str or None dim: size unknown
+    nbytes: int | None  # None: the size could not be known
+    kind: str  # weight | input | activation | output | outer (a subgraph's read of its parent's tensor)
+    producer: int | None = None  # op index
+    consumers: list[int] = field(default_factory=list)  # op indices, implicit (subgraph) reads included
+
+
+@dataclass(slots=True)
+class Op:
+    """An operator node, with the tensors it reads and writes as indices into ModelGraph.tensors."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[int, ...]  # -1 for an omitted optional input
+    outputs: tuple[int, ...]  # -1 for an omitted optional output
+    implicit_inputs: tuple[int, ...] = ()  # outer tensors that its subgraphs read
+    subgraphs: tuple[ModelGraph, ...] = ()
+    layer: str = ""
+
+
+class ModelGraph:
+    """The one graph every pass reads: networkx topology plus arrays of ops and tensors indexed like it.
+
+    Node ids in `nx` are integers: op i is node i, tensor j is node len(ops) + j. Edges run
+    producer op -> tensor -> consumer op. The model's node order is kept in `ops` (a valid schedule).
+    """
+
+    def __init__(self, ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int],
+                 warnings: list[Warning]) -> None:
+        self.ops = ops
+        self.tensors = tensors
+        self.inputs = inputs
+        self.outputs = outputs
+        self.warnings = warnings
+        self.tensor_index = {t.name: t.index for t in tensors}
+        self.nx = nx.DiGraph()
+        n = len(ops)
+        self.nx.add_nodes_from(range(n + len(tensors)))
+        edges: list[tuple[int, int]] = []
+        for op in ops:
+            edges.extend((n + t, op.index) for t in (*op.inputs, *op.implicit_inputs) if t >= 0)
+            edges.extend((op.index, n + t) for t in op.outputs if t >= 0)
+        self.nx.add_edges_from(edges)
+
+    def op_node(self, op: int) -> int:
+        """Give the networkx node id of op `op`."""
+        return op
+
+    def tensor_node(self, tensor: int) -> int:
+        """Give the networkx node id of tensor `tensor`."""
+        return len(self.ops) + tensor
+
+    def tensors_of_kind(self, *kinds: str) -> list[Tensor]:
+        """Give the tensors of the given kinds, in index order."""
+        return [t for t in self.tensors if t.kind in kinds]
+
+
+def build_graph(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]) -> ModelGraph:
+    """Give the sized graph of a model, given the type of each tensor that inference found."""
+    known_ops = _known_functions(model)
+    return _Builder(types, known_ops).build(model.graph, outer=frozenset())
+
+
+def _known_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
+    return {(f.domain, f.name) for f in model.functions}
+
+
+class _Builder:
+    def __init__(self, types: Mapping[str, onnx.TypeProto], functions: set[tuple[str, str]]) -> None:
+        self.types = types
+        self.functions = functions
+
+    def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
+        tensors: list[Tensor] = []
+        index: dict[str, int] = {}
+        warnings: list[Warning] = []
+
+        def add(name: str, kind: str) -> int:
+            dtype, shape, nbytes = self._size(name)
+            t = Tensor(len(tensors), name, dtype, shape, nbytes, kind)
+            tensors.append(t)
+            index[name] = t.index
+            return t.index
+
+        for init in graph.initializer:
+            add(init.name, WEIGHT)
+        inputs = [index[v.name] if v.name in index else add(v.name, INPUT) for v in graph.input]
+        inputs = [i for i in inputs if tensors[i].kind == INPUT]
+        graph_outputs = {v.name for v in graph.output}
+
+        ops: list[Op] = []
+        unknown_ops: dict[str, int] = {}
+        scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
+        for position, node in enumerate(graph.node):
+            name = node.name or f"{node.op_type}_{position}"
+            op_inputs = []
+            for tname in node.input:
+                if not tname:
+                    op_inputs.append(-1)
+                    continue
+                if tname not in index:
+                    if tname in outer:
+                        add(tname, OUTER)
+                    else:
+                        # Resolved after the loop: the file may list nodes out of order.
+                        add(tname, "?")
+                op_inputs.append(index[tname])
+            subgraph_protos = _subgraph_protos(node)
+            if subgraph_protos and scope is None:
+                scope = outer | _all_names(graph)
+            subgraphs = tuple(self.build(g, scope) for g in subgraph_protos) if scope is not None else ()
+            implicit = []
+            for sub in subgraphs:
+                for t in sub.tensors:
+                    if t.kind == OUTER and t.name not in node.input:
+                        if t.name not in index:
+                            add(t.name, OUTER if t.name in outer else "?")
+                        if index[t.name] not in implicit:
+                            implicit.append(index[t.name])
+            kind = WEIGHT if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else ACTIVATION
+            op_outputs = []
+            for oname in node.output:
+                if not oname:
+                    op_outputs.append(-1)
+                    continue
+                if oname in index and tensors[index[oname]].kind != "?":
+                    raise ModelFileError(f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
+                if oname in index:
+                    tensors[index[oname]].kind = kind
+                    op_outputs.append(index[oname])
+                else:
+                    op_outputs.append(add(oname, kind))
+                if oname in graph_outputs and kind == ACTIVATION:
+                    tensors[index[oname]].kind = OUTPUT
+            op = Op(len(ops), name, node.op_type, node.domain, tuple(op_inputs), tuple(op_outputs),
+                    tuple(implicit), subgraphs, _layer_of(node, name))
+            for t in op_outputs:
+                if t >= 0:
+                    tensors[t].producer = op.index
+            for t in (*op_inputs, *implicit):
+                if t >= 0:
+                    tensors[t].consumers.append(op.index)
+            ops.append(op)
+            if not self._is_known(node):
+                key = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
+                unknown_ops[key] = unknown_ops.get(key, 0) + 1
+
+        for t in tensors:
+            if t.kind == "?":
+                reader = ops[t.consumers[0]].name if t.consumers else "?"
+                raise ModelFileError(
+                    f"invalid graph: tensor '{t.name}' read by node '{reader}' is produced by no node, "
+                    "input or initializer")
+        outputs = []
+        for v in graph.output:
+            if v.name not in index:
+                raise ModelFileError(f"invalid graph: graph output '{v.name}' is produced by no node")
+            outputs.append(index[v.name])
+        for op_name, count in unknown_ops.items():
+            warnings.append(Warning(
+                "unknown-operator",
+                f"operator {op_name} ({count} nodes) is not in the ONNX standard or onnxruntime's domains: "
+                "its outputs are sized only if shape inference found them, and it is assumed to use no "
+                "memory beyond its outputs"))
+        return ModelGraph(ops, tensors, inputs, outputs, warnings)
+
+    def _size(self, name: str) -> tuple[int, tuple[Dim, ...] | None, int | None]:
+        type_proto = self.types.get(name)
+        if type_proto is None or not type_proto.HasField("tensor_type"):
+            return 0, None, None
+        tensor_type = type_proto.tensor_type
+        dtype = tensor_type.elem_type
+        if not tensor_type.HasField("shape"):
+            return dtype, None, None
+        shape: list[Dim] = []
+        for d in tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                shape.append(int(d.dim_value))
+            else:
+                shape.append(d.dim_param or None)
+        if all(isinstance(d, int) for d in shape):
+            count = 1
+            for d in shape:
+                count *= d  # type: ignore[operator]
+            return dtype, tuple(shape), tensor_bytes(dtype, count)
+        return dtype, tuple(shape), None
+
+    def _is_known(self, node: onnx.NodeProto) -> bool:
+        if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions:
+            return True
+        if node.domain in _STANDARD_DOMAINS:
+            return bool(onnx.defs.has(node.op_type, node.domain))
+        return False
+
+
+def _subgraph_protos(node: onnx.NodeProto) -> list[GraphProto]:
+    graphs: list[GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        elif attr.type == AttributeProto.GRAPHS:
+            graphs.extend(attr.graphs)
+    return graphs
+
+
+def _all_names(graph: GraphProto) -> set[str]:
+    names = {t.name for t in graph.initializer} | {v.name for v in graph.input}
+    for node in graph.node:
+        names.update(o for o in node.output if o)
+    return names
+
+
+def _layer_of(node: onnx.NodeProto, name: str) -> str:
+    for prop in node.metadata_props:
+        if prop.key in ("pkg.torch.onnx.name_scopes", "namespace"):
+            return prop.value
+    if "/" in name.strip("/"):
+        return name.rsplit("/", 1)[0]
+    return ""

@@ -1,0 +1,31 @@
+"""Per-operator memory rules, kept as tables: adding an operator is one line in one table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .inference import ALIASES, IN_PLACE
+
+
+@dataclass(frozen=True)
+class InferenceRules:
+    """Which outputs share an input's buffer (aliases) or may take a dying input's buffer (in place)."""
+
+    aliases: dict[str, int]  # op type -> input index whose buffer output 0 always shares
+    in_place: frozenset[str]  # op types whose output 0 may reuse input 0's buffer when input 0 dies there
+
+    def alias_input(self, op_type: str, domain: str = "") -> int | None:
+        """Give the input whose buffer the op's first output shares, or None."""
+        return self.aliases.get(_key(op_type, domain))
+
+    def may_run_in_place(self, op_type: str, domain: str = "") -> bool:
+        """Say whether the op's first output may take its dying first input's buffer."""
+        return _key(op_type, domain) in self.in_place
+
+
+def _key(op_type: str, domain: str) -> str:
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
+DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE))
+NO_REUSE_RULES = InferenceRules({}, frozenset())

@@ -1,0 +1,245 @@
+"""Dim binding and shape inference: every tensor gets a dtype and, where it can be known, a static shape."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
+
+from .errors import DimError
+from .report import Warning
+
+# Integer initializers up to this many elements stay in the copy given to shape inference: they are the
+# shape, axes and index constants that data propagation needs. Everything else travels as a typed input.
+_KEEP_INT_VALUES_UP_TO = 4096
+_INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
+_DIM_NAME = re.compile(r"^[^=\s]+$")
+
+
+@dataclass(frozen=True)
+class InputDim:
+    """One dimension of a graph input that has no fixed size."""
+
+    name: str  # the dim's symbolic name, or '<input>_dim<axis>' for an unnamed one
+    input: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class SizedModel:
+    """The model with the type of every tensor that inference could find, once its dims are bound."""
+
+    proto: ModelProto  # the user's model, untouched
+    types: dict[str, onnx.TypeProto]  # tensor name -> inferred type, over the graph and its subgraphs
+    dims: dict[str, int]
+    warnings: tuple[Warning, ...]
+
+
+def parse_dims(items: list[str] | tuple[str, ...]) -> dict[str, int]:
+    """Give the dims named by 'NAME=VALUE' strings (as typed after --dim)."""
+    dims: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not _DIM_NAME.match(name):
+            raise DimError(f"--dim '{item}': expected NAME=VALUE, e.g. --dim batch=8")
+        try:
+            number = int(value, 0)
+        except ValueError:
+            raise DimError(f"--dim '{item}': '{value}' is not an integer") from None
+        dims[name] = number
+    return dims
+
+
+def input_dims(model: ModelProto) -> list[InputDim]:
+    """Give every dim of the graph's inputs that has no fixed size, in input order."""
+    initializers = {t.name for t in model.graph.initializer}
+    found: list[InputDim] = []
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        shape = value.type.tensor_type.shape
+        for axis, dim in enumerate(shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            name = dim.dim_param if dim.HasField("dim_param") and dim.dim_param else f"{value.name}_dim{axis}"
+            found.append(InputDim(name, value.name, axis))
+    return found
+
+
+def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None) -> SizedModel:
+    """Give a copy of the model with the user's dims bound and every shape inference can find filled in."""
+    free = input_dims(model)
+    names = {d.name for d in free}
+    _check_dim_values(dims, default_dim)
+    unknown = sorted(set(dims) - names)
+    if unknown:
+        known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
+        raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
+    bound = dict(dims)
+    warnings: list[Warning] = []
+    unbound = [d for d in free if d.name not in bound]
+    if unbound and default_dim is None:
+        listed = ", ".join(sorted({f"{d.name} (input '{d.input}' axis {d.axis})" for d in unbound}))
+        example = " ".join(f"--dim {n}=N" for n in sorted({d.name for d in unbound}))
+        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
+    for d in unbound:
+        bound[d.name] = int(default_dim)  # type: ignore[arg-type]
+    if unbound:
+        warnings.append(Warning(
+            "default-dim",
+            f"dims {', '.join(sorted({d.name for d in unbound}))} were not given and took --default-dim {default_dim}",
+        ))
+    light = _shape_only_copy(model)
+    _name_unnamed_dims(light.graph, free)
+    _substitute(light.graph, bound)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # onnx raises several types here; any of them means "no inference"
+        warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
+        inferred = light
+    if _has_unknown_outputs(inferred.graph) and _has_custom_domains(inferred):
+        inferred = _ort_symbolic_inference(inferred, warnings)
+    return SizedModel(model, _collect_types(inferred.graph), bound, tuple(warnings))
+
+
+def _collect_types(graph: GraphProto, into: dict[str, onnx.TypeProto] | None = None) -> dict[str, onnx.TypeProto]:
+    types = {} if into is None else into
+    for value in _value_infos(graph):
+        types[value.name] = value.type
+    for tensor in graph.initializer:
+        types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims))
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                _collect_types(attr.g, types)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _collect_types(sub, types)
+    return types
+
+
+def _check_dim_values(dims: Mapping[str, int], default_dim: int | None) -> None:
+    for name, value in [*dims.items(), *([("--default-dim", default_dim)] if default_dim is not None else [])]:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise DimError(f"dim {name}={value}: must be a positive integer")
+        if value >= 2**62:
+            raise DimError(f"dim {name}={value}: too large (sizes would overflow 64-bit integers)")
+
+
+def _shape_only_copy(model: ModelProto) -> ModelProto:
+    # Shape inference needs every initializer's type and the values of small integer ones; copying the
+    # weights themselves would double the memory of a model with embedded data for nothing.
+    copy = ModelProto()
+    copy.CopyFrom(_without_initializers(model))
+    _slim_graph(model.graph, copy.graph)
+    return copy
+
+
+def _without_initializers(model: ModelProto) -> ModelProto:
+    shell = ModelProto()
+    shell.ir_version = model.ir_version
+    shell.opset_import.extend(model.opset_import)
+    shell.functions.extend(model.functions)
+    shell.graph.name = model.graph.name
+    return shell
+
+
+def _slim_graph(source: GraphProto, target: GraphProto) -> None:
+    target.input.extend(source.input)
+    target.output.extend(source.output)
+    target.value_info.extend(source.value_info)
+    declared = {v.name for v in source.input}
+    for tensor in source.initializer:
+        if _is_shape_constant(tensor):
+            target.initializer.append(tensor)
+            continue
+        if tensor.name not in declared:
+            target.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    for node in source.node:
+        copy = target.node.add()
+        copy.CopyFrom(node)
+        for attr, original in zip(copy.attribute, node.attribute):
+            if attr.type == AttributeProto.GRAPH:
+                attr.g.ClearField("initializer")
+                del attr.g.input[:], attr.g.output[:], attr.g.value_info[:], attr.g.node[:]
+                _slim_graph(original.g, attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub, orig in zip(attr.graphs, original.graphs):
+                    sub.ClearField("initializer")
+                    del sub.input[:], sub.output[:], sub.value_info[:], sub.node[:]
+                    _slim_graph(orig, sub)
+
+
+def _is_shape_constant(tensor: TensorProto) -> bool:
+    if tensor.data_type not in _INT_TYPES or tensor.data_location == TensorProto.EXTERNAL:
+        return False
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count <= _KEEP_INT_VALUES_UP_TO
+
+
+def _name_unnamed_dims(graph: GraphProto, free: list[InputDim]) -> None:
+    by_input = {v.name: v for v in graph.input}
+    for d in free:
+        dim = by_input[d.input].type.tensor_type.shape.dim[d.axis]
+        if not (dim.HasField("dim_param") and dim.dim_param):
+            dim.dim_param = d.name
+
+
+def _substitute(graph: GraphProto, bound: Mapping[str, int]) -> None:
+    for value in _value_infos(graph):
+        if not value.type.HasField("tensor_type"):
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in bound:
+                dim.dim_value = bound[dim.dim_param]
+
+
+def _value_infos(graph: GraphProto) -> Iterator[ValueInfoProto]:
+    yield from graph.input
+    yield from graph.output
+    yield from graph.value_info
+
+
+def _has_unknown_outputs(graph: GraphProto) -> bool:
+    known = {v.name for v in _value_infos(graph) if _is_static(v)}
+    return any(out and out not in known for node in graph.node for out in node.output)
+
+
+def _is_static(value: ValueInfoProto) -> bool:
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
+
+
+def _has_custom_domains(model: ModelProto) -> bool:
+    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
+
+
+def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> ModelProto:
+    # onnxruntime's symbolic shape inference knows the com.microsoft contrib ops that ONNX's does not.
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        warnings.append(Warning(
+            "contrib-shapes",
+            "the model has non-standard operators that ONNX shape inference does not know; "
+            "install onnxruntime (pip install \"onnxmem[cpu]\") for its symbolic shape inference",
+        ))
+        return model
+    try:
+        result = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception as exc:  # its failures are many and untyped; fall back to what ONNX found
+        warnings.append(Warning("contrib-shapes", f"onnxruntime symbolic shape inference failed: {_one_line(exc)}"))
+        return model
+    return result if result is not None else model
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
