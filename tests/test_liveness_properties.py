@@ -1,0 +1,133 @@
+"""Properties of liveness on random DAGs: the difference-array sweep equals a brute-force reference."""
+
+from __future__ import annotations
+
+import onnx
+import onnx.helper as oh
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
+
+from onnxmem.graph import ACTIVATION, OUTPUT, ModelGraph, build_graph
+from onnxmem.liveness import liveness
+from onnxmem.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
+from onnxmem.schedule import model_order
+from onnxmem.shapes import bind_and_infer
+
+UNARY = ("Relu", "Sigmoid", "Neg", "Identity", "Exp")
+
+
+@st.composite
+def random_dag(draw: st.DrawFn) -> onnx.ModelProto:
+    """A random graph of unary ops, Adds and Concats over [rows, 4] float tensors."""
+    rows = {"x": draw(st.integers(1, 6))}
+    nodes = []
+    for i in range(draw(st.integers(1, 14))):
+        names = sorted(rows)
+        kind = draw(st.sampled_from(("unary", "add", "concat")))
+        out = f"t{i}"
+        a = draw(st.sampled_from(names))
+        if kind == "unary":
+            nodes.append(oh.make_node(draw(st.sampled_from(UNARY)), [a], [out], name=f"n{i}"))
+            rows[out] = rows[a]
+        elif kind == "add":
+            b = draw(st.sampled_from([n for n in names if rows[n] == rows[a]]))
+            nodes.append(oh.make_node("Add", [a, b], [out], name=f"n{i}"))
+            rows[out] = rows[a]
+        else:
+            b = draw(st.sampled_from(names))
+            nodes.append(oh.make_node("Concat", [a, b], [out], axis=0, name=f"n{i}"))
+            rows[out] = rows[a] + rows[b]
+    produced = [n.output[0] for n in nodes]
+    outputs = sorted(set(draw(st.lists(st.sampled_from(produced), min_size=1, max_size=3))) | {produced[-1]})
+    graph = oh.make_graph(
+        nodes, "random", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [rows["x"], 4])],
+        [oh.make_tensor_value_info(o, TensorProto.FLOAT, [rows[o], 4]) for o in outputs])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def sized(model: onnx.ModelProto) -> ModelGraph:
+    return build_graph(model, bind_and_infer(model, {}).types)
+
+
+def brute_force_live_bytes(graph: ModelGraph, order: list[int], rules: InferenceRules) -> list[int]:
+    """Live bytes per step by sets: follow each tensor to the buffer it lives in, then check every step."""
+    step_of = {op: s for s, op in enumerate(order)}
+    end = len(order) - 1
+
+    def last_read(t: int) -> int:
+        tensor = graph.tensors[t]
+        if tensor.kind == OUTPUT:
+            return end
+        return max([step_of[c] for c in tensor.consumers] + [step_of[tensor.producer]])  # type: ignore[index]
+
+    home: dict[int, int] = {}  # tensor -> tensor whose buffer it uses
+    members: dict[int, set[int]] = {}
+
+    def root(t: int) -> int:
+        while home.get(t, t) != t:
+            t = home[t]
+        return t
+
+    for op in graph.ops:
+        alias = rules.alias_input(op.op_type, op.domain)
+        if alias is not None:
+            home[op.outputs[0]] = op.inputs[alias]
+    for t in graph.tensors:
+        members.setdefault(root(t.index), set()).add(t.index)
+    for step, op_index in enumerate(order):
+        op = graph.ops[op_index]
+        if not rules.may_run_in_place(op.op_type, op.domain):
+            continue
+        src, out = root(op.inputs[0]), root(op.outputs[0])
+        if src == out or graph.tensors[src].kind != ACTIVATION:
+            continue
+        if max(last_read(m) for m in members[src]) != step:
+            continue
+        if graph.tensors[src].nbytes != graph.tensors[out].nbytes:
+            continue
+        home[out] = src
+        members[src] |= members.pop(out)
+    live = []
+    for step in range(len(order)):
+        total = 0
+        for owner, group in members.items():
+            tensor = graph.tensors[owner]
+            if tensor.kind not in (ACTIVATION, OUTPUT) or tensor.producer is None:
+                continue
+            if step_of[tensor.producer] <= step <= max(last_read(m) for m in group):
+                total += tensor.nbytes or 0
+        live.append(total)
+    return live
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dag())
+def test_sweep_equals_brute_force_without_reuse(model: onnx.ModelProto) -> None:
+    graph = sized(model)
+    order = model_order(graph)
+    timeline = liveness(graph, order, NO_REUSE_RULES)
+    assert list(timeline.live_bytes) == brute_force_live_bytes(graph, order, NO_REUSE_RULES)
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dag())
+def test_sweep_equals_brute_force_with_aliases_and_in_place(model: onnx.ModelProto) -> None:
+    graph = sized(model)
+    order = model_order(graph)
+    timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES)
+    assert list(timeline.live_bytes) == brute_force_live_bytes(graph, order, DEFAULT_INFERENCE_RULES)
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_dag())
+def test_peak_is_bounded_by_the_sum_and_by_reuse(model: onnx.ModelProto) -> None:
+    graph = sized(model)
+    order = model_order(graph)
+    plain = liveness(graph, order, NO_REUSE_RULES)
+    reused = liveness(graph, order, DEFAULT_INFERENCE_RULES)
+    every_activation = sum(t.nbytes or 0 for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT))
+    assert plain.peak_bytes <= every_activation
+    assert reused.peak_bytes <= plain.peak_bytes
+    # The largest single op output must be live at some point.
+    assert plain.peak_bytes >= max(t.nbytes or 0 for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT))
