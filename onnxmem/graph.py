@@ -17,7 +17,9 @@ WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "out
 Dim = int | str | None
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 # Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
-_RUNTIME_DOMAINS = ("com.microsoft", "com.microsoft.nchwc", "com.microsoft.dml", "org.pytorch.aten", "com.ms.internal.nhwc")
+_RUNTIME_DOMAINS = (
+    "com.microsoft", "com.microsoft.nchwc", "com.microsoft.dml", "org.pytorch.aten", "com.ms.internal.nhwc",
+)
 
 
 @dataclass(slots=True)
@@ -165,12 +167,12 @@ class _Builder:
                     tensors[index[oname]].kind = OUTPUT
             op = Op(len(ops), name, node.op_type, node.domain, tuple(op_inputs), tuple(op_outputs),
                     tuple(implicit), subgraphs, _layer_of(node, name))
-            for t in op_outputs:
-                if t >= 0:
-                    tensors[t].producer = op.index
-            for t in (*op_inputs, *implicit):
-                if t >= 0:
-                    tensors[t].consumers.append(op.index)
+            for out_id in op_outputs:
+                if out_id >= 0:
+                    tensors[out_id].producer = op.index
+            for in_id in (*op_inputs, *implicit):
+                if in_id >= 0:
+                    tensors[in_id].consumers.append(op.index)
             ops.append(op)
             if not self._is_known(node):
                 key = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
@@ -209,10 +211,11 @@ class _Builder:
                 shape.append(int(d.dim_value))
             else:
                 shape.append(d.dim_param or None)
-        if all(isinstance(d, int) for d in shape):
+        sizes = [d for d in shape if isinstance(d, int)]
+        if len(sizes) == len(shape):
             count = 1
-            for d in shape:
-                count *= d  # type: ignore[operator]
+            for size in sizes:
+                count *= size
             return dtype, tuple(shape), tensor_bytes(dtype, count)
         return dtype, tuple(shape), None
 

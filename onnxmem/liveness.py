@@ -43,8 +43,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
     steps = len(order)
     end = steps - 1
     position = [0] * len(graph.ops)
-    for step, op in enumerate(order):
-        position[op] = step
+    for step, op_index in enumerate(order):
+        position[op_index] = step
 
     # Buffer owners: an aliased output lives in its input's buffer (union-find with path halving).
     owner = list(range(len(tensors)))

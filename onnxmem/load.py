@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def _missing_external_data(proto: onnx.ModelProto, base: Path) -> list[Warning]:
     ]
 
 
-def _all_initializers(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:

@@ -45,7 +45,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        cells_and_widths = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in cells_and_widths).rstrip()
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 

@@ -162,13 +162,13 @@ def _slim_graph(source: GraphProto, target: GraphProto) -> None:
     for node in source.node:
         copy = target.node.add()
         copy.CopyFrom(node)
-        for attr, original in zip(copy.attribute, node.attribute):
+        for attr, original in zip(copy.attribute, node.attribute, strict=True):
             if attr.type == AttributeProto.GRAPH:
                 attr.g.ClearField("initializer")
                 del attr.g.input[:], attr.g.output[:], attr.g.value_info[:], attr.g.node[:]
                 _slim_graph(original.g, attr.g)
             elif attr.type == AttributeProto.GRAPHS:
-                for sub, orig in zip(attr.graphs, original.graphs):
+                for sub, orig in zip(attr.graphs, original.graphs, strict=True):
                     sub.ClearField("initializer")
                     del sub.input[:], sub.output[:], sub.value_info[:], sub.node[:]
                     _slim_graph(orig, sub)
@@ -232,12 +232,20 @@ def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> Model
             "install onnxruntime (pip install \"onnxmem[cpu]\") for its symbolic shape inference",
         ))
         return model
+    # Its public infer_shapes() saves the model into the current directory whenever any shape stays
+    # unknown, and then throws the partial result away; running its steps ourselves keeps what it found
+    # and writes nothing.
     try:
-        result = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+        inference._update_output_from_vi()
+        result: ModelProto = inference.out_mp_
     except Exception as exc:  # its failures are many and untyped; fall back to what ONNX found
         warnings.append(Warning("contrib-shapes", f"onnxruntime symbolic shape inference failed: {_one_line(exc)}"))
         return model
-    return result if result is not None else model
+    return result
 
 
 def _one_line(exc: BaseException) -> str:

@@ -10,7 +10,9 @@ SHAPE = [1, 1024, 1024]
 T = 4 * 1024 * 1024
 
 
-def value(name: str, shape: list[int | str | None] | None = None, dtype: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+def value(
+    name: str, shape: list[int | str | None] | None = None, dtype: int = TensorProto.FLOAT
+) -> onnx.ValueInfoProto:
     return oh.make_tensor_value_info(name, dtype, SHAPE if shape is None else shape)
 
 

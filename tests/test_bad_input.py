@@ -137,9 +137,15 @@ def test_missing_external_data_is_a_warning_and_weights_are_still_sized(tmp_path
     assert [w.code for w in report.warnings] == ["missing-external-data"]
 
 
-def test_nothing_is_written_next_to_the_model(tmp_path: Path) -> None:
+def test_nothing_is_written_next_to_the_model_or_in_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    custom = graphs.model([onnx.helper.make_node("Frobnicate", ["x"], ["y"], domain="example.custom")],
+                          [graphs.value("x")], [graphs.value("y")])
+    custom.opset_import.append(onnx.helper.make_opsetid("example.custom", 1))
+    custom_path = save(custom, tmp_path / "custom.onnx")
     for fmt in ("table", "json", "markdown"):
-        code, _, _ = run("report", path, "--dim", "batch=4", "--format", fmt)
-        assert code == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+        assert run("report", path, "--dim", "batch=4", "--format", fmt)[0] == 0
+        assert run("report", custom_path, "--format", fmt)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["custom.onnx", "m.onnx"]
