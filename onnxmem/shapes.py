@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -81,6 +83,11 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
         raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
     bound = dict(dims)
     warnings: list[Warning] = []
+    for d in free:  # dims named by an expression of bound dims, as exporters write them: 'past + seq'
+        if d.name not in bound:
+            value = _evaluate_dim(d.name, bound)
+            if value is not None:
+                bound[d.name] = value
     unbound = [d for d in free if d.name not in bound]
     if unbound and default_dim is None:
         listed = ", ".join(sorted({f"{d.name} (input '{d.input}' axis {d.axis})" for d in unbound}))
@@ -101,7 +108,7 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         inferred = light
-    if _has_unknown_outputs(inferred.graph) and _has_custom_domains(inferred):
+    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
     return SizedModel(model, _collect_types(inferred.graph), bound, tuple(warnings))
 
@@ -120,6 +127,32 @@ def _collect_types(graph: GraphProto, into: dict[str, onnx.TypeProto] | None = N
                 for sub in attr.graphs:
                     _collect_types(sub, types)
     return types
+
+
+def _evaluate_dim(expression: str, bound: Mapping[str, int]) -> int | None:
+    """Give the value of a dim written as + - * // of bound dims and integers, or None."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return None
+    operators = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in operators:
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (right == 0 and isinstance(node.op, ast.FloorDiv)):
+                return None
+            return int(operators[type(node.op)](left, right))
+        return None
+
+    if isinstance(tree.body, ast.Name):
+        return None  # a plain name is a dim of its own, for the user to bind
+    result = value(tree.body)
+    return result if result is not None and result > 0 else None
 
 
 def _check_dim_values(dims: Mapping[str, int], default_dim: int | None) -> None:
