@@ -115,6 +115,8 @@ class _Builder:
     def __init__(self, types: Mapping[str, onnx.TypeProto], functions: set[tuple[str, str]]) -> None:
         self.types = types
         self.functions = functions
+        self.decoded: dict[bytes, tuple[int, tuple[Dim, ...] | None, int | None]] = {}
+        self.known: dict[tuple[str, str], bool] = {}
 
     def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
         tensors: list[Tensor] = []
@@ -212,29 +214,47 @@ class _Builder:
 
     def _size(self, name: str) -> tuple[int, tuple[Dim, ...] | None, int | None]:
         type_proto = self.types.get(name)
-        if type_proto is None or not type_proto.HasField("tensor_type"):
+        if type_proto is None:
             return 0, None, None
-        tensor_type = type_proto.tensor_type
-        dtype = tensor_type.elem_type
-        if not tensor_type.HasField("shape"):
-            return dtype, None, None
-        shape = tuple(
-            d.dim_value if d.WhichOneof("value") == "dim_value" and d.dim_value >= 0 else (d.dim_param or None)
-            for d in tensor_type.shape.dim
-        )
-        count = 1
-        for size in shape:
-            if not isinstance(size, int):
-                return dtype, shape, None
-            count *= size
-        return dtype, shape, tensor_bytes(dtype, count)
+        # Reading a TypeProto field by field costs microseconds in Python; layers repeat their types, so
+        # decoding each distinct serialized type once halves the build of a large graph.
+        key = type_proto.SerializeToString()
+        sized = self.decoded.get(key)
+        if sized is None:
+            sized = self.decoded[key] = _decode_type(type_proto)
+        return sized
 
     def _is_known(self, node: onnx.NodeProto) -> bool:
+        key = (node.domain, node.op_type)
+        if key not in self.known:
+            self.known[key] = self._lookup_known(node)
+        return self.known[key]
+
+    def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions:
             return True
         if node.domain in _STANDARD_DOMAINS:
             return bool(onnx.defs.has(node.op_type, node.domain))
         return False
+
+
+def _decode_type(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, int | None]:
+    if not type_proto.HasField("tensor_type"):
+        return 0, None, None
+    tensor_type = type_proto.tensor_type
+    dtype = tensor_type.elem_type
+    if not tensor_type.HasField("shape"):
+        return dtype, None, None
+    shape = tuple(
+        d.dim_value if d.WhichOneof("value") == "dim_value" and d.dim_value >= 0 else (d.dim_param or None)
+        for d in tensor_type.shape.dim
+    )
+    count = 1
+    for size in shape:
+        if not isinstance(size, int):
+            return dtype, shape, None
+        count *= size
+    return dtype, shape, tensor_bytes(dtype, count)
 
 
 def _subgraph_protos(node: onnx.NodeProto) -> list[GraphProto]:

@@ -187,8 +187,8 @@ def _slim_graph(source: GraphProto, target: GraphProto) -> None:
     target.value_info.extend(source.value_info)
     declared = {v.name for v in source.input}
     for tensor in source.initializer:
-        if _is_shape_constant(tensor):
-            target.initializer.append(tensor)
+        if tensor.data_location == TensorProto.EXTERNAL or _is_shape_constant(tensor):
+            target.initializer.append(tensor)  # a header only, or a small constant inference may need
             continue
         if tensor.name not in declared:
             target.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
