@@ -129,11 +129,13 @@ def make_llama(shape: LlamaShape, dtype: int = TensorProto.FLOAT16, data_file: s
         present_v = b.one("Concat", [past_v, v], a, axis=2)
         outputs += [oh.make_tensor_value_info(n, dtype, None) for n in (present_k, present_v)]
         if group > 1:  # grouped-query attention: repeat each KV head for its group of query heads
-            def repeat(t: str) -> str:
-                t5 = b.one("Unsqueeze", [t, axes_2], a)
-                full = b.one("Expand", [t5, expand_kv], a)
-                return b.one("Reshape", [full, b.const(f"{a}.rep_{b.count}", [0, shape.heads, -1, head_dim])], a)
-            kk, vv = repeat(present_k), repeat(present_v)
+            def repeat(t: str, scope: str) -> str:
+                t5 = b.one("Unsqueeze", [t, axes_2], scope)
+                full = b.one("Expand", [t5, expand_kv], scope)
+                target = b.const(f"{scope}.rep_{b.count}", [0, shape.heads, -1, head_dim])
+                return b.one("Reshape", [full, target], scope)
+
+            kk, vv = repeat(present_k, a), repeat(present_v, a)
         else:
             kk, vv = present_k, present_v
         scores = b.one("MatMul", [q, b.one("Transpose", [kk], a, perm=[0, 1, 3, 2])], a)
