@@ -10,7 +10,7 @@ import onnx
 from .dtypes import dtype_name
 from .graph import INPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Timeline, liveness
-from .load import load_model
+from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
@@ -23,7 +23,12 @@ def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, 
             default_dim: int | None = None, order: str = "model",
             rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
     """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims."""
-    loaded = load_model(model)
+    return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules)
+
+
+def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+                   order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+    """Give the memory report of a model already loaded (see analyze)."""
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     graph = build_graph(loaded.proto, sized.types)
     steps = execution_order(graph, order)
