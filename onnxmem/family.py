@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import onnx
 
@@ -20,18 +21,15 @@ class ModelFamily:
     """
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
-                 dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-                 order: str = "model") -> None:
+                 dims: Mapping[str, int] | None = None, **options: Any) -> None:
         self.loaded = load_model(model)
         self.search = search
         self.dims = dict(dims or {})
-        self.default_dim = default_dim
-        self.order = order
+        self.options = options  # analyze()'s keywords: default_dim, order, rules, training, ...
         self._reports: dict[int, Report] = {}
 
     def report(self, value: int) -> Report:
         """Give the report with the searched dim bound to `value` (cached per value)."""
         if value not in self._reports:
-            self._reports[value] = analyze_loaded(
-                self.loaded, {**self.dims, self.search: value}, default_dim=self.default_dim, order=self.order)
+            self._reports[value] = analyze_loaded(self.loaded, {**self.dims, self.search: value}, **self.options)
         return self._reports[value]
