@@ -31,18 +31,23 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     """Give the memory report of a model already loaded (see analyze)."""
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     graph = build_graph(loaded.proto, sized.types)
+    return report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules)
+
+
+def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
+                 order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+    """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing)."""
     steps = execution_order(graph, order)
     timeline = liveness(graph, steps, rules)
-    warnings = [*loaded.warnings, *sized.warnings, *graph.warnings, *_size_warnings(graph, timeline)]
     return Report(
         model=str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>"),
-        dims=dict(sized.dims),
+        dims=dict(dims),
         order=order,
         nodes=len(graph.ops),
         tensors=len(graph.tensors),
         opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},
         inference=summarize_inference(graph, timeline),
-        warnings=tuple(warnings),
+        warnings=(*loaded.warnings, *warnings, *_size_warnings(graph, timeline)),
     )
 
 
