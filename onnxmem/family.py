@@ -1,35 +1,209 @@
-"""A model's reports over the values of one dim (batch, seq), reusing the work that does not depend on it."""
+"""A model's reports over the values of one dim (batch, seq), reusing the work that does not depend on it.
+
+Shape inference is the costly pass and the only one that depends on the dims. In nearly every model each
+tensor dim is an affine function of the searched dim (batch: b, 8b; sequence: s, s + past), so the family
+infers shapes at three probe values, fits every dim as base + slope x value from the first two, and keeps
+the fit only if the third probe agrees for every tensor. Each buffer's bytes are then a polynomial in the
+value (a product of affine dims times the element size), and so is the live total at every step: the peak at
+any value is the largest of those step polynomials, found among the few that no other step dominates
+coefficient by coefficient. The buffer plan (aliases, in-place reuse, lifetimes) is taken from the first
+probe and kept only when every buffer's members have the same polynomial (in-place needs equal sizes).
+Anything else (a conv stride's floor division, a subgraph, a packed 4-bit tensor, a dim that is not affine)
+falls back to full analysis at each value. `report(value, exact=True)` always does the full analysis.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
-from .analyze import analyze_loaded
+from .analyze import analyze_loaded, report_graph
+from .dtypes import element_bits, tensor_bytes
+from .graph import Dim, ModelGraph, TypeDecoder, build_graph
+from .liveness import Timeline, liveness
 from .load import load_model
-from .report import Report
+from .report import Report, Warning
+from .rules import DEFAULT_INFERENCE_RULES
+from .schedule import execution_order
+from .shapes import bind_and_infer, bind_dims, input_dims
+
+_PROBES = (7, 11, 13)  # small primes: unlikely to equal a constant of the model
+Affine = tuple[tuple[int, int], ...]  # per dim: (base, slope); dim(value) = base + slope * value
+Poly = tuple[int, ...]  # coefficients of value**0, value**1, ...
+
+
+@dataclass(frozen=True)
+class _Template:
+    graph: ModelGraph  # at the first probe
+    dims: list[Affine | None]  # per tensor; None: size unknown at every probe
+    frontier: list[Poly]  # live-bytes polynomials of the steps that no other step dominates
+    warnings: list[Warning]
 
 
 class ModelFamily:
-    """Reports of one model at every value of one searched dim, the other dims fixed.
-
-    Loading happens once; each value is then analysed at that binding. Callers (fit, check, plots) ask
-    for `report(value)` and never redo the work themselves.
-    """
+    """Reports of one model at every value of one searched dim, the other dims fixed."""
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
         self.loaded = load_model(model)
         self.search = search
         self.dims = dict(dims or {})
-        self.options = options  # analyze()'s keywords: default_dim, order, rules, training, ...
-        self._reports: dict[int, Report] = {}
+        self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
+        self._reports: dict[tuple[int, bool], Report] = {}
+        self._template: _Template | None | bool = False  # False: not built yet; None: not affine
 
-    def report(self, value: int) -> Report:
-        """Give the report with the searched dim bound to `value` (cached per value)."""
-        if value not in self._reports:
-            self._reports[value] = analyze_loaded(self.loaded, {**self.dims, self.search: value}, **self.options)
-        return self._reports[value]
+    @property
+    def affine(self) -> bool:
+        """Say whether sizes follow the searched dim affinely (probed and verified at three values)."""
+        return self._affine_template() is not None
+
+    def report(self, value: int, exact: bool = False) -> Report:
+        """Give the report with the searched dim bound to `value`; exact=True redoes shape inference."""
+        key = (value, exact)
+        if key not in self._reports:
+            template = None if exact else self._affine_template()
+            if template is None:
+                self._reports[key] = analyze_loaded(self.loaded, self._binding(value), **self.options)
+            else:
+                self._reports[key] = self._fast_report(template, value)
+        return self._reports[key]
+
+    def peak_activation_bytes(self, value: int) -> int:
+        """Give the inference activation peak at `value`: a few polynomial evaluations when affine."""
+        template = self._affine_template()
+        if template is None:
+            return self.report(value).inference.peak_activation_bytes
+        return max((_evaluate(poly, value) for poly in template.frontier), default=0)
+
+    def _binding(self, value: int) -> dict[str, int]:
+        return {**self.dims, self.search: value}
+
+    def _affine_template(self) -> _Template | None:
+        if self._template is False:
+            # Options the fast path does not model (training brings passes of its own) take the exact path.
+            modelled = not set(self.options) - {"default_dim", "order", "rules"}
+            self._template = self._build_template() if modelled else None
+        return self._template  # type: ignore[return-value]
+
+    def _build_template(self) -> _Template | None:
+        default_dim = self.options.get("default_dim")
+        first = bind_and_infer(self.loaded.proto, self._binding(_PROBES[0]), default_dim)
+        graph = build_graph(self.loaded.proto, first.types)
+        if any(op.subgraphs for op in graph.ops):
+            return None
+        decode = TypeDecoder()
+        shapes = [[t.shape for t in graph.tensors]]
+        for probe in _PROBES[1:]:
+            types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim).types
+            shapes.append([decode(types.get(t.name))[1] for t in graph.tensors])
+        dims: list[Affine | None] = []
+        for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
+            if tensor.nbytes is None and all(s is None or not _all_ints(s) for s in probed):
+                dims.append(None)
+                continue
+            affine = _fit_affine(probed)
+            if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
+                return None
+            dims.append(affine)
+        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
+        timeline = liveness(graph, execution_order(graph, self.options.get("order", "model")), rules)
+        polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in
+                 zip(graph.tensors, dims, strict=True)]
+        for t, owner in enumerate(timeline.buffer_of):
+            if owner >= 0 and polys[t] is not None and polys[t] != polys[owner]:
+                return None  # a buffer shared by tensors whose sizes diverge: the plan may change with value
+        if any(timeline.subgraph_bytes):
+            return None
+        return _Template(graph, dims, _frontier(_step_polys(timeline, polys)),
+                         [*first.warnings, *graph.warnings])
+
+    def _fast_report(self, template: _Template, value: int) -> Report:
+        shapes: list[tuple[Dim, ...] | None] = []
+        sizes: list[int | None] = []
+        for tensor, affine in zip(template.graph.tensors, template.dims, strict=True):
+            if affine is None:
+                shapes.append(tensor.shape)
+                sizes.append(None)
+                continue
+            shape = tuple(base + slope * value for base, slope in affine)
+            count = 1
+            for d in shape:
+                count *= max(d, 0)
+            shapes.append(shape)
+            sizes.append(tensor_bytes(tensor.dtype, count))
+        graph = template.graph.with_sizes(shapes, sizes)
+        bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
+        options = {k: v for k, v in self.options.items() if k in ("order", "rules")}
+        return report_graph(self.loaded, graph, bound, list(template.warnings), **options)
+
+
+def _all_ints(shape: Sequence[Dim]) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _fit_affine(probed: Sequence[tuple[Dim, ...] | None]) -> Affine | None:
+    if any(s is None or not _all_ints(s) for s in probed) or len({len(s) for s in probed if s is not None}) != 1:
+        return None
+    (p1, p2, p3) = _PROBES
+    affine = []
+    for d1, d2, d3 in zip(*probed, strict=True):
+        slope, remainder = divmod(d2 - d1, p2 - p1)
+        base = d1 - slope * p1
+        if remainder or base + slope * p3 != d3:
+            return None
+        affine.append((base, slope))
+    return tuple(affine)
+
+
+def _bytes_poly(affine: Affine, bits: int) -> Poly:
+    poly = [bits // 8]
+    for base, slope in affine:
+        product = [0] * (len(poly) + 1)
+        for k, c in enumerate(poly):
+            product[k] += c * base
+            product[k + 1] += c * slope
+        poly = product
+    while len(poly) > 1 and poly[-1] == 0:
+        poly.pop()
+    return tuple(poly)
+
+
+def _step_polys(timeline: Timeline, polys: Sequence[Poly | None]) -> list[Poly]:
+    degree = max((len(p) for p in polys if p is not None), default=1)
+    steps = len(timeline.order)
+    delta = [[0] * degree for _ in range(steps + 1)]
+    for t, first in enumerate(timeline.first_step):
+        poly = polys[t]
+        if first < 0 or poly is None:
+            continue
+        end = delta[timeline.last_step[t] + 1]
+        start = delta[first]
+        for k, c in enumerate(poly):
+            start[k] += c
+            end[k] -= c
+    running = [0] * degree
+    result = []
+    for step in range(steps):
+        running = [a + b for a, b in zip(running, delta[step], strict=True)]
+        result.append(tuple(running))
+    return result
+
+
+def _frontier(polys: list[Poly]) -> list[Poly]:
+    """Give the polynomials no other one dominates coefficient by coefficient (the rest never hold the peak)."""
+    frontier: list[Poly] = []
+    for poly in sorted(set(polys), reverse=True):
+        if not any(all(a >= b for a, b in zip(kept, poly, strict=True)) for kept in frontier):
+            frontier.append(poly)
+    return frontier
+
+
+def _evaluate(poly: Poly, value: int) -> int:
+    result = 0
+    for c in reversed(poly):
+        result = result * value + c
+    return result

@@ -88,6 +88,12 @@ class ModelGraph:
             self._nx = graph
         return self._nx
 
+    def with_sizes(self, shapes: list[tuple[Dim, ...] | None], nbytes: list[int | None]) -> ModelGraph:
+        """Give the same graph with other tensor shapes and sizes (the ops and their wiring are shared)."""
+        tensors = [Tensor(t.index, t.name, t.dtype, shape, size, t.kind, t.producer, t.consumers)
+                   for t, shape, size in zip(self.tensors, shapes, nbytes, strict=True)]
+        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings)
+
     def op_node(self, op: int) -> int:
         """Give the networkx node id of op `op`."""
         return op
@@ -115,7 +121,7 @@ class _Builder:
     def __init__(self, types: Mapping[str, onnx.TypeProto], functions: set[tuple[str, str]]) -> None:
         self.types = types
         self.functions = functions
-        self.decoded: dict[bytes, tuple[int, tuple[Dim, ...] | None, int | None]] = {}
+        self.decode = TypeDecoder()
         self.known: dict[tuple[str, str], bool] = {}
 
     def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
@@ -213,16 +219,7 @@ class _Builder:
         return ModelGraph(ops, tensors, inputs, outputs, warnings)
 
     def _size(self, name: str) -> tuple[int, tuple[Dim, ...] | None, int | None]:
-        type_proto = self.types.get(name)
-        if type_proto is None:
-            return 0, None, None
-        # Reading a TypeProto field by field costs microseconds in Python; layers repeat their types, so
-        # decoding each distinct serialized type once halves the build of a large graph.
-        key = type_proto.SerializeToString()
-        sized = self.decoded.get(key)
-        if sized is None:
-            sized = self.decoded[key] = _decode_type(type_proto)
-        return sized
+        return self.decode(self.types.get(name))
 
     def _is_known(self, node: onnx.NodeProto) -> bool:
         key = (node.domain, node.op_type)
@@ -238,7 +235,28 @@ class _Builder:
         return False
 
 
-def _decode_type(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, int | None]:
+class TypeDecoder:
+    """Gives (dtype, shape, bytes) of a TypeProto, decoding each distinct serialized type once.
+
+    Reading a TypeProto field by field costs microseconds in Python; layers repeat their types, so
+    decoding each distinct one once halves the build of a large graph.
+    """
+
+    def __init__(self) -> None:
+        self._decoded: dict[bytes, tuple[int, tuple[Dim, ...] | None, int | None]] = {}
+
+    def __call__(self, type_proto: onnx.TypeProto | None) -> tuple[int, tuple[Dim, ...] | None, int | None]:
+        if type_proto is None:
+            return 0, None, None
+        key = type_proto.SerializeToString()
+        sized = self._decoded.get(key)
+        if sized is None:
+            sized = self._decoded[key] = decode_type(type_proto)
+        return sized
+
+
+def decode_type(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, int | None]:
+    """Give the element type, shape and exact bytes of a tensor type (None where unknown)."""
     if not type_proto.HasField("tensor_type"):
         return 0, None, None
     tensor_type = type_proto.tensor_type

@@ -75,31 +75,8 @@ def input_dims(model: ModelProto) -> list[InputDim]:
 def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None) -> SizedModel:
     """Give a copy of the model with the user's dims bound and every shape inference can find filled in."""
     free = input_dims(model)
-    names = {d.name for d in free}
-    _check_dim_values(dims, default_dim)
-    unknown = sorted(set(dims) - names)
-    if unknown:
-        known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
-        raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
-    bound = dict(dims)
-    warnings: list[Warning] = []
-    for d in free:  # dims named by an expression of bound dims, as exporters write them: 'past + seq'
-        if d.name not in bound:
-            value = _evaluate_dim(d.name, bound)
-            if value is not None:
-                bound[d.name] = value
-    unbound = [d for d in free if d.name not in bound]
-    if unbound and default_dim is None:
-        listed = ", ".join(sorted({f"{d.name} (input '{d.input}' axis {d.axis})" for d in unbound}))
-        example = " ".join(f"--dim {n}=N" for n in sorted({d.name for d in unbound}))
-        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
-    for d in unbound:
-        bound[d.name] = int(default_dim)  # type: ignore[arg-type]
-    if unbound:
-        warnings.append(Warning(
-            "default-dim",
-            f"dims {', '.join(sorted({d.name for d in unbound}))} were not given and took --default-dim {default_dim}",
-        ))
+    bound, bound_warnings = bind_dims(free, dims, default_dim)
+    warnings = list(bound_warnings)
     light = _shape_only_copy(model)
     _name_unnamed_dims(light.graph, free)
     _substitute(light.graph, bound)
@@ -111,6 +88,34 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
     return SizedModel(model, _collect_types(inferred.graph), bound, tuple(warnings))
+
+
+def bind_dims(free: list[InputDim], dims: Mapping[str, int],
+              default_dim: int | None = None) -> tuple[dict[str, int], tuple[Warning, ...]]:
+    """Give the value of every free input dim: given, computed from an expression of given ones, or defaulted."""
+    names = {d.name for d in free}
+    _check_dim_values(dims, default_dim)
+    unknown = sorted(set(dims) - names)
+    if unknown:
+        known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
+        raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
+    bound = dict(dims)
+    for d in free:  # dims named by an expression of bound dims, as exporters write them: 'past + seq'
+        if d.name not in bound:
+            value = _evaluate_dim(d.name, bound)
+            if value is not None:
+                bound[d.name] = value
+    unbound = [d for d in free if d.name not in bound]
+    if unbound and default_dim is None:
+        listed = ", ".join(sorted({f"{d.name} (input '{d.input}' axis {d.axis})" for d in unbound}))
+        example = " ".join(f"--dim {n}=N" for n in sorted({d.name for d in unbound}))
+        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
+    if not unbound:
+        return bound, ()
+    for d in unbound:
+        bound[d.name] = int(default_dim)  # type: ignore[arg-type]
+    defaulted = ", ".join(sorted({d.name for d in unbound}))
+    return bound, (Warning("default-dim", f"dims {defaulted} were not given and took --default-dim {default_dim}"),)
 
 
 def _collect_types(graph: GraphProto, into: dict[str, onnx.TypeProto] | None = None) -> dict[str, onnx.TypeProto]:
