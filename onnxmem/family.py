@@ -23,13 +23,13 @@ import onnx
 
 from .analyze import analyze_loaded, report_graph
 from .dtypes import element_bits, tensor_bytes
-from .graph import Dim, ModelGraph, TypeDecoder, build_graph
+from .graph import ModelGraph, build_graph
 from .liveness import Timeline, liveness
 from .load import load_model
 from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES
 from .schedule import execution_order
-from .shapes import bind_and_infer, bind_dims, input_dims
+from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, bind_dims, input_dims
 
 _PROBES = (7, 11, 13)  # small primes: unlikely to equal a constant of the model
 Affine = tuple[tuple[int, int], ...]  # per dim: (base, slope); dim(value) = base + slope * value
@@ -95,11 +95,10 @@ class ModelFamily:
         graph = build_graph(self.loaded.proto, first.types)
         if any(op.subgraphs for op in graph.ops):
             return None
-        decode = TypeDecoder()
         shapes = [[t.shape for t in graph.tensors]]
         for probe in _PROBES[1:]:
             types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim).types
-            shapes.append([decode(types.get(t.name))[1] for t in graph.tensors])
+            shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
         dims: list[Affine | None] = []
         for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
             if tensor.nbytes is None and all(s is None or not _all_ints(s) for s in probed):

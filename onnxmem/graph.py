@@ -9,12 +9,12 @@ import networkx as nx
 import onnx
 from onnx import AttributeProto, GraphProto
 
-from .dtypes import tensor_bytes
 from .errors import ModelFileError
 from .report import Warning
+from .shapes import UNKNOWN_TYPE, Dim, TensorType
 
 WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "output", "outer"
-Dim = int | str | None
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # standard ops whose attributes hold graphs
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 # Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
 _RUNTIME_DOMAINS = (
@@ -107,7 +107,7 @@ class ModelGraph:
         return [t for t in self.tensors if t.kind in kinds]
 
 
-def build_graph(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]) -> ModelGraph:
+def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType]) -> ModelGraph:
     """Give the sized graph of a model, given the type of each tensor that inference found."""
     known_ops = _known_functions(model)
     return _Builder(types, known_ops).build(model.graph, outer=frozenset())
@@ -118,10 +118,9 @@ def _known_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
 
 
 class _Builder:
-    def __init__(self, types: Mapping[str, onnx.TypeProto], functions: set[tuple[str, str]]) -> None:
+    def __init__(self, types: Mapping[str, TensorType], functions: set[tuple[str, str]]) -> None:
         self.types = types
         self.functions = functions
-        self.decode = TypeDecoder()
         self.known: dict[tuple[str, str], bool] = {}
 
     def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
@@ -146,57 +145,60 @@ class _Builder:
         unknown_ops: dict[str, int] = {}
         scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
         for position, node in enumerate(graph.node):
-            name = node.name or f"{node.op_type}_{position}"
+            op_type, domain = node.op_type, node.domain
+            name = node.name or f"{op_type}_{position}"
+            input_names = list(node.input)
             op_inputs = []
-            for tname in node.input:
+            for tname in input_names:
                 if not tname:
                     op_inputs.append(-1)
                     continue
                 if tname not in index:
-                    if tname in outer:
-                        add(tname, OUTER)
-                    else:
-                        # Resolved after the loop: the file may list nodes out of order.
-                        add(tname, "?")
+                    # "?": resolved after the loop, as the file may list nodes out of order.
+                    add(tname, OUTER if tname in outer else "?")
                 op_inputs.append(index[tname])
-            subgraph_protos = _subgraph_protos(node)
-            if subgraph_protos and scope is None:
-                scope = outer | _all_names(graph)
-            subgraphs = tuple(self.build(g, scope) for g in subgraph_protos) if scope is not None else ()
-            implicit = []
-            for sub in subgraphs:
-                for t in sub.tensors:
-                    if t.kind == OUTER and t.name not in node.input:
-                        if t.name not in index:
-                            add(t.name, OUTER if t.name in outer else "?")
-                        if index[t.name] not in implicit:
-                            implicit.append(index[t.name])
-            kind = WEIGHT if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else ACTIVATION
+            subgraphs: tuple[ModelGraph, ...] = ()
+            implicit: list[int] = []
+            if (op_type in _CONTROL_FLOW or domain not in _STANDARD_DOMAINS) and len(node.attribute):
+                subgraph_protos = _subgraph_protos(node)
+                if subgraph_protos and scope is None:
+                    scope = outer | _all_names(graph)
+                if scope is not None:
+                    subgraphs = tuple(self.build(g, scope) for g in subgraph_protos)
+                for sub in subgraphs:
+                    for t in sub.tensors:
+                        if t.kind == OUTER and t.name not in input_names:
+                            if t.name not in index:
+                                add(t.name, OUTER if t.name in outer else "?")
+                            if index[t.name] not in implicit:
+                                implicit.append(index[t.name])
+            kind = WEIGHT if op_type == "Constant" and domain in ("", "ai.onnx") else ACTIVATION
+            op_index = len(ops)
             op_outputs = []
             for oname in node.output:
                 if not oname:
                     op_outputs.append(-1)
                     continue
-                if oname in index and tensors[index[oname]].kind != "?":
+                existing = index.get(oname)
+                if existing is None:
+                    existing = add(oname, kind)
+                elif tensors[existing].kind != "?":
                     raise ModelFileError(f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
-                if oname in index:
-                    tensors[index[oname]].kind = kind
-                    op_outputs.append(index[oname])
-                else:
-                    op_outputs.append(add(oname, kind))
-                if oname in graph_outputs and kind == ACTIVATION:
-                    tensors[index[oname]].kind = OUTPUT
-            op = Op(len(ops), name, node.op_type, node.domain, tuple(op_inputs), tuple(op_outputs),
-                    tuple(implicit), subgraphs, _layer_of(node, name))
-            for out_id in op_outputs:
-                if out_id >= 0:
-                    tensors[out_id].producer = op.index
-            for in_id in (*op_inputs, *implicit):
+                tensor = tensors[existing]
+                tensor.kind = OUTPUT if kind == ACTIVATION and oname in graph_outputs else kind
+                tensor.producer = op_index
+                op_outputs.append(existing)
+            for in_id in op_inputs:
                 if in_id >= 0:
-                    tensors[in_id].consumers.append(op.index)
-            ops.append(op)
-            if not self._is_known(node):
-                key = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
+                    tensors[in_id].consumers.append(op_index)
+            for in_id in implicit:
+                tensors[in_id].consumers.append(op_index)
+            ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
+                          subgraphs, _layer_of(node, name)))
+            if (domain, op_type) not in self.known:
+                self.known[(domain, op_type)] = self._lookup_known(node)
+            if not self.known[(domain, op_type)]:
+                key = f"{domain + '::' if domain else ''}{op_type}"
                 unknown_ops[key] = unknown_ops.get(key, 0) + 1
 
         for t in tensors:
@@ -218,14 +220,8 @@ class _Builder:
                 "memory beyond its outputs"))
         return ModelGraph(ops, tensors, inputs, outputs, warnings)
 
-    def _size(self, name: str) -> tuple[int, tuple[Dim, ...] | None, int | None]:
-        return self.decode(self.types.get(name))
-
-    def _is_known(self, node: onnx.NodeProto) -> bool:
-        key = (node.domain, node.op_type)
-        if key not in self.known:
-            self.known[key] = self._lookup_known(node)
-        return self.known[key]
+    def _size(self, name: str) -> TensorType:
+        return self.types.get(name, UNKNOWN_TYPE)
 
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions:
@@ -233,46 +229,6 @@ class _Builder:
         if node.domain in _STANDARD_DOMAINS:
             return bool(onnx.defs.has(node.op_type, node.domain))
         return False
-
-
-class TypeDecoder:
-    """Gives (dtype, shape, bytes) of a TypeProto, decoding each distinct serialized type once.
-
-    Reading a TypeProto field by field costs microseconds in Python; layers repeat their types, so
-    decoding each distinct one once halves the build of a large graph.
-    """
-
-    def __init__(self) -> None:
-        self._decoded: dict[bytes, tuple[int, tuple[Dim, ...] | None, int | None]] = {}
-
-    def __call__(self, type_proto: onnx.TypeProto | None) -> tuple[int, tuple[Dim, ...] | None, int | None]:
-        if type_proto is None:
-            return 0, None, None
-        key = type_proto.SerializeToString()
-        sized = self._decoded.get(key)
-        if sized is None:
-            sized = self._decoded[key] = decode_type(type_proto)
-        return sized
-
-
-def decode_type(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None, int | None]:
-    """Give the element type, shape and exact bytes of a tensor type (None where unknown)."""
-    if not type_proto.HasField("tensor_type"):
-        return 0, None, None
-    tensor_type = type_proto.tensor_type
-    dtype = tensor_type.elem_type
-    if not tensor_type.HasField("shape"):
-        return dtype, None, None
-    shape = tuple(
-        d.dim_value if d.WhichOneof("value") == "dim_value" and d.dim_value >= 0 else (d.dim_param or None)
-        for d in tensor_type.shape.dim
-    )
-    count = 1
-    for size in shape:
-        if not isinstance(size, int):
-            return dtype, shape, None
-        count *= size
-    return dtype, shape, tensor_bytes(dtype, count)
 
 
 def _subgraph_protos(node: onnx.NodeProto) -> list[GraphProto]:
@@ -293,7 +249,7 @@ def _all_names(graph: GraphProto) -> set[str]:
 
 
 def _layer_of(node: onnx.NodeProto, name: str) -> str:
-    for prop in node.metadata_props:
+    for prop in node.metadata_props if len(node.metadata_props) else ():
         if prop.key in ("pkg.torch.onnx.name_scopes", "namespace"):
             return prop.value
     if "/" in name.strip("/"):
