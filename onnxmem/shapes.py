@@ -40,7 +40,7 @@ class SizedModel:
     """The model with the type of every tensor that inference could find, once its dims are bound."""
 
     proto: ModelProto  # the user's model, untouched
-    types: dict[str, onnx.TypeProto]  # tensor name -> inferred type, over the graph and its subgraphs
+    types: dict[str, TensorType]  # tensor name -> inferred type, over the graph and its subgraphs
     dims: dict[str, int]
     warnings: tuple[Warning, ...]
 
