@@ -156,6 +156,30 @@ def make_llama(shape: LlamaShape, dtype: int = TensorProto.FLOAT16, data_file: s
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
 
 
+def make_wide_cnn(blocks: int = 8, width: int = 512, dtype: int = TensorProto.FLOAT,
+                  data_file: str = "weights.bin") -> onnx.ModelProto:
+    """Give a wide VGG-style CNN over [batch, 3, 224, 224] images, its weights external and absent."""
+    b = _Builder(dtype, data_file)
+    x = "image"
+    channels = 3
+    for i in range(blocks):
+        s = f"/block.{i}"
+        out = min(width, 64 * 2 ** (i // 2))
+        x = b.one("Conv", [x, b.weight(f"{s}.conv.weight", [out, channels, 3, 3]),
+                           b.weight(f"{s}.conv.bias", [out])], s, pads=[1, 1, 1, 1])
+        x = b.one("Relu", [x], s)
+        if i % 2 == 1:
+            x = b.one("MaxPool", [x], s, kernel_shape=[2, 2], strides=[2, 2])
+        channels = out
+    x = b.one("GlobalAveragePool", [x], "/head")
+    x = b.one("Flatten", [x], "/head")
+    logits = b.one("Gemm", [x, b.weight("/head.fc.weight", [1000, channels]), b.weight("/head.fc.bias", [1000])],
+                   "/head", transB=1)
+    graph = oh.make_graph(b.nodes, "wide_cnn", [oh.make_tensor_value_info("image", dtype, ["batch", 3, 224, 224])],
+                          [oh.make_tensor_value_info(logits, dtype, ["batch", 1000])], initializer=b.inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)

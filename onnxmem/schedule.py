@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import networkx as nx
-
 from .errors import ModelFileError
 from .graph import ModelGraph
 
@@ -23,6 +21,8 @@ def model_order(graph: ModelGraph) -> list[int]:
 
 def topological_order(graph: ModelGraph) -> list[int]:
     """Give a topological order of the ops, ties broken by position in the file."""
+    import networkx as nx  # only when the file's own order is not topological: see ModelGraph.nx
+
     n = len(graph.ops)
     try:
         order = nx.lexicographical_topological_sort(graph.nx)
