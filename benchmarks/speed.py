@@ -1,0 +1,184 @@
+"""Speed and memory of onnxmem on LLM-sized graphs, against the parse floor and onnx-tool, in one run.
+
+    python benchmarks/speed.py [--repeat 3] [--quick]
+
+Every figure is a whole process (Python start and imports included), the median of --repeat runs, with its
+peak RSS from the kernel (wait4). The floor is what any ONNX tool pays: onnx.load(load_external_data=False)
+plus ONNX shape inference. onnx-tool (pip install onnx-tool) profiles the same model where it can run: it
+reads weight data, so it cannot run where the weight file is absent (every generated LLM graph here).
+Prints one table; ratios compare figures taken in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.llm_graphs import SHAPES, LlamaShape, make_llama, make_wide_cnn  # noqa: E402
+
+FLOOR = ("import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); "
+         "onnx.shape_inference.infer_shapes(m)")
+ONNX_TOOL = ("import onnx_tool, sys, json, tempfile, os; d = json.loads(sys.argv[2]); "
+             "onnx_tool.model_profile(sys.argv[1], dynamic_shapes={k: tuple(v) for k, v in d.items()}, "
+             "save_profile=os.path.join(tempfile.mkdtemp(), 'p.txt'))")
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    dims: dict[str, int]
+    search: str
+    onnx_tool_shapes: dict[str, list[int]]
+
+
+@dataclass
+class Timing:
+    seconds: float | None
+    rss_mb: float | None
+    note: str = ""
+
+
+# Runs a module or a code string and, at exit, writes its peak RSS (VmHWM: this process image's own high-water
+# mark; ru_maxrss would include the benchmark's own memory, inherited through fork) to the file in $RSS_FILE.
+WRAPPER = (
+    "import atexit, os, sys, runpy\n"
+    "def _rss():\n"
+    "    kb = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+    "    open(os.environ['RSS_FILE'], 'w').write(kb)\n"
+    "atexit.register(_rss)\n"
+    "kind, target = sys.argv[1], sys.argv[2]\n"
+    "sys.argv = [target] + sys.argv[3:]\n"
+    "runpy.run_module(target, run_name='__main__') if kind == 'm' else exec(target, {'__name__': '__main__'})\n"
+)
+
+
+def run(cmd: list[str], repeat: int) -> Timing:
+    """Give the median wall time and the largest peak RSS of a command ('m' module or 'c' code, args) run."""
+    times, rss = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        rss_file = Path(tmp) / "rss"
+        for _ in range(repeat):
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True,
+                                  env={**os.environ, "RSS_FILE": str(rss_file)})
+            elapsed = time.perf_counter() - start
+            if proc.returncode not in (0, 1):  # fit/check exit 1 for "does not fit", which is an answer
+                last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+                return Timing(None, None, last[:60])
+            times.append(elapsed)
+            rss.append(int(rss_file.read_text()) / 1024)
+    return Timing(statistics.median(times), max(rss))
+
+
+def help_text(*args: str) -> str | None:
+    proc = subprocess.run([sys.executable, "-m", "onnxmem.cli", *args, "--help"], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def dim_args(dims: dict[str, int]) -> list[str]:
+    return [a for k, v in dims.items() for a in ("--dim", f"{k}={v}")]
+
+
+def cases(tmp: Path, quick: bool) -> list[Case]:
+    llm_dims = {"batch": 1, "seq": 2048, "past": 1}
+    found = []
+    shapes: dict[str, LlamaShape] = {"7b": SHAPES["7b"], "70b": SHAPES["70b"]}
+    for layers in (20, 200) if quick else (20, 200, 1850):  # about 1k, 10k and 100k nodes
+        shapes[f"deep{layers}"] = LlamaShape(layers=layers, **{k: getattr(SHAPES["deep"], k) for k in
+                                                             ("hidden", "heads", "kv_heads", "ffn", "vocab")})
+    for name, shape in shapes.items():
+        path = tmp / f"llama_{name}.onnx"
+        onnx.save(make_llama(shape, data_file=f"llama_{name}.onnx.data"), str(path))
+        found.append(Case(f"llama-{name}", path, llm_dims, "batch", {}))
+    cnn = tmp / "wide_cnn.onnx"
+    onnx.save(make_wide_cnn(data_file="wide_cnn.onnx.data"), str(cnn))
+    found.append(Case("wide-cnn", cnn, {"batch": 32}, "batch", {}))
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    for name, dims in (("gpt_decoder", {"batch": 8, "seq": 128}), ("cnn_bn_residual", {"batch": 32})):
+        path = fixtures / f"{name}.onnx"
+        if path.exists():
+            model = onnx.load(str(path), load_external_data=False)
+            tool_shapes = {}
+            for value in model.graph.input:
+                dims_of = [d.dim_value if d.dim_value else dims.get(d.dim_param, 1)
+                           for d in value.type.tensor_type.shape.dim]
+                tool_shapes[value.name] = dims_of
+            found.append(Case(f"fixture {name}", path, dims, "batch", tool_shapes))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="skip the 100k-node graph")
+    args = parser.parse_args()
+    training = "--training" in (help_text("report") or "")
+    fit = help_text("fit") is not None
+    try:
+        import onnx_tool  # noqa: F401
+        tool = True
+    except ImportError:
+        tool = False
+    onnxmem_cmd = ["m", "onnxmem.cli"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases(Path(tmp), args.quick):
+            nodes = len(onnx.load(str(case.path), load_external_data=False).graph.node)
+            floor = run(["c", FLOOR, str(case.path)], args.repeat)
+            report = run([*onnxmem_cmd, "report", str(case.path), *dim_args(case.dims), "--format", "json"],
+                         args.repeat)
+            train = run([*onnxmem_cmd, "report", str(case.path), *dim_args(case.dims), "--format", "json",
+                         "--training", "--optimizer", "adamw"], args.repeat) if training else Timing(None, None, "n/a")
+            fixed = {k: v for k, v in case.dims.items() if k != case.search}
+            fitted = run([*onnxmem_cmd, "fit", str(case.path), *dim_args(fixed), "--memory", "80GiB",
+                          "--format", "json"], args.repeat) if fit else Timing(None, None, "n/a")
+            if tool and case.onnx_tool_shapes:
+                import json
+
+                other = run(["c", ONNX_TOOL, str(case.path), json.dumps(case.onnx_tool_shapes)], 1)
+            else:
+                other = Timing(None, None, "weights absent" if tool else "not installed")
+            rows.append((case, nodes, floor, report, train, fitted, other))
+    print_table(rows)
+
+
+def fmt(t: Timing, base: Timing | None = None) -> str:
+    if t.seconds is None:
+        return t.note or "failed"
+    text = f"{t.seconds:.2f}s"
+    if base is not None and base.seconds:
+        text += f" ({t.seconds / base.seconds:.2f}x)"
+    return text
+
+
+def print_table(rows: list[tuple[Case, int, Timing, Timing, Timing, Timing, Timing]]) -> None:
+    headers = ("model", "nodes", "floor", "report (x floor)", "--training (x floor)", "fit (x report)",
+               "onnx-tool", "RSS floor", "RSS report (x)", "report us/node")
+    table = []
+    for case, nodes, floor, report, train, fitted, other in rows:
+        rss_ratio = f" ({report.rss_mb / floor.rss_mb:.2f}x)" if report.rss_mb and floor.rss_mb else ""
+        per_node = f"{report.seconds / nodes * 1e6:.0f}" if report.seconds else "-"
+        table.append((case.name, str(nodes), fmt(floor), fmt(report, floor), fmt(train, floor),
+                      fmt(fitted, report), fmt(other),
+                      f"{floor.rss_mb:.0f} MB" if floor.rss_mb else "-",
+                      f"{report.rss_mb:.0f} MB{rss_ratio}" if report.rss_mb else "-", per_node))
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in table:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+if __name__ == "__main__":
+    main()
