@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .graph import ACTIVATION, OUTPUT, ModelGraph
+from .dtypes import element_bits
+from .graph import ACTIVATION, OUTPUT, ModelGraph, Tensor
 from .rules import InferenceRules
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
@@ -36,6 +37,27 @@ class Timeline:
         return [t for t, first in enumerate(self.first_step) if 0 <= first <= step <= self.last_step[t]]
 
 
+def alias_roots(graph: ModelGraph, rules: InferenceRules) -> list[int]:
+    """Give, per tensor, the tensor whose buffer it is a view of (itself when it is no view).
+
+    A view (ALIASES) shares its input's buffer, whatever that is: an activation, a graph input or a weight.
+    A graph output is never a view: onnxruntime gives every output a buffer of its own.
+    """
+    tensors = graph.tensors
+    root = list(range(len(tensors)))
+    for op in graph.ops:
+        source = rules.alias_input(op.op_type, op.domain)
+        if source is None or source >= len(op.inputs) or op.inputs[source] < 0 or not op.outputs:
+            continue
+        out = op.outputs[0]
+        if out >= 0 and tensors[out].kind != OUTPUT:
+            root[out] = root[op.inputs[source]]
+    for t in range(len(root)):  # an out-of-order file may leave chains: compress them
+        while root[root[t]] != root[t]:
+            root[t] = root[root[t]]
+    return root
+
+
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
              count_graph_outputs: bool = True) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`."""
@@ -46,20 +68,14 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
     for step, op_index in enumerate(order):
         position[op_index] = step
 
-    # Buffer owners: an aliased output lives in its input's buffer (union-find with path halving).
-    owner = list(range(len(tensors)))
+    # Buffer owners: views live in their input's buffer; in-place outputs join it below (union-find).
+    owner = alias_roots(graph, rules)
 
     def find(t: int) -> int:
         while owner[t] != t:
             owner[t] = owner[owner[t]]
             t = owner[t]
         return t
-
-    for op in graph.ops:
-        source = rules.alias_input(op.op_type, op.domain)
-        if source is not None and source < len(op.inputs) and op.inputs[source] >= 0 and op.outputs \
-                and op.outputs[0] >= 0:
-            owner[op.outputs[0]] = find(op.inputs[source])
 
     first = [-1] * len(tensors)
     last = [-1] * len(tensors)
@@ -82,10 +98,9 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
         if not rules.may_run_in_place(op.op_type, op.domain):
             continue
         source, out = find(op.inputs[0]), find(op.outputs[0])
-        if source == out or tensors[source].kind != ACTIVATION or tensors[out].kind not in _OWNS_BUFFER:
+        if source == out or tensors[source].kind != ACTIVATION or tensors[out].kind != ACTIVATION:
             continue
-        if last[source] != step or tensors[source].nbytes is None \
-                or tensors[source].nbytes != tensors[out].nbytes:
+        if last[source] != step or not _same_size(tensors[op.inputs[0]], tensors[op.outputs[0]]):
             continue
         owner[out] = source
         last[source] = max(last[source], last[out])
@@ -131,6 +146,13 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
         last_step=tuple(last), unsized=tuple(unsized),
         peak_bytes=live[peak_step] if steps else 0, peak_step=peak_step,
     )
+
+
+def _same_size(a: Tensor, b: Tensor) -> bool:
+    # onnxruntime's SameSize: the same element size and the same static shape, not merely the same bytes.
+    if a.shape is None or b.shape is None or a.nbytes is None or b.nbytes is None or a.shape != b.shape:
+        return False
+    return element_bits(a.dtype) == element_bits(b.dtype)
 
 
 def subgraph_peak(sub: ModelGraph, rules: InferenceRules) -> int:

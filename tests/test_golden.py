@@ -67,6 +67,40 @@ def test_in_place_never_overwrites_a_graph_input() -> None:
     assert onnxmem.analyze(model).inference.peak_activation_bytes == T
 
 
+def test_graph_outputs_get_their_own_buffer() -> None:
+    # a = x + x; y = Relu(a) as a graph output: onnxruntime gives outputs their own buffer, so a and y: 2T.
+    relu = graphs.model([graphs.node("Add", ["x", "x"], ["a"]), graphs.node("Relu", ["a"], ["y"])],
+                        [graphs.value("x")], [graphs.value("y")])
+    assert onnxmem.analyze(relu).inference.peak_activation_bytes == 2 * T
+    # y = Reshape(a) as a graph output is a copy, not a view: 2T again.
+    shape = oh.make_tensor("shape", TensorProto.INT64, [2], [1024, 1024])
+    reshape = graphs.model([graphs.node("Add", ["x", "x"], ["a"]), graphs.node("Reshape", ["a", "shape"], ["y"])],
+                           [graphs.value("x")], [graphs.value("y", [1024, 1024])], [shape])
+    assert onnxmem.analyze(reshape).inference.peak_activation_bytes == 2 * T
+
+
+def test_views_of_inputs_and_weights_cost_nothing() -> None:
+    # r = Reshape(x) is a view of the graph input; y = r + r: only y is allocated, T.
+    shape = oh.make_tensor("shape", TensorProto.INT64, [2], [1024, 1024])
+    model = graphs.model([graphs.node("Reshape", ["x", "shape"], ["r"]), graphs.node("Add", ["r", "r"], ["y"])],
+                         [graphs.value("x")], [graphs.value("y", [1024, 1024])], [shape])
+    assert onnxmem.analyze(model).inference.peak_activation_bytes == T
+
+
+def test_in_place_needs_the_same_shape_not_just_the_same_bytes() -> None:
+    # a = x + x is [1,1024,1024]; Cast to int32 keeps the shape and the element size: in place (1 buffer).
+    # Cast to float16 halves the element size: a new buffer.
+    def cast(to: int) -> int:
+        model = graphs.model(
+            [graphs.node("Add", ["x", "x"], ["a"]), graphs.node("Cast", ["a"], ["c"], to=to),
+             graphs.node("Add", ["c", "c"], ["y"])],
+            [graphs.value("x")], [graphs.value("y", None, to)])
+        return onnxmem.analyze(model).inference.sum_activation_bytes
+
+    assert cast(TensorProto.INT32) == 2 * T  # a (shared by c) and y
+    assert cast(TensorProto.FLOAT16) == T + T // 2 + T // 2  # a, c and y
+
+
 def test_reshape_and_unsqueeze_are_views() -> None:
     # r and u share a's buffer: at y = u + u, live are a (as u) and y: 2T; only 2 buffers exist.
     inf = onnxmem.analyze(graphs.alias()).inference

@@ -71,7 +71,7 @@ def brute_force_live_bytes(graph: ModelGraph, order: list[int], rules: Inference
 
     for op in graph.ops:
         alias = rules.alias_input(op.op_type, op.domain)
-        if alias is not None:
+        if alias is not None and graph.tensors[op.outputs[0]].kind != OUTPUT:  # outputs get their own buffer
             home[op.outputs[0]] = op.inputs[alias]
     for t in graph.tensors:
         members.setdefault(root(t.index), set()).add(t.index)
@@ -80,11 +80,11 @@ def brute_force_live_bytes(graph: ModelGraph, order: list[int], rules: Inference
         if not rules.may_run_in_place(op.op_type, op.domain):
             continue
         src, out = root(op.inputs[0]), root(op.outputs[0])
-        if src == out or graph.tensors[src].kind != ACTIVATION:
+        if src == out or graph.tensors[src].kind != ACTIVATION or graph.tensors[out].kind != ACTIVATION:
             continue
         if max(last_read(m) for m in members[src]) != step:
             continue
-        if graph.tensors[src].nbytes != graph.tensors[out].nbytes:
+        if graph.tensors[op.inputs[0]].shape != graph.tensors[op.outputs[0]].shape:
             continue
         home[out] = src
         members[src] |= members.pop(out)

@@ -1,9 +1,13 @@
 """Inference buffer rules, mirroring what onnxruntime's CPU kernels declare to its memory planner.
 
-ALIASES: the kernel's output 0 is a view of input N (KernelDefBuilder::Alias(N, 0)); it allocates nothing.
-IN_PLACE: the kernel may write output 0 into input 0's buffer (KernelDefBuilder::MayInplace(0, 0)); the
-planner does so when input 0 dies at this node and has the output's exact size.
-Operators of other domains are keyed 'domain::OpType'.
+Measured on onnxruntime 1.32.0 and read in its source (docs/ort-memory-planner.md):
+ALIASES: the kernel's output 0 is a view of input N (KernelDefBuilder::Alias(N, 0)): it allocates nothing,
+even over a graph input or an initializer. A graph output is never an alias: it gets its own buffer.
+IN_PLACE: the kernel may write output 0 into input 0's buffer (MayInplace(0, 0)); the planner does so when this
+node is the buffer's last reader, the input is an intermediate (not a graph input, initializer or output), and
+both have the same element size and the same static shape.
+Operators of other domains are keyed 'domain::OpType'. Anything not listed allocates a new output buffer
+(measured for Add, Mul, Exp, Gelu, Transpose, Expand, Slice, Dropout, LayerNormalization, ...).
 """
 
 from __future__ import annotations
@@ -20,4 +24,17 @@ ALIASES: dict[str, int] = {
 IN_PLACE: set[str] = {
     "Relu",
     "Sigmoid",
+    "Tanh",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "Softplus",
+    "Softsign",
+    "ThresholdedRelu",
+    "Clip",
+    "Softmax",
+    "LogSoftmax",
+    "Cast",  # only between types of the same element size (float32 -> int32), as the planner checks
 }
