@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -15,23 +16,37 @@ from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Wa
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
 from .shapes import bind_and_infer
+from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
 
 def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
             default_dim: int | None = None, order: str = "model",
-            rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
-    """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims."""
-    return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules)
+            rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None) -> Report:
+    """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims.
+
+    With `training`, the report also gives the memory of one training step (report.training).
+    """
+    return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
+                          training=training)
 
 
 def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-                   order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+                   order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+                   training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     graph = build_graph(loaded.proto, sized.types)
-    return report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules)
+    report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules)
+    if training is None:
+        return report
+    # Gradient accumulation: a micro-step's activations are those of the micro-batch.
+    micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
+    if micro != sized.dims:
+        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim).types)
+    result = training_memory(graph, execution_order(graph, order), training)
+    return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
 
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,

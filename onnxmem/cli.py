@@ -13,9 +13,14 @@ import click
 
 from .analyze import analyze
 from .errors import OnnxMemError
-from .render import render
+from .plan import RUNTIMES, SHARD_STAGES, inference_timeline, training_timeline
+from .plan import check as plan_check
+from .plan import fit as plan_fit
+from .render import render, render_check, render_fit, render_targets
+from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .schedule import ORDERS
 from .shapes import parse_dims
+from .training import DEVICES, PRECISIONS, training_options
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -40,6 +45,37 @@ def _run(debug: bool, work: Any) -> None:
         sys.exit(EXIT_INTERNAL)
 
 
+# Training options, shared by report, fit and check.
+_TRAINING_OPTIONS = [
+    click.option("--training", is_flag=True, help="Also report the memory of one training step."),
+    click.option("--optimizer", type=click.Choice(sorted([*OPTIMIZERS, *OPTIMIZER_ALIASES])), default="adamw",
+                 show_default=True, help="Training: the optimizer (sgd-momentum, adam8bit, ...)."),
+    click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+                 help="Training: fp32, autocast mixed precision with fp32 master weights, or pure bf16."),
+    click.option("--freeze", multiple=True, metavar="PATTERN",
+                 help="Training: freeze parameters whose name or module path matches (fnmatch; repeatable)."),
+    click.option("--train", "train_only", multiple=True, metavar="PATTERN",
+                 help="Training: train only parameters whose name or module path matches (repeatable)."),
+    click.option("--grad-accum", type=int, default=1, show_default=True, metavar="N",
+                 help="Training: micro-steps per optimizer step; the batch dim is divided by N."),
+    click.option("--micro-batch", type=int, default=None, metavar="M",
+                 help="Training: the micro-batch size (the batch dim given with --dim is divided into steps of M)."),
+    click.option("--checkpoint", default=None, metavar="K|auto",
+                 help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops)."),
+    click.option("--device", type=click.Choice(DEVICES), default="cuda", show_default=True,
+                 help="Training: where PyTorch trains (dropout masks and the optimizer update differ)."),
+    click.option("--loss", type=click.Choice(sorted(LOSSES)), default="cross_entropy", show_default=True,
+                 help="Training: the loss after the model's first output."),
+]
+
+
+def training_click_options(command: Any) -> Any:
+    """Add the training options (--training, --optimizer, --precision, ...) to a command."""
+    for option in reversed(_TRAINING_OPTIONS):
+        command = option(command)
+    return command
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="onnxmem")
 def main() -> None:
@@ -54,20 +90,176 @@ def main() -> None:
               help="Bind every dim not given with --dim to N (a warning names them).")
 @click.option("--order", type=click.Choice(ORDERS), default="model", show_default=True,
               help="Execution order: the model's own node order, or a topological sort.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table",
+              show_default=True, help="html: one self-contained page with the timeline and the live set at the peak.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in each table.")
+@click.option("--plot", "plot_file", default=None, metavar="FILE.png|FILE.svg",
+              help="Also draw the memory timeline, its peak marked (needs the extra 'plot': matplotlib).")
+@training_click_options
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str, top: int,
+           plot_file: str | None,
+           training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
+           grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
            debug: bool) -> None:
-    """Report weights, inputs and the inference peak of activations of MODEL."""
+    """Report weights, inputs and the inference peak of activations of MODEL (and with --training, a step)."""
 
     def work() -> None:
-        result = analyze(model, parse_dims(dims), default_dim=default_dim, order=order)
-        click.echo(render(result, fmt, top))
+        bound = parse_dims(dims)
+        options = None
+        if training:
+            options = training_options(optimizer=optimizer, precision=precision, freeze=freeze,
+                                       train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
+                                       checkpoint=checkpoint, device=device, loss=loss)
+        result = analyze(model, bound, default_dim=default_dim, order=order, training=options)
+        timeline = _timeline(model, result, default_dim, order) if fmt == "html" or plot_file else None
+        if plot_file:
+            from .plot import save_plot
+
+            save_plot(plot_file, timeline=timeline)
+        if fmt == "html":
+            from .html import report_page
+
+            click.echo(report_page(result, timeline), nl=False)
+        else:
+            click.echo(render(result, fmt, top))
 
     _run(debug, work)
 
+
+# --- fit and check: plan against a memory budget (onnxmem/plan.py) --------------------------------------------
+
+EXIT_DOES_NOT_FIT = 1
+
+
+def _plan_options(command: Any) -> Any:
+    """Add the options fit and check share: the target, the binding, sharding, output."""
+    options: list[Any] = [
+        click.argument("model", type=click.Path(dir_okay=True, path_type=str)),
+        click.option("--memory", "--budget", "memory", default=None, metavar="SIZE",
+                     help="The memory to fit in: 24GiB, 16GB, 80000MB (GB = 10^9 bytes, GiB = 2^30)."),
+        click.option("--gpu", default=None, metavar="NAME",
+                     help="A GPU of the catalog (A100-80GB, H100-80GB, L4-24GB, ...; `onnxmem gpus` lists them)."),
+        click.option("--runtime", type=click.Choice(sorted(RUNTIMES)), default=None,
+                     help="Count this runtime's fixed costs and its allocator's rounding."),
+        click.option("--reserve", default=None, metavar="SIZE",
+                     help="Fixed costs taken off the memory before the model (replaces the stated defaults)."),
+        click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable)."),
+        click.option("--default-dim", type=int, default=None, metavar="N", help="Bind every other dim to N."),
+        click.option("--order", type=click.Choice(ORDERS), default="model", show_default=True,
+                     help="Execution order."),
+        click.option("--gpus", type=int, default=1, show_default=True, metavar="N",
+                     help="Training: data-parallel GPUs; with --shard, model states are divided across them."),
+        click.option("--shard", type=click.Choice(SHARD_STAGES), default=None,
+                     help="Training: divide weights, gradients and optimizer states as ZeRO/FSDP do."),
+        click.option("--what-if/--no-what-if", default=True, show_default=True,
+                     help="Evaluate the single changes that would lower the peak."),
+        click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table",
+                     show_default=True),
+        click.option("--plot", "plot_file", default=None, metavar="FILE.png|FILE.svg",
+                     help="Draw the timeline (and, for fit, memory against the dim) with the budget line."),
+        training_click_options,
+        click.option("--debug", is_flag=True, help="Show the traceback of an error."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@main.command()
+@_plan_options
+@click.option("--search", default="batch", show_default=True, metavar="DIM",
+              help="The dim to search: batch, seq, ... (the other dims are bound with --dim).")
+def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
+        dims: tuple[str, ...], default_dim: int | None, order: str, gpus: int, shard: str | None, what_if: bool,
+        fmt: str, plot_file: str | None, debug: bool, search: str, **training_flags: Any) -> None:
+    """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
+
+    def work() -> None:
+        result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
+                          dims=parse_dims(dims), default_dim=default_dim, order=order,
+                          training=_training_from(training_flags), gpus=gpus, shard=shard, what_if=what_if)
+        timeline = None
+        if fmt == "html" or plot_file:
+            at = {**result.dims, search: max(result.max_value, 1)}
+            timeline = _plan_timeline(model, at, default_dim, order, training_flags)
+        if plot_file:
+            from .plot import save_plot
+
+            save_plot(plot_file, timeline=timeline, fit=result, budget_bytes=result.budget_bytes)
+        if fmt == "html":
+            from .html import fit_page
+
+            click.echo(fit_page(result, timeline), nl=False)
+        else:
+            click.echo(render_fit(result, fmt))
+
+    _run(debug, work)
+
+
+@main.command()
+@_plan_options
+def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
+          dims: tuple[str, ...], default_dim: int | None, order: str, gpus: int, shard: str | None, what_if: bool,
+          fmt: str, plot_file: str | None, debug: bool, **training_flags: Any) -> None:
+    """Exit 0 when MODEL at its --dim values fits --budget SIZE (or --gpu NAME), 1 when it does not, 2 on bad input.
+
+    With --format json, prints one JSON object (schema onnxmem.check/1).
+    """
+    fits = True
+
+    def work() -> None:
+        nonlocal fits
+        bound = parse_dims(dims)
+        result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,
+                            default_dim=default_dim, order=order, training=_training_from(training_flags),
+                            gpus=gpus, shard=shard, what_if=what_if)
+        timeline = None
+        if fmt == "html" or plot_file:
+            timeline = _plan_timeline(model, result.dims, default_dim, order, training_flags)
+        if plot_file:
+            from .plot import save_plot
+
+            save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes)
+        if fmt == "html":
+            from .html import check_page
+
+            click.echo(check_page(result, timeline), nl=False)
+        else:
+            click.echo(render_check(result, fmt))
+        fits = result.fits
+
+    _run(debug, work)
+    if not fits:
+        sys.exit(EXIT_DOES_NOT_FIT)
+
+
+def _training_from(flags: dict[str, Any]) -> Any:
+    flags = dict(flags)
+    if not flags.pop("training"):
+        return None
+    flags["train"] = flags.pop("train_only")
+    return training_options(**flags)
+
+
+@main.command()
+def gpus() -> None:
+    """List the GPU catalog, the runtimes' fixed costs and their allocators (what --gpu and --runtime take)."""
+    click.echo(render_targets())
+
+
+def _timeline(model: str, result: Any, default_dim: int | None, order: str) -> Any:
+    if result.training is not None:
+        return training_timeline(result)
+    return inference_timeline(model, result.dims, default_dim=default_dim, order=order)
+
+
+def _plan_timeline(model: str, dims: dict[str, int], default_dim: int | None, order: str,
+                   training_flags: dict[str, Any]) -> Any:
+    training = _training_from(training_flags)
+    if training is None:
+        return inference_timeline(model, dims, default_dim=default_dim, order=order)
+    return training_timeline(analyze(model, dims, default_dim=default_dim, order=order, training=training))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

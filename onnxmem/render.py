@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .report import Report
+from .report import CheckResult, FitResult, Report, Sharding, Target, TrainingReport, Warning, WhatIf
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -101,6 +101,8 @@ def render_table(report: Report, top: int = 10) -> str:
               format_bytes(r.peak_live_bytes)) for r in layers],
             right=(1, 2, 3, 4),
         )
+    if report.training is not None:
+        out += _training_lines(report.training, top, markdown=False)
     if report.warnings:
         out += ["", "Warnings"] + [f"- {w}" for w in report.warnings]
     return "\n".join(out)
@@ -120,6 +122,191 @@ def render_markdown(report: Report, top: int = 10) -> str:
     out += ["", "## By operator type", "", "| op type | nodes | weights | activations |", "|---|---:|---:|---:|"]
     out += [f"| {r.op_type} | {r.nodes} | {format_bytes(r.weight_bytes)} | {format_bytes(r.output_bytes)} |"
             for r in inf.by_op_type[:top]]
+    if report.training is not None:
+        out += _training_lines(report.training, top, markdown=True)
     if report.warnings:
         out += ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in report.warnings]
     return "\n".join(out) + "\n"
+
+
+def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
+    """Give the training section: the parts, the step's peak and its phase, the per-phase profile, what-ifs."""
+
+    def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+        if not markdown:
+            return _table(headers, rows, right)
+        align = ["---:" if i in right else "---" for i in range(len(headers))]
+        return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
+                *("| " + " | ".join(r) + " |" for r in rows)]
+
+    def heading(text: str) -> list[str]:
+        return ["", f"## {text}", ""] if markdown else ["", text]
+
+    def size(n: int) -> tuple[str, str]:
+        return format_bytes(n), f"{n:,} B"
+
+    trainable = f"{t.trainable_parameters:,} of {t.parameters:,} parameters trainable"
+    out = heading(f"Training memory ({t.optimizer}, {t.precision}, {t.export_mode}-mode export; {trainable})")
+    parts = [("weights", t.weights_bytes), ("gradients", t.gradient_bytes),
+             ("optimizer states", t.optimizer_state_bytes), ("saved activations (backward start)",
+                                                             t.saved_activation_bytes),
+             ("input batch", t.input_bytes), ("peak of the step", t.peak_bytes),
+             ("hand formula (params x (2 + states) + 2 x activations)", t.hand_formula_bytes)]
+    out += table(("part", "size", "bytes"), [(name, *size(n)) for name, n in parts], right=(1, 2))
+    out += ["", f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"]
+    out += heading("Training step by phase (live bytes: peak during the phase, and at its end)")
+    rows = []
+    for step in (t.first_step, t.later_step):
+        rows += [(step.step, p.phase, format_bytes(p.peak_bytes), format_bytes(p.end_bytes), p.peak_event)
+                 for p in step.phases]
+    out += table(("step", "phase", "peak", "at end", "where"), rows, right=(2, 3))
+    out += heading("Live at the training peak")
+    out += table(("category", "size", "buffers", "largest"),
+                 [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest) for r in t.live_at_peak],
+                 right=(1, 2))
+    if t.saved_by_op_type:
+        out += heading("Kept for backward, by operator type")
+        out += table(("op type", "kept"), [(k, format_bytes(v)) for k, v in t.saved_by_op_type[:top]], right=(1,))
+    if t.recompute:
+        out += heading(f"Recompute in backward instead of keeping (peak then {format_bytes(t.recompute_peak_bytes)})")
+        out += table(("node", "op type", "tensor", "kept bytes saved"),
+                     [(r.node, r.op_type, r.tensor, format_bytes(r.saved_bytes)) for r in t.recompute[:top]],
+                     right=(3,))
+    if t.checkpoint is not None:
+        c = t.checkpoint
+        extra = f"{100 * c.extra_forward_flops / c.forward_flops:.0f}%" if c.forward_flops else "?"
+        out += heading("Activation checkpointing (what-if)")
+        out += [f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves {format_bytes(c.memory_saved_bytes)}"
+                f"), kept for backward {format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
+                f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)"]
+    out += heading("Assumed")
+    out += [f"- {a}" for a in t.assumptions]
+    return out
+
+
+# --- Plan: fit and check ----------------------------------------------------------------------------------------
+
+
+def render_fit(result: FitResult, fmt: str) -> str:
+    """Give a fit result in the named format: table, json or markdown."""
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2)
+    markdown = fmt == "markdown"
+    dim = result.dim
+    others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    if result.max_value == 0:
+        answer = f"nothing fits: {dim}=1 needs {format_bytes(_point(result, 1))}, more than the budget"
+    elif not result.bounded:
+        answer = f"every {dim} up to {result.search_limit} fits (the peak barely grows with {dim})"
+    else:
+        answer = f"largest {dim} that fits: {result.max_value}   largest power of two: {result.max_power_of_two}"
+    out = [f"# onnxmem fit: `{result.model}`" if markdown else f"onnxmem fit: {result.model}", "",
+           f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
+           *_target_lines(result.target, result.budget_bytes, markdown), "",
+           f"**{answer}**" if markdown else answer]
+    out += [f"- {n}" for n in result.notes]
+    if result.linear:
+        lin = result.linear
+        checked = f"verified at {len(lin.checked_values)} other values" if lin.verified else "not verified"
+        out.append(f"peak = {format_bytes(lin.intercept_bytes)} + {format_bytes(lin.slope_bytes)} x {dim}   "
+                   f"({lin.intercept_bytes} + {lin.slope_bytes} x {dim} bytes; {checked})")
+    headers = (dim, "peak", "required", "fits")
+    rows = [(str(p.value), format_bytes(p.peak_bytes), format_bytes(p.required_bytes), "yes" if p.fits else "no")
+            for p in result.curve if _shown(p.value, result)]
+    out += ["", "Memory against " + dim, *(_markdown_table(headers, rows) if markdown else
+                                            _table(headers, rows, right=(0, 1, 2)))]
+    out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + 1} fit", markdown)
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")
+
+
+def render_check(result: CheckResult, fmt: str) -> str:
+    """Give a check result in the named format: table, json or markdown."""
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2)
+    markdown = fmt == "markdown"
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    verdict = "FITS" if result.fits else "DOES NOT FIT"
+    headroom = "headroom" if result.headroom_bytes >= 0 else "short by"
+    out = [f"# onnxmem check: `{result.model}`" if markdown else f"onnxmem check: {result.model}", "",
+           f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
+           *_target_lines(result.target, result.budget_bytes, markdown), "",
+           f"{'**' + verdict + '**' if markdown else verdict}: needs {format_bytes(result.required_bytes)} of "
+           f"{format_bytes(result.budget_bytes)} ({headroom} {format_bytes(abs(result.headroom_bytes))})",
+           f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}"]
+    if result.sharding:
+        s = result.sharding
+        out.append(f"model states per GPU: weights {format_bytes(s.weights_bytes)}, gradients "
+                   f"{format_bytes(s.gradient_bytes)}, optimizer states {format_bytes(s.optimizer_state_bytes)}, "
+                   f"gathered {format_bytes(s.gathered_bytes)} (one GPU alone: {format_bytes(s.unsharded_bytes)})")
+    out += _what_if_lines(result.what_ifs, "What would lower the peak", markdown)
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")
+
+
+def target_label(target: Target, budget: int) -> str:
+    """Give what a budget figure includes, in one line: memory, fixed costs taken off, allocator."""
+    reserve = " + ".join(f"{r.name} {format_bytes(r.bytes)}" for r in target.reserve) or "no fixed costs"
+    where = target.gpu or "memory"
+    return f"{where} {format_bytes(target.memory_bytes)} - ({reserve}) = budget {format_bytes(budget)}; " \
+           f"allocator: {target.allocator}"
+
+
+def _target_lines(target: Target, budget: int, markdown: bool = False) -> list[str]:
+    indent = "- " if markdown else "  "
+    lines = [f"target: {target_label(target, budget)}", *([""] if markdown else []),
+             f"{indent}memory: {target.memory_source}"]
+    lines += [f"{indent}{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve]
+    lines.append(f"{indent}allocator {target.allocator}: {target.allocator_rule}")
+    return lines
+
+
+def _shard_words(sharding: Sharding | None) -> str:
+    return f"   sharding: {sharding.stage} over {sharding.gpus} GPUs (per-GPU figures)" if sharding else ""
+
+
+def _shown(value: int, result: FitResult) -> bool:
+    # the table shows powers of two, the answer and the value after it; JSON has every value evaluated
+    return value & (value - 1) == 0 or value in (result.max_value, result.max_value + 1)
+
+
+def _point(result: FitResult, value: int) -> int:
+    return next((p.required_bytes for p in result.curve if p.value == value), 0)
+
+
+def _what_if_lines(what_ifs: Sequence[WhatIf], title: str, markdown: bool) -> list[str]:
+    if not what_ifs:
+        return []
+    headers = ("change", "peak", "saves", "how")
+    rows = [(w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes), w.detail) for w in what_ifs]
+    body = _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(1, 2))
+    return ["", f"## {title}" if markdown else title, *(["", *body] if markdown else body)]
+
+
+def _warning_lines(warnings: Sequence[Warning], markdown: bool) -> list[str]:
+    if not warnings:
+        return []
+    if markdown:
+        return ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in warnings]
+    return ["", "Warnings"] + [f"- {w}" for w in warnings]
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def render_targets() -> str:
+    """Give the GPU catalog, the runtimes' fixed costs and the allocators, with where each figure comes from."""
+    from .plan import ALLOCATORS, GPUS, RUNTIMES
+
+    out = ["GPUs (--gpu NAME)", *_table(("name", "memory", "bytes"), [
+        (g.name, format_bytes(g.memory_bytes), f"{g.memory_bytes:,}") for g in GPUS.values()], right=(1, 2))]
+    sources = sorted({g.source for g in GPUS.values()})
+    out += [f"memory: {s}" for s in sources]
+    out += ["", "Runtimes (--runtime NAME): fixed costs taken off the memory (--reserve SIZE replaces them)"]
+    for runtime in RUNTIMES.values():
+        out.append(f"{runtime.name}: allocator {runtime.allocator}")
+        out += [f"  {r.name} {format_bytes(r.bytes)}: {r.source}" for r in runtime.fixed_costs]
+    out += ["", "Allocators"] + [f"{a.name}: {a.rule}" for a in ALLOCATORS.values()]
+    return "\n".join(out)

@@ -75,6 +75,104 @@ class InferenceReport:
 
 
 @dataclass(frozen=True)
+class PhaseRow:
+    """One phase of a training step: the most bytes live during it, and what is live when it ends."""
+
+    phase: str  # data | forward | loss | backward | optimizer
+    peak_bytes: int
+    end_bytes: int
+    peak_event: str  # the op (or update) at the phase's peak
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """A training step's memory profile (the first step creates the optimizer state; later steps start with it)."""
+
+    step: str  # first | later
+    peak_bytes: int
+    peak_phase: str
+    peak_event: str
+    phases: tuple[PhaseRow, ...]
+
+
+@dataclass(frozen=True)
+class TrainingLiveRow:
+    """What is live at the training peak, by category (weights, saved activations, gradients, ...)."""
+
+    category: str
+    bytes: int
+    buffers: int
+    largest: str  # names of the largest buffers of the category
+
+
+@dataclass(frozen=True)
+class TrainingParameterGroup:
+    """Parameters of one module (the module path of the first op that reads them)."""
+
+    layer: str
+    parameters: int  # elements
+    trainable_bytes: int
+    frozen_bytes: int
+
+
+@dataclass(frozen=True)
+class RecomputeRow:
+    """A cheap op whose kept output backward could recompute from inputs that are kept anyway."""
+
+    node: str
+    op_type: str
+    tensor: str
+    saved_bytes: int  # kept bytes it would free
+    extra_flops: int  # one elementwise pass over the tensor
+
+
+@dataclass(frozen=True)
+class CheckpointWhatIf:
+    """Activation checkpointing: the peak when all but the last of `segments` keep only their inputs."""
+
+    segments: int
+    peak_bytes: int
+    saved_activation_bytes: int
+    memory_saved_bytes: int  # the training peak without checkpointing minus peak_bytes
+    forward_flops: int
+    extra_forward_flops: int  # the checkpointed segments run forward twice
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """Training memory of one step: each part apart, and the peak of the whole step with its phase."""
+
+    optimizer: str
+    optimizer_impl: str  # foreach | for-loop | fused
+    precision: str  # fp32 | amp-fp16 | amp-bf16 | bf16
+    loss: str
+    grad_accum: int
+    export_mode: str  # training | eval | either (the graph has no Dropout or BatchNormalization)
+    parameters: int  # elements of all parameters, trainable and frozen
+    trainable_parameters: int
+    weights_bytes: int  # every weight at the training precision (parameters, buffers, constants)
+    gradient_bytes: int  # parameter gradients
+    optimizer_state_bytes: int
+    saved_activation_bytes: int  # kept for backward when backward starts (model and loss)
+    input_bytes: int
+    peak_bytes: int  # the whole step's peak: weights, state, input batch and all else live then
+    peak_phase: str
+    peak_step: str  # first | later: the step whose peak is higher
+    peak_event: str
+    first_step: TrainingStep
+    later_step: TrainingStep
+    live_at_peak: tuple[TrainingLiveRow, ...]
+    saved_by_op_type: tuple[tuple[str, int], ...]
+    parameter_groups: tuple[TrainingParameterGroup, ...]
+    unknown_backward_ops: tuple[str, ...]  # op types given the conservative default rule
+    recompute: tuple[RecomputeRow, ...]
+    recompute_peak_bytes: int  # the peak if every recompute candidate were recomputed
+    checkpoint: CheckpointWhatIf | None
+    hand_formula_bytes: int  # weights x (2 + optimizer states) + 2 x every activation + inputs
+    assumptions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything `onnxmem report` says about one model at one binding of its dims."""
 
@@ -87,6 +185,7 @@ class Report:
     inference: InferenceReport
     warnings: tuple[Warning, ...]
     schema: str = SCHEMA
+    training: TrainingReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Give the report as JSON-ready builtins (the documented schema)."""
@@ -101,3 +200,130 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+# --- Plan: fit and check (onnxmem/plan.py) ---------------------------------------------------------------------
+
+FIT_SCHEMA = "onnxmem.fit/1"
+CHECK_SCHEMA = "onnxmem.check/1"
+
+
+@dataclass(frozen=True)
+class ReserveItem:
+    """A fixed cost the process pays before the model gets anything, and where its figure comes from."""
+
+    name: str  # cuda-context | workspaces | reserve
+    bytes: int
+    source: str  # "stated default: ..." | "measured: ..." | "given with --reserve"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the model must fit: the device's memory, the fixed costs taken off it, and the allocator's rounding."""
+
+    memory_bytes: int
+    memory_source: str  # "--memory 24GiB" | "A100-80GB: nominal capacity"
+    gpu: str  # the catalog name, or "" when --memory was given
+    runtime: str  # onnxruntime | pytorch | "" (none named: no workspaces, exact allocation)
+    reserve: tuple[ReserveItem, ...]
+    reserve_bytes: int
+    allocator: str  # exact | onnxruntime-arena | pytorch-caching
+    allocator_rule: str  # what the rounding is, in words
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Model states per GPU when N GPUs divide them as ZeRO (DeepSpeed) or FSDP does; activations stay per GPU."""
+
+    stage: str  # ddp | zero1 | zero2 | zero3
+    gpus: int
+    weights_bytes: int  # per GPU
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    gathered_bytes: int  # zero3: the largest module's weights and gradients gathered while it runs
+    unsharded_bytes: int  # the same states on one GPU
+    per_gpu_bytes: int  # weights + gradients + optimizer states + gathered, per GPU
+    saved_bytes: int  # unsharded - per GPU
+
+
+@dataclass(frozen=True)
+class FitPoint:
+    """The estimate at one value of the searched dim."""
+
+    value: int
+    peak_bytes: int  # the estimator's total peak (per GPU when sharded)
+    required_bytes: int  # the peak after the allocator's rounding: what must fit in the budget
+    fits: bool
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """peak = intercept + slope x value, from the peaks at 1 and 2, checked at every other value evaluated."""
+
+    intercept_bytes: int
+    slope_bytes: int  # bytes per unit of the searched dim (per sample, for batch)
+    verified: bool  # True: every evaluated value agrees exactly
+    checked_values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One change that would lower the peak, with the peak it gives (same binding, same target)."""
+
+    change: str
+    peak_bytes: int
+    saved_bytes: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The largest value of one dim whose peak fits a budget, found by evaluating the estimator (`onnxmem fit`)."""
+
+    model: str
+    dim: str
+    dims: dict[str, int]  # the other dims, fixed
+    mode: str  # inference | training
+    target: Target
+    budget_bytes: int  # memory - reserve: what the model's tensors may take, allocator rounding included
+    max_value: int  # 0: nothing fits, not even 1
+    max_power_of_two: int  # 0: nothing fits
+    bounded: bool  # False: even search_limit fits (the dim barely moves memory)
+    search_limit: int
+    monotonic: bool  # the evaluated peaks never decrease as the value grows
+    evaluations: int
+    curve: tuple[FitPoint, ...]  # every value evaluated, ascending
+    linear: LinearFit | None  # None: the peak is not linear in the dim
+    sharding: Sharding | None
+    what_ifs: tuple[WhatIf, ...]  # at max_value + 1: what would make the next value fit
+    notes: tuple[str, ...]
+    warnings: tuple[Warning, ...]
+    schema: str = FIT_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """Give the result as JSON-ready builtins (the documented schema)."""
+        return _plain(self)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Whether the model at its bound dims fits a budget (`onnxmem check`: exit 0 fits, 1 does not)."""
+
+    model: str
+    dims: dict[str, int]
+    mode: str  # inference | training
+    target: Target
+    budget_bytes: int
+    peak_bytes: int  # the estimator's total peak (per GPU when sharded)
+    required_bytes: int  # the peak after the allocator's rounding
+    headroom_bytes: int  # budget - required; negative when it does not fit
+    fits: bool
+    peak_where: str  # the node (inference) or phase and event (training) of the peak
+    sharding: Sharding | None
+    what_ifs: tuple[WhatIf, ...]
+    warnings: tuple[Warning, ...]
+    schema: str = CHECK_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """Give the result as JSON-ready builtins (the documented schema)."""
+        return _plain(self)

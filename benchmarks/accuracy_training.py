@@ -1,0 +1,351 @@
+"""Training-step peak: onnxmem's estimate from the exported forward graph against what PyTorch allocates.
+
+For each model, batch (8, 32) and optimizer (sgd, sgd with momentum, adamw), fp32 on CPU, one training step
+(zero_grad(set_to_none=True), forward, loss, backward, step) runs in PyTorch and the peak of live bytes above the
+bytes live before the step is measured. The estimate is onnxmem's training peak of the same step minus what it
+counts as live before it (weights and the input batch; after the first step also the optimizer state). The hand
+formula is the CS231n rule: parameters x (2 + optimizer states) + 2 x every activation, minus the same baseline.
+
+Measurement: PyTorch's CPU allocator does not cache, and with profile_memory=True the profiler records every
+allocation and free of the c10 CPU allocator with its exact size; their running sum is the live bytes. The script
+first checks that on a Linear layer whose step is worked out by hand (it must match to the byte).
+
+Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
+Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import io
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import onnxmem  # noqa: E402
+from onnxmem.training import TrainingOptions  # noqa: E402
+
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.01),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measuring live bytes
+
+def live_bytes_peak(work: Callable[[], None]) -> int:
+    """Give the peak of live CPU bytes above those live before `work`, from the profiler's memory events."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        work()
+    events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
+                    if e.name() == "[memory]")
+    live = peak = 0
+    for _, _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def measure_steps(module: nn.Module, inputs: tuple[torch.Tensor, ...], loss: Callable[[Any], torch.Tensor],
+                  optimizer: str) -> tuple[int, int]:
+    """Give the peak above the pre-step baseline of the first and of the second training step."""
+    opt = OPTIMIZERS[optimizer](module.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = module(*inputs)
+        value = loss(out)
+        value.backward()
+        opt.step()
+
+    first = live_bytes_peak(step)
+    opt.zero_grad(set_to_none=True)  # the next step starts with the optimizer state and no gradients
+    later = live_bytes_peak(step)
+    return first, later
+
+
+def check_measurement() -> int:
+    """Check the measurement on one Linear layer, worked out by hand; give the measured bytes."""
+    torch.manual_seed(0)
+    layer = nn.Linear(1000, 500)
+    x, y = torch.randn(64, 1000), torch.randint(0, 500, (64,))
+    first, _ = measure_steps(layer, (x,), lambda out: F.cross_entropy(out, y), "sgd")
+    out = 64 * 500 * 4  # the logits: 128,000 bytes
+    # forward: out, log-softmax (out-sized), the loss and nll's total_weight (4 + 4). Backward: the seed (4) and
+    # the log-softmax and its gradient are freed before AddmmBackward, which makes grad W (2,000,000) and
+    # grad b (2,000) while out and its gradient (128,000 each), the loss and total_weight are live.
+    hand = out + 4 + 4 + out + 500 * 1000 * 4 + 500 * 4
+    assert first == hand, f"measurement check failed: {first} measured, {hand} by hand"
+    return first
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models
+
+@dataclass
+class Case:
+    """A model to train: build it, make inputs at a batch size, and give the loss of its output."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], tuple[torch.Tensor, ...]]
+    loss: Callable[[Any, int], torch.Tensor]  # (output, batch) -> loss; targets drawn inside, seeded
+    loss_kind: str = "cross_entropy"  # what onnxmem appends after the output
+    onnx_path: Path | None = None  # the fixture's exported file; None: export here
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 512), nn.Linear(512, 256), nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32)
+        self.conv2, self.bn2 = nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64)
+        self.fc = nn.Linear(64 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+class SwishMLP(nn.Module):
+    """Swish written as x * sigmoid(x): autograd keeps both x and sigmoid(x)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(512, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        h = self.fc2(h * torch.sigmoid(h))
+        return self.fc3(h * torch.sigmoid(h))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 128, heads: int = 4) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads, self.drop = heads, nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = self.drop(F.softmax((q @ k.transpose(-2, -1)) * (1.0 / (c // self.heads) ** 0.5), dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.proj(y)
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 2, seq: int = 64) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.zeros(1, seq, d))
+        self.blocks = nn.ModuleList([Block(d) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _classes(out: torch.Tensor, batch: int, n: int = 10) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(batch)
+    return F.cross_entropy(out, torch.randint(0, n, (batch,), generator=generator))
+
+
+def _tokens(out: torch.Tensor, batch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(batch)
+    target = torch.randint(0, out.shape[-1], out.shape[:-1], generator=generator)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+REFERENCE = [
+    Case("mlp", MLP, lambda b: (torch.randn(b, 784),), _classes),
+    Case("cnn_bn", SmallCNN, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
+    Case("swish_mlp", SwishMLP, lambda b: (torch.randn(b, 512),), _classes),
+    Case("tiny_gpt", TinyGPT, lambda b: (torch.randint(0, 512, (b, 64)),), _tokens),
+]
+
+
+def fixture_cases() -> list[Case] | None:
+    """Give the fixture registry's models as cases, or None when fixtures/models.py is not there."""
+    if not (ROOT / "fixtures" / "models.py").exists():
+        return None
+    models = importlib.import_module("fixtures.models")
+    cases = []
+    for name, spec in models.MODELS.items():
+        onnx_file = ROOT / "fixtures" / f"{name}.onnx"
+
+        def loss(out: Any, batch: int, spec: Any = spec) -> torch.Tensor:
+            return spec.loss(out, spec.example_inputs(batch)) if _takes_two(spec.loss) else spec.loss(out)
+
+        cases.append(Case(name, spec.factory, lambda b, spec=spec: tuple(spec.example_inputs(b)), loss,
+                          getattr(spec, "loss_kind", "cross_entropy"), onnx_file if onnx_file.exists() else None))
+    return cases
+
+
+def _takes_two(function: Callable[..., Any]) -> bool:
+    return len(inspect.signature(function).parameters) >= 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Estimating
+
+def export(case: Case, module: nn.Module, folder: Path) -> Path:
+    """Give the ONNX file of the case: the fixture's own, or a training-mode export with a symbolic batch."""
+    if case.onnx_path is not None:
+        return case.onnx_path
+    path = folder / f"{case.name}.onnx"
+    example = case.inputs(2)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    module.train()
+    # optimize=False: onnxscript's optimizer folds BatchNorm into Conv even in a training-mode export
+    with _quiet():
+        torch.onnx.export(module, example, str(path), dynamo=True, optimize=False,
+                          input_names=[f"input{i}" for i in range(len(example))],
+                          dynamic_shapes=tuple({0: batch} for _ in example))
+    return path
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporter's progress messages and warnings."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def batch_dims(path: Path, batch: int) -> dict[str, int]:
+    from onnxmem.load import load_model
+    from onnxmem.shapes import input_dims
+
+    names = {d.name for d in input_dims(load_model(path).proto) if d.axis == 0}
+    return dict.fromkeys(names, batch)
+
+
+@dataclass
+class Row:
+    model: str
+    batch: int
+    optimizer: str
+    measured: int
+    estimate: int
+    hand: int
+    measured_later: int
+    estimate_later: int
+    phase: str
+
+    @property
+    def error(self) -> float:
+        return (self.estimate - self.measured) / self.measured
+
+    @property
+    def hand_error(self) -> float:
+        return (self.hand - self.measured) / self.measured
+
+    @property
+    def later_error(self) -> float:
+        return (self.estimate_later - self.measured_later) / self.measured_later
+
+
+def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
+    torch.manual_seed(0)
+    reference = case.build()
+    path = export(case, reference, folder)
+    rows = []
+    for batch in batches:
+        inputs = case.inputs(batch)
+        for optimizer in OPTIMIZERS:
+            torch.manual_seed(0)
+            module = case.build()
+            module.load_state_dict(reference.state_dict())
+            module.train()
+            first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
+            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind)
+            training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
+            assert training is not None
+            baseline = training.weights_bytes + training.input_bytes
+            rows.append(Row(
+                case.name, batch, optimizer, first, training.first_step.peak_bytes - baseline,
+                training.hand_formula_bytes - baseline, later,
+                training.later_step.peak_bytes - baseline - training.optimizer_state_bytes,
+                training.first_step.peak_phase))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated model names (default: all)")
+    parser.add_argument("--batches", default="8,32")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    started = time.perf_counter()
+    checked = check_measurement()
+    print(f"measurement check: Linear(1000, 500), batch 64, sgd: {checked:,} B measured = {checked:,} B by hand")
+    cases = fixture_cases()
+    source = "fixtures/models.py" if cases is not None else "the reference set in this script (no fixtures yet)"
+    cases = cases if cases is not None else REFERENCE
+    wanted = set(filter(None, args.models.split(",")))
+    batches = [int(b) for b in args.batches.split(",")]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for case in cases:
+            if not wanted or case.name in wanted:
+                rows += run_case(case, batches, Path(folder))
+    print(f"models: {source}; torch {torch.__version__}, CPU, fp32; peak live bytes above the pre-step baseline")
+    print()
+    print("| model | batch | optimizer | measured (1st step) | estimate | error | hand formula | hand error "
+          "| later step: measured | estimate | error | peak phase |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r.model} | {r.batch} | {r.optimizer} | {r.measured:,} | {r.estimate:,} | {100 * r.error:+.1f}% "
+              f"| {r.hand:,} | {100 * r.hand_error:+.1f}% | {r.measured_later:,} | {r.estimate_later:,} "
+              f"| {100 * r.later_error:+.1f}% | {r.phase} |")
+    errors = [abs(r.error) for r in rows] + [abs(r.later_error) for r in rows]
+    closer = sum(abs(r.error) < abs(r.hand_error) for r in rows)
+    print()
+    print(f"mean |error| {100 * sum(errors) / len(errors):.2f}%, max |error| {100 * max(errors):.2f}% "
+          f"(first and later steps); closer than the hand formula in {closer} of {len(rows)} cases; "
+          f"{time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1103 @@
+"""Training memory: one training step (forward, loss, backward, optimizer step) scheduled over the forward graph.
+
+The step is a sequence of events; every buffer (weight, input batch, activation, mask, activation gradient,
+parameter gradient, optimizer state, temporary) lives from one event to another, and a difference array over
+events gives the live bytes at each (as in liveness.py). What PyTorch does is the reference:
+
+- data: weights and the input batch are live (and, after the first step, the optimizer state).
+- forward: each op allocates its outputs (views allocate nothing); a tensor is freed after its last reader,
+  unless an op keeps it for backward (rules/training.py), then after that op's backward. Only ops that have an
+  input needing a gradient (from a trainable parameter) keep anything.
+- loss: appended after the model's first float output (cross-entropy keeps its log-softmax). The model's
+  outputs and the loss are held by the training loop until the end of the step.
+- backward: the ops in reverse order; each allocates its inputs' gradients (or passes its output's gradient
+  through), then frees its output gradients and what it kept. Parameter gradients live until the step ends
+  (zero_grad(set_to_none=True) frees them at the next step).
+- optimizer: states are created at the first step and live from then on; the update's temporaries are counted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto
+
+from .errors import OnnxMemError
+from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph
+from .report import (
+    CheckpointWhatIf,
+    PhaseRow,
+    RecomputeRow,
+    TrainingLiveRow,
+    TrainingParameterGroup,
+    TrainingReport,
+    TrainingStep,
+    Warning,
+)
+from .rules.training import (
+    AUTOCAST_FP32,
+    AUTOCAST_LOW_PRECISION,
+    CHEAP_TO_RECOMPUTE,
+    DEFAULT_SAVES,
+    EIGHT_BIT_BLOCK,
+    EIGHT_BIT_MIN_ELEMENTS,
+    LOSSES,
+    NOT_DIFFERENTIABLE,
+    OPTIMIZER_ALIASES,
+    OPTIMIZERS,
+    SAVED_FOR_BACKWARD,
+    TRAINING_VIEWS,
+    OptimizerRule,
+    Saves,
+)
+
+PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
+OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "for-loop", "fused")
+DEVICES = ("cuda", "cpu")
+PHASES = ("data", "forward", "loss", "backward", "optimizer")
+_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+# Buffers whose name says they are running statistics, not parameters (PyTorch's BatchNorm buffers).
+_BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
+# Inputs of an op that are buffers even when they are float initializers.
+_BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
+_TOP_LIVE = 20
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How the model is trained: optimizer, precision, what is trainable, accumulation, checkpointing."""
+
+    optimizer: str = "adamw"  # a key of rules.training.OPTIMIZERS (or an alias: momentum, 8bit-adam, ...)
+    precision: str = "fp32"  # fp32 | amp-fp16 | amp-bf16 (autocast, fp32 master weights) | bf16 (pure)
+    freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names or module paths to freeze
+    train: tuple[str, ...] = ()  # when given, only parameters matching one of these train
+    grad_accum: int = 1  # micro-steps per optimizer step (the graph is bound at the micro-batch)
+    micro_batch: int | None = None  # instead of grad_accum: the micro-batch size (the batch dim is divided by it)
+    checkpoint: int | str | None = None  # activation checkpointing what-if: segments, or "auto" (sqrt n)
+    loss: str = "cross_entropy"  # a key of rules.training.LOSSES, applied to the model's first float output
+    batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
+    optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
+    device: str = "cuda"  # where PyTorch trains: cuda | cpu (dropout masks and the optimizer's default differ)
+
+    @property
+    def accumulates(self) -> bool:
+        """Say whether gradients accumulate over micro-steps (they are then live through later forwards)."""
+        return self.grad_accum > 1 or self.micro_batch is not None
+
+    @property
+    def update_impl(self) -> str:
+        """Give the optimizer update's implementation: PyTorch's default is foreach on CUDA, a for-loop on CPU."""
+        if self.optimizer_impl != "auto":
+            return self.optimizer_impl
+        return "for-loop" if self.device == "cpu" else "foreach"
+
+    def optimizer_rule(self) -> OptimizerRule:
+        """Give the optimizer's rule; raises ValueError for an unknown name."""
+        name = OPTIMIZER_ALIASES.get(self.optimizer, self.optimizer)
+        if name not in OPTIMIZERS:
+            raise TrainingOptionError(f"unknown optimizer '{self.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
+        return OPTIMIZERS[name]
+
+
+@dataclass
+class _Node:
+    """A forward op of the step: a graph op or one of the loss's appended ops."""
+
+    op_type: str
+    domain: str
+    name: str
+    layer: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    graph_op: int | None  # index into graph.ops, or None for a loss op
+
+
+@dataclass
+class _Value:
+    """A tensor of the step (a graph tensor or a loss intermediate) at the training precision."""
+
+    name: str
+    shape: tuple[int | str | None, ...] | None
+    numel: int | None
+    nbytes: int  # at the training precision; 0 when unknown
+    is_float: bool
+    kind: str  # weight | input | activation | output | loss
+    is_sequence: bool = False  # a tensor sequence (no dtype of its own): it carries gradients like its tensors
+    producer: int | None = None  # node index
+    consumers: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Buffer:
+    name: str
+    category: str
+    nbytes: int
+    start: int
+    end: int
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.phase: list[str] = []
+        self.label: list[str] = []
+
+    def add(self, phase: str, label: str) -> int:
+        self.phase.append(phase)
+        self.label.append(label)
+        return len(self.phase) - 1
+
+
+@dataclass
+class _Model:
+    """Facts about the graph that every simulation reads: built once per training_memory call."""
+
+    nodes: list[_Node]
+    values: list[_Value]
+    root: list[int]  # storage root of each value (views share their base's storage)
+    members: dict[int, list[int]]  # storage root -> the values that live in it
+    needs_grad: list[bool]  # per value
+    differentiable: list[bool]  # per node: it has a backward (some input needs a gradient)
+    params: list[int]  # trainable parameter values, in first-use order
+    frozen: list[int]
+    param_bytes: int  # at the training precision
+    saved_by: dict[int, list[int]]  # storage root -> nodes that keep it for backward
+    extras: dict[int, int]  # node -> bytes kept besides tensors (masks, indices, statistics)
+    cast_copies: dict[tuple[int, int], int]  # (node, input value) -> bytes of autocast's low-precision copy
+    weight_copies: dict[int, int]  # parameter value -> bytes of autocast's cached low-precision copy
+    new_grads: dict[int, list[int]]  # node -> inputs whose gradient is a new buffer
+    backward_temporaries: dict[int, int]  # node -> bytes its backward holds for a moment
+    passthrough: dict[int, list[int]]  # node -> inputs whose gradient is the output's gradient
+    unknown: dict[str, int]  # op types missing from SAVED_FOR_BACKWARD -> nodes
+    model_output: int  # value the loss reads (or the loss itself)
+    loss_value: int
+    n_graph_nodes: int
+
+
+class TrainingOptionError(OnnxMemError, ValueError):
+    """A training option is unknown or out of range (optimizer, precision, segments, accumulation)."""
+
+
+def micro_batch_dims(model: onnx.ModelProto, dims: dict[str, int], options: TrainingOptions) -> dict[str, int]:
+    """Give the dims a micro-step runs at: the batch dim divided by grad_accum (the same dims when it is 1)."""
+    if not options.accumulates:
+        return dict(dims)
+    from .shapes import input_dims
+
+    batch = options.batch_dim
+    if batch is None:
+        axis0 = [d.name for d in input_dims(model) if d.axis == 0]
+        if not axis0:
+            raise TrainingOptionError("gradient accumulation needs a batch dim: the inputs have no symbolic axis 0; "
+                                      "name it with batch_dim")
+        batch = axis0[0]
+    if batch not in dims:
+        raise TrainingOptionError(f"gradient accumulation: batch dim '{batch}' is not bound (bind it with --dim)")
+    if options.micro_batch is not None:
+        if options.micro_batch < 1 or dims[batch] % options.micro_batch:
+            raise TrainingOptionError(f"micro-batch {options.micro_batch} does not divide {batch}={dims[batch]}")
+        return {**dims, batch: options.micro_batch}
+    if dims[batch] % options.grad_accum:
+        raise TrainingOptionError(f"gradient accumulation: {batch}={dims[batch]} is not a multiple of "
+                                  f"{options.grad_accum} micro-steps")
+    return {**dims, batch: dims[batch] // options.grad_accum}
+
+
+def training_options(*, checkpoint: str | int | None = None, **values: object) -> \
+        TrainingOptions:
+    """Give TrainingOptions from command-line values ('--checkpoint 4' or 'auto'), checked."""
+    segments: int | str | None = checkpoint
+    if isinstance(checkpoint, str) and checkpoint != "auto":
+        try:
+            segments = int(checkpoint)
+        except ValueError:
+            raise TrainingOptionError(f"--checkpoint '{checkpoint}': expected a number of segments or 'auto'") \
+                from None
+    options = TrainingOptions(checkpoint=segments, **values)  # type: ignore[arg-type]
+    _check_options(options)
+    return options
+
+
+def resolve_optimizer(name: str) -> str:
+    """Give the canonical optimizer name for a name or alias."""
+    return OPTIMIZER_ALIASES.get(name, name)
+
+
+def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOptions) -> TrainingReport:
+    """Give the training-step memory of a sized graph run in `order` (the graph is read, never changed)."""
+    _check_options(options)
+    rule = options.optimizer_rule()
+    model = _build_model(graph, order, options)
+    first = _simulate(model, options, rule, first_step=True)
+    later = _simulate(model, options, rule, first_step=False)
+    worst = first if first.peak >= later.peak else later
+    weights_bytes = sum(v.nbytes for v in model.values if v.kind == WEIGHT)
+    input_bytes = sum(v.nbytes for v in model.values if v.kind == INPUT)
+    gradient_bytes = _param_grad_bytes(model, options)
+    state_bytes = _optimizer_state_bytes(model, rule, options)
+    saved_bytes = first.saved_at_backward_start
+    hand = _hand_formula(model, options, rule, weights_bytes, input_bytes, gradient_bytes)
+    recompute_rows, recompute_peak = _recompute_what_if(model, options, rule, later.peak if later.peak >= first.peak
+                                                        else first.peak)
+    checkpoint = _checkpoint_what_if(model, options, rule, max(first.peak, later.peak))
+    return TrainingReport(
+        optimizer=resolve_optimizer(options.optimizer),
+        optimizer_impl=options.update_impl,
+        precision=options.precision,
+        loss=options.loss,
+        grad_accum=options.grad_accum,
+        export_mode=_export_mode(graph),
+        parameters=sum(model.values[p].numel or 0 for p in model.params + model.frozen),
+        trainable_parameters=sum(model.values[p].numel or 0 for p in model.params),
+        weights_bytes=weights_bytes,
+        gradient_bytes=gradient_bytes,
+        optimizer_state_bytes=state_bytes,
+        saved_activation_bytes=saved_bytes,
+        input_bytes=input_bytes,
+        peak_bytes=worst.peak,
+        peak_phase=worst.peak_phase,
+        peak_step="first" if worst is first else "later",
+        peak_event=worst.peak_label,
+        first_step=first.as_step("first"),
+        later_step=later.as_step("later"),
+        live_at_peak=worst.live_rows,
+        saved_by_op_type=_saved_by_op_type(model),
+        parameter_groups=_parameter_groups(model),
+        unknown_backward_ops=tuple(sorted(model.unknown)),
+        recompute=recompute_rows,
+        recompute_peak_bytes=recompute_peak,
+        checkpoint=checkpoint,
+        hand_formula_bytes=hand,
+        assumptions=_assumptions(graph, options, rule),
+    )
+
+
+def training_warnings(report: TrainingReport) -> list[Warning]:
+    """Give the warnings a training report carries (operators without a backward rule)."""
+    if not report.unknown_backward_ops:
+        return []
+    return [Warning(
+        "unknown-backward",
+        f"operators {', '.join(report.unknown_backward_ops)} have no saved-for-backward rule: each is assumed to "
+        "keep every float input and output for backward and to allocate a new gradient for every input",
+    )]
+
+
+def _check_options(options: TrainingOptions) -> None:
+    options.optimizer_rule()
+    if options.precision not in PRECISIONS:
+        raise TrainingOptionError(f"unknown precision '{options.precision}': choose one of {', '.join(PRECISIONS)}")
+    if options.optimizer_impl not in OPTIMIZER_IMPLEMENTATIONS:
+        raise TrainingOptionError(f"unknown optimizer implementation '{options.optimizer_impl}': choose one of "
+                         f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
+    if options.device not in DEVICES:
+        raise TrainingOptionError(f"unknown device '{options.device}': choose one of {', '.join(DEVICES)}")
+    if options.loss not in LOSSES:
+        raise TrainingOptionError(f"unknown loss '{options.loss}': choose one of {', '.join(LOSSES)}")
+    if options.grad_accum < 1:
+        raise TrainingOptionError("grad_accum must be at least 1")
+    if isinstance(options.checkpoint, int) and options.checkpoint < 1:
+        raise TrainingOptionError("checkpoint segments must be at least 1")
+    if isinstance(options.checkpoint, str) and options.checkpoint != "auto":
+        raise TrainingOptionError("checkpoint must be a number of segments or 'auto'")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model of the step: nodes, values at the training precision, what needs a gradient, what is kept.
+
+def _rule(op_type: str, domain: str) -> Saves | None:
+    key = op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+    return SAVED_FOR_BACKWARD.get(key)
+
+
+def _numel(shape: tuple[object, ...] | None) -> int | None:
+    if shape is None:
+        return None
+    count = 1
+    for d in shape:
+        if not isinstance(d, int):
+            return None
+        count *= d
+    return count
+
+
+def _float_bytes(precision: str, low: bool) -> int:
+    if precision == "fp32":
+        return 4
+    if precision == "bf16":
+        return 2
+    return 2 if low else 4
+
+
+def _is_trainable_name(name: str, module: str, options: TrainingOptions) -> bool:
+    def matches(patterns: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p)
+                   or fnmatch.fnmatchcase(module, p.rstrip(".*") + ".*") for p in patterns)
+
+    if options.train and not matches(options.train):
+        return False
+    return not matches(options.freeze)
+
+
+def module_path(layer: str) -> str:
+    """Give a dotted module path from a node's scope: '/encoder/layers.0/attn' or a dynamo export's namespace."""
+    if ":" in layer:  # ': pkg.Model/fc1: torch.nn.modules.linear.Linear/linear_3: aten.linear.default'
+        names = [part.split(":")[0].strip() for part in layer.split("/")]
+        return ".".join(n for n in names[:-1] if n)  # the last part names the ATen op, not a module
+    return ".".join(p for p in layer.split("/") if p)
+
+
+def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptions) -> _Model:
+    values: list[_Value] = []
+    for tensor in graph.tensors:
+        values.append(_Value(tensor.name, tensor.shape, _numel(tensor.shape), tensor.nbytes or 0,
+                             tensor.dtype in _FLOATS, tensor.kind, is_sequence=tensor.dtype == 0))
+
+    nodes: list[_Node] = []
+    for op_index in order:
+        op = graph.ops[op_index]
+        nodes.append(_Node(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+    n_graph_nodes = len(nodes)
+
+    # The loss: appended after the model's first float output, unless that output is already a scalar.
+    outputs = [t for t in graph.outputs if values[t].is_float]
+    model_output = outputs[0] if outputs else (graph.outputs[0] if graph.outputs else -1)
+    loss_value = model_output
+    steps = LOSSES[options.loss]
+    if model_output >= 0 and (values[model_output].numel or 0) > 1:
+        previous = model_output
+        for i, step in enumerate(steps):
+            numel = values[model_output].numel if step.output == "same" else 1
+            values.append(_Value(f"loss/{step.op_type}", None, numel, 0, True, "loss"))
+            out = len(values) - 1
+            nodes.append(_Node(step.op_type, "", f"loss/{step.op_type}_{i}", "loss", (previous,), (out,), None))
+            previous = out
+        loss_value = previous
+
+    for n, node in enumerate(nodes):
+        for t in node.outputs:
+            if t >= 0:
+                values[t].producer = n
+        for t in node.inputs:
+            if t >= 0:
+                values[t].consumers.append(n)
+        if node.graph_op is not None:
+            for t in graph.ops[node.graph_op].implicit_inputs:
+                values[t].consumers.append(n)
+
+    # Parameters: float initializers that feed computation, not buffers, not scalars.
+    buffers: set[int] = set()
+    for node in nodes:
+        for i in _BUFFER_INPUTS.get(node.op_type, ()):
+            if i < len(node.inputs) and node.inputs[i] >= 0:
+                buffers.add(node.inputs[i])
+    params: list[int] = []
+    frozen: list[int] = []
+    seen: set[int] = set()
+    for node in nodes:
+        for t in node.inputs:
+            v = values[t] if t >= 0 else None
+            if v is None or t in seen or v.kind != WEIGHT or not v.is_float or graph.tensors[t].producer is not None:
+                continue
+            seen.add(t)
+            if t in buffers or any(b in v.name for b in _BUFFER_NAMES) or (v.numel or 0) <= 1:
+                continue
+            if _is_trainable_name(v.name, module_path(node.layer), options):
+                params.append(t)
+            else:
+                frozen.append(t)
+
+    # Sizes at the training precision. Weights: parameters at the master precision, the rest as stored.
+    low_precision = options.precision != "fp32"
+    for t in params + frozen:
+        v = values[t]
+        v.nbytes = (v.numel or 0) * (2 if options.precision == "bf16" else 4)
+    for v in values:
+        if v.kind == INPUT and v.is_float and v.numel is not None:
+            v.nbytes = v.numel * (2 if options.precision == "bf16" else 4)
+    for node in nodes:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        if options.precision.startswith("amp-"):
+            if key in AUTOCAST_LOW_PRECISION:
+                size = 2
+            elif key in AUTOCAST_FP32:
+                size = 4
+            else:
+                widths = [values[t].nbytes // (values[t].numel or 1) for t in node.inputs
+                          if t >= 0 and values[t].is_float and values[t].kind != WEIGHT and values[t].numel]
+                size = max(widths, default=4)
+        else:
+            size = _float_bytes(options.precision, low_precision)
+        for t in node.outputs:
+            numel = values[t].numel if t >= 0 else None
+            if numel is not None and values[t].is_float:
+                values[t].nbytes = numel * size
+
+    # Storage roots: PyTorch's views share their input's storage.
+    root = list(range(len(values)))
+
+    def find(t: int) -> int:
+        while root[t] != t:
+            root[t] = root[root[t]]
+            t = root[t]
+        return t
+
+    for node in nodes:
+        source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if source is None or source >= len(node.inputs) or node.inputs[source] < 0:
+            continue
+        for t in node.outputs:
+            if t >= 0:
+                root[t] = find(node.inputs[source])
+    # BatchNormalization's running statistics are updated in place in PyTorch.
+    for node in nodes:
+        if node.op_type == "BatchNormalization":
+            for out, inp in ((1, 3), (2, 4)):
+                if out < len(node.outputs) and node.outputs[out] >= 0 and inp < len(node.inputs):
+                    root[node.outputs[out]] = find(node.inputs[inp])
+    roots = [find(t) for t in range(len(values))]
+
+    # What needs a gradient: trainable parameters and what is computed from them.
+    needs_grad = [False] * len(values)
+    for t in params:
+        needs_grad[t] = True
+    differentiable = [False] * len(nodes)
+    for n, node in enumerate(nodes):
+        if not any(t >= 0 and needs_grad[t] for t in node.inputs):
+            continue
+        if node.op_type in NOT_DIFFERENTIABLE:
+            continue
+        differentiable[n] = True
+        for t in node.outputs:
+            if t >= 0 and (values[t].is_float or values[t].is_sequence):
+                needs_grad[t] = True
+
+    # What each differentiable node keeps, its extra buffers, its new input gradients.
+    saved_by: dict[int, list[int]] = {}
+    extras: dict[int, int] = {}
+    cast_copies: dict[tuple[int, int], int] = {}
+    weight_copies: dict[int, int] = {}
+    new_grads: dict[int, list[int]] = {}
+    backward_temporaries: dict[int, int] = {}
+    passthrough: dict[int, list[int]] = {}
+    unknown: dict[str, int] = {}
+    amp = options.precision.startswith("amp-")
+    for n, node in enumerate(nodes):
+        if not differentiable[n]:
+            continue
+        rule = _rule(node.op_type, node.domain)
+        if rule is None:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            unknown[key] = unknown.get(key, 0) + 1
+            rule = DEFAULT_SAVES
+        inputs = [t for t in node.inputs]
+        kept: list[int] = []
+        for i in rule.inputs:
+            if i < len(inputs) and inputs[i] >= 0:
+                kept.append(inputs[i])
+        for i in rule.cross:
+            if i < len(inputs) and inputs[i] >= 0 and any(
+                    j != i and t >= 0 and needs_grad[t] for j, t in enumerate(inputs)):
+                kept.append(inputs[i])
+        for i in rule.outputs:
+            if i < len(node.outputs) and node.outputs[i] >= 0:
+                kept.append(node.outputs[i])
+        low = amp and (node.op_type in AUTOCAST_LOW_PRECISION)
+        for t in kept:
+            v = values[t]
+            if not v.is_float and v.kind in (WEIGHT, INPUT):
+                continue
+            if low and v.is_float and v.numel and v.kind == WEIGHT:
+                weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
+                continue
+            if low and v.is_float and v.numel and values[roots[t]].nbytes // max(values[roots[t]].numel or 1, 1) == 4:
+                cast_copies[(n, t)] = v.numel * 2  # a cast copy of an fp32 activation is what the op keeps
+                continue
+            if v.kind in (WEIGHT, INPUT):
+                continue
+            saved_by.setdefault(roots[t], []).append(n)
+        extra = 0
+        out0 = values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
+        if rule.extra_bits_per_output_element and out0 is not None and out0.numel is not None:
+            carrier = rule.extra_output
+            if carrier is not None and carrier < len(node.outputs) and node.outputs[carrier] >= 0:
+                saved_by.setdefault(roots[node.outputs[carrier]], []).append(n)
+            elif rule.extra_like_output_on_cpu and options.device == "cpu":
+                extra += out0.nbytes
+            else:
+                extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
+        if rule.stats and node.inputs and node.inputs[0] >= 0:
+            extra += 4 * rule.stats_values * _stat_count(graph, node, values[node.inputs[0]], rule.stats)
+        if extra:
+            extras[n] = extra
+        if rule.batched_backward_temporaries and out0 is not None and not any(
+                t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
+            backward_temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
+        per_output, per_input = rule.cpu_backward_temporaries
+        if options.device == "cpu" and out0 is not None and (per_output or per_input):
+            first_input = inputs[0] if inputs and inputs[0] >= 0 else None
+            input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
+            backward_temporaries[n] = backward_temporaries.get(n, 0) + per_output * out0.nbytes \
+                + per_input * input_bytes
+        for i, t in enumerate(inputs):
+            if t < 0 or not needs_grad[t]:
+                continue
+            same_shape = out0 is not None and values[t].numel == out0.numel
+            if i in rule.grad_passthrough and same_shape:
+                passthrough.setdefault(n, []).append(t)
+            else:
+                new_grads.setdefault(n, []).append(t)
+
+    param_bytes = sum(values[t].nbytes for t in params)
+    members: dict[int, list[int]] = {}
+    for t, r in enumerate(roots):
+        members.setdefault(r, []).append(t)
+    return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes, saved_by,
+                  extras, cast_copies, weight_copies, new_grads, backward_temporaries, passthrough, unknown,
+                  model_output, loss_value, n_graph_nodes)
+
+
+def _stat_count(graph: ModelGraph, node: _Node, value: _Value, kind: str) -> int:
+    """Give how many statistics a norm keeps: one per normalised row, or per channel."""
+    if value.numel is None:
+        return 0
+    shape = graph.tensors[node.inputs[0]].shape if node.graph_op is not None else None
+    if shape is None:
+        return 0
+    if kind == "channels":
+        return shape[1] if len(shape) > 1 and isinstance(shape[1], int) else 0
+    # LayerNormalization normalises from `axis` on; ModelGraph keeps no attributes, and every exporter we know
+    # writes -1 (the last axis), so one statistic per row of the last axis.
+    axis = -1
+    if node.op_type in ("InstanceNormalization", "GroupNormalization"):
+        axis = 2
+    axis = axis % len(shape) if shape else 0
+    rows = 1
+    for d in shape[:axis]:
+        rows *= d if isinstance(d, int) else 1
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The simulation: events, buffers, and the live bytes at each event.
+
+@dataclass
+class _Run:
+    events: _Events
+    buffers: list[_Buffer]
+    live: list[int]
+    peak: int
+    peak_event: int
+    saved_at_backward_start: int
+
+    @property
+    def peak_phase(self) -> str:
+        return self.events.phase[self.peak_event]
+
+    @property
+    def peak_label(self) -> str:
+        return self.events.label[self.peak_event]
+
+    @property
+    def live_rows(self) -> tuple[TrainingLiveRow, ...]:
+        at = self.peak_event
+        live = [b for b in self.buffers if b.start <= at <= b.end and b.nbytes]
+        by_category: dict[str, list[_Buffer]] = {}
+        for b in live:
+            by_category.setdefault(b.category, []).append(b)
+        rows = []
+        for category, items in sorted(by_category.items(), key=lambda kv: -sum(b.nbytes for b in kv[1])):
+            items.sort(key=lambda b: -b.nbytes)
+            largest = ", ".join(f"{b.name}" for b in items[:3])
+            rows.append(TrainingLiveRow(category, sum(b.nbytes for b in items), len(items), largest))
+        return tuple(rows)
+
+    def as_step(self, which: str) -> TrainingStep:
+        rows = []
+        for phase in PHASES:
+            indices = [e for e, p in enumerate(self.events.phase) if p == phase]
+            if not indices:
+                continue
+            peak_at = max(indices, key=self.live.__getitem__)
+            rows.append(PhaseRow(phase, self.live[peak_at], self.live[indices[-1]], self.events.label[peak_at]))
+        return TrainingStep(which, self.peak, self.peak_phase, self.peak_label, tuple(rows))
+
+
+def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, first_step: bool,
+              segments: list[tuple[int, int]] | None = None, recomputed: frozenset[int] = frozenset()) -> _Run:
+    """Give the live bytes at every event of one training step.
+
+    `segments`: checkpointed ranges [start, end) of node positions (they keep only their inputs and are
+    recomputed in backward); `recomputed`: storage roots recomputed in backward instead of kept.
+    """
+    nodes, values, roots = model.nodes, model.values, model.root
+    ev = _Events()
+    buffers: list[_Buffer] = []
+    data = ev.add("data", "data")
+
+    # Events: forward, loss, then backward (with recomputes of checkpointed segments), then the optimizer.
+    fwd = [ev.add("loss" if node.graph_op is None else "forward", f"{node.op_type} {node.name}")
+           for node in nodes]
+    segment_of = [-1] * len(nodes)
+    for s, (start, end) in enumerate(segments or []):
+        for n in range(start, end):
+            segment_of[n] = s
+    bwd = [-1] * len(nodes)
+    rec = [-1] * len(nodes)
+    seed = ev.add("backward", "loss gradient")
+    n = len(nodes) - 1
+    while n >= 0:
+        s = segment_of[n]
+        if s < 0:
+            if model.differentiable[n]:
+                bwd[n] = ev.add("backward", f"backward of {nodes[n].op_type} {nodes[n].name}")
+            n -= 1
+            continue
+        start, end = (segments or [])[s]
+        for m in range(start, end):
+            rec[m] = ev.add("backward", f"recompute {nodes[m].op_type} {nodes[m].name}")
+        for m in range(end - 1, start - 1, -1):
+            if model.differentiable[m]:
+                bwd[m] = ev.add("backward", f"backward of {nodes[m].op_type} {nodes[m].name}")
+        n = start - 1
+    last_backward = len(ev.phase) - 1
+
+    params = model.params
+    impl = options.update_impl
+    if impl == "for-loop":
+        opt_events = [ev.add("optimizer", f"update {values[p].name}") for p in params] or \
+            [ev.add("optimizer", "update")]
+    else:
+        opt_events = [ev.add("optimizer", "update (all parameters)")]
+    end_event = len(ev.phase) - 1
+
+    def buffer(name: str, category: str, nbytes: int, start: int, end: int) -> None:
+        if nbytes > 0:
+            buffers.append(_Buffer(name, category, nbytes, start, max(start, end)))
+
+    # Baseline: weights and the input batch.
+    for v in values:
+        if v.kind == WEIGHT:
+            buffer(v.name, "weights", v.nbytes, data, end_event)
+        elif v.kind == INPUT:
+            buffer(v.name, "input batch", v.nbytes, data, end_event)
+
+    # Forward incarnations of activations (storage roots), with what keeps them alive.
+    checkpointed = [segment_of[n] >= 0 for n in range(len(nodes))]
+    saving_end: dict[int, int] = {}
+    for r, savers in model.saved_by.items():
+        for s in savers:
+            if not checkpointed[s] and r not in recomputed:
+                saving_end[r] = max(saving_end.get(r, -1), bwd[s])
+    # A checkpointed segment keeps its inputs until its backward is done.
+    for start, end in segments or []:
+        done = max((bwd[m] for m in range(start, end)), default=-1)
+        for m in range(start, end):
+            for t in nodes[m].inputs:
+                if t < 0:
+                    continue
+                producer = values[roots[t]].producer
+                if producer is not None and producer < start and values[roots[t]].kind not in (WEIGHT, INPUT):
+                    saving_end[roots[t]] = max(saving_end.get(roots[t], -1), done)
+    held_to_end = {roots[t] for t, v in enumerate(values) if v.kind == OUTPUT} | {roots[model.loss_value]} \
+        if model.loss_value >= 0 else set()
+    if model.model_output >= 0:
+        held_to_end.add(roots[model.model_output])
+    end_of_forward = fwd[-1] if fwd else data
+    for t, v in enumerate(values):
+        if roots[t] != t or v.producer is None or v.kind in (WEIGHT, INPUT):
+            continue
+        last = fwd[v.producer]
+        for alias in _aliases(model, t):
+            for c in values[alias].consumers:
+                last = max(last, fwd[c])
+        if t in held_to_end:
+            last = end_event
+        if t in saving_end:
+            last = max(last, saving_end[t])
+        category = "saved activations" if t in saving_end else "activations"
+        buffer(v.name, category, v.nbytes, fwd[v.producer], last)
+        # recomputed in backward (the what-if): alive again from its first use to its last use in backward
+        if t in recomputed and t in model.saved_by:
+            uses = [bwd[s] for s in model.saved_by[t] if bwd[s] >= 0]
+            if uses:
+                buffer(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
+
+    # Recompute incarnations inside checkpointed segments.
+    for start, end in segments or []:
+        for m in range(start, end):
+            for t in nodes[m].outputs:
+                if t < 0 or roots[t] != t or values[t].kind in (WEIGHT, INPUT):
+                    continue
+                last = rec[m]
+                for alias in _aliases(model, t):
+                    for c in values[alias].consumers:
+                        if start <= c < end:
+                            last = max(last, rec[c])
+                for saver in model.saved_by.get(t, []):
+                    if start <= saver < end:
+                        last = max(last, bwd[saver])
+                buffer(values[t].name, "saved activations", values[t].nbytes, rec[m], last)
+
+    # Masks, indices and statistics; autocast's cast copies.
+    for n, nbytes in model.extras.items():
+        if checkpointed[n]:
+            buffer(f"{nodes[n].name} (mask/indices/statistics)", "activations", nbytes, fwd[n], fwd[n])
+            buffer(f"{nodes[n].name} (mask/indices/statistics)", "saved activations", nbytes, rec[n], bwd[n])
+        else:
+            buffer(f"{nodes[n].name} (mask/indices/statistics)", "saved activations", nbytes, fwd[n], bwd[n])
+    for (n, t), nbytes in model.cast_copies.items():
+        if checkpointed[n]:
+            buffer(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, rec[n], bwd[n])
+        else:
+            buffer(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, fwd[n], bwd[n])
+    for t, nbytes in model.weight_copies.items():
+        users = [n for n in values[t].consumers if model.differentiable[n]]
+        first_use = min((fwd[n] for n in users), default=end_of_forward)
+        last_use = max([bwd[n] for n in users] + [end_of_forward])
+        buffer(f"{values[t].name} (low-precision copy)", "low-precision weight copies", nbytes, first_use, last_use)
+
+    # Backward: the loss gradient, activation gradients, parameter gradients.
+    grad_buffer: dict[int, int] = {}  # value -> index in `buffers` of its gradient
+    trainable = set(params)
+    if model.loss_value >= 0 and model.needs_grad[model.loss_value]:
+        buffers.append(_Buffer("loss gradient", "activation gradients", 4, seed, seed))
+        grad_buffer[model.loss_value] = len(buffers) - 1
+    grad_of_output_size = _grad_bytes_per_value(model, options)
+    param_first_grad: dict[int, int] = {}
+    param_grad_views: dict[int, int] = {}  # parameter -> the gradient buffer it took over
+    order = sorted((e, n) for n, e in enumerate(bwd) if e >= 0)
+    for e, n in order:
+        node = nodes[n]
+        for t in node.outputs:
+            if t >= 0 and t in grad_buffer:
+                b = buffers[grad_buffer[t]]
+                b.end = max(b.end, e)
+        out_grad = grad_buffer.get(node.outputs[0]) if node.outputs and node.outputs[0] >= 0 else None
+        for t in model.passthrough.get(n, []):
+            if out_grad is None:
+                continue
+            if t in trainable:  # a view's gradient handed to the parameter: it becomes the parameter's
+                if t in param_first_grad or t in param_grad_views:
+                    buffer(f"{values[t].name} (accumulated)", "temporaries", buffers[out_grad].nbytes, e, e)
+                else:
+                    param_grad_views[t] = out_grad
+                continue
+            if t in grad_buffer:  # accumulated out of place into a new buffer
+                old = buffers[grad_buffer[t]]
+                old.end = max(old.end, e)
+                buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", old.nbytes, e, e))
+                grad_buffer[t] = len(buffers) - 1
+                continue
+            grad_buffer[t] = out_grad
+        for t in model.new_grads.get(n, []):
+            size = grad_of_output_size[t]
+            if t in trainable:
+                if t in param_first_grad or t in param_grad_views:
+                    buffer(f"{values[t].name} (accumulated)", "temporaries", size, e, e)
+                else:
+                    param_first_grad[t] = e
+                continue
+            if t in grad_buffer:
+                # the engine adds the two out of place (old + new), then drops both
+                buffer(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
+                old = buffers[grad_buffer[t]]
+                old.end = max(old.end, e)
+            buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", size, e, e))
+            grad_buffer[t] = len(buffers) - 1
+        if n in model.backward_temporaries:
+            buffer(f"{node.name} (backward temporaries)", "temporaries", model.backward_temporaries[n], e, e)
+        if options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION:
+            for t in node.inputs:
+                if t in trainable:  # the low-precision weight gradient, cast to the fp32 one
+                    buffer(f"{values[t].name} (low-precision gradient)", "temporaries",
+                           (values[t].numel or 0) * 2, e, e)
+    # Gradients of graph inputs are never needed; a gradient nobody consumes dies where it was made.
+    for param, e in param_first_grad.items():
+        buffer(f"grad {values[param].name}", "parameter gradients", grad_of_output_size[param], e, end_event)
+    for param, taken in param_grad_views.items():
+        buffers[taken].category, buffers[taken].end = "parameter gradients", end_event
+        param_first_grad.setdefault(param, buffers[taken].start)
+    # Gradient accumulation: from the second micro-step on, gradients exist through forward, and each new
+    # parameter gradient is a temporary added into the kept one.
+    if options.accumulates:
+        for param, e in param_first_grad.items():
+            buffer(f"grad {values[param].name} (accumulating)", "parameter gradients",
+                   grad_of_output_size[param], data, e - 1)
+            buffer(f"grad {values[param].name} (micro-step)", "temporaries", grad_of_output_size[param], e, e)
+
+    # Optimizer: states and the update's temporaries.
+    states = _state_bytes_per_param(model, rule, options)
+    for i, p in enumerate(params):
+        at = opt_events[i] if impl == "for-loop" else opt_events[0]
+        if first_step:
+            created = opt_events[0] if rule.states_created_at_once else at
+            buffer(f"{values[p].name} (optimizer state)", "optimizer state", states[p], created, end_event)
+        else:
+            buffer(f"{values[p].name} (optimizer state)", "optimizer state", states[p], data, end_event)
+    transient_factor = {"for-loop": rule.transient_for_loop, "foreach": rule.transient_foreach, "fused": 0}[impl]
+    if transient_factor:
+        if impl == "for-loop":
+            for i, p in enumerate(params):
+                buffer(f"{values[p].name} (update temporaries)", "temporaries",
+                       transient_factor * values[p].nbytes, opt_events[i], opt_events[i])
+        else:
+            buffer("update temporaries", "temporaries", transient_factor * model.param_bytes,
+                   opt_events[0], opt_events[0])
+
+    delta = [0] * (len(ev.phase) + 1)
+    for b in buffers:
+        delta[b.start] += b.nbytes
+        delta[b.end + 1] -= b.nbytes
+    live = []
+    running = 0
+    for e in range(len(ev.phase)):
+        running += delta[e]
+        live.append(running)
+    peak_event = max(range(len(live)), key=live.__getitem__)
+    at = seed
+    saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= at <= b.end)
+    del last_backward
+    return _Run(ev, buffers, live, live[peak_event], peak_event, saved)
+
+
+def _aliases(model: _Model, root: int) -> list[int]:
+    return model.members.get(root, [root])
+
+
+def _grad_bytes_per_value(model: _Model, options: TrainingOptions) -> list[int]:
+    """Give the bytes of each value's gradient: its own size (parameters: at the master precision)."""
+    return [v.nbytes for v in model.values]
+
+
+def _param_grad_bytes(model: _Model, options: TrainingOptions) -> int:
+    return sum(model.values[p].nbytes for p in model.params)
+
+
+def _state_bytes_per_param(model: _Model, rule: OptimizerRule, options: TrainingOptions) -> dict[int, int]:
+    states: dict[int, int] = {}
+    for p in model.params:
+        v = model.values[p]
+        numel = v.numel or 0
+        element = v.nbytes // numel if numel else 4
+        size = 0
+        if rule.state_bits and numel >= EIGHT_BIT_MIN_ELEMENTS:
+            size += rule.states * (numel * rule.state_bits // 8 + 4 * math.ceil(numel / EIGHT_BIT_BLOCK))
+        else:
+            size += rule.states * numel * (4 if rule.state_bits else element)
+        if rule.factored:
+            size += _factored_state_elements(v, model) * element
+        if rule.step_tensor:
+            size += 4
+        states[p] = size
+    return states
+
+
+def _factored_state_elements(value: _Value, model: _Model) -> int:
+    """Give Adafactor's statistics: a row and a column vector for a matrix, a full one for a vector."""
+    shape = value.shape
+    numel = value.numel or 0
+    if shape is None or len(shape) < 2 or not isinstance(shape[-1], int) or not isinstance(shape[-2], int) \
+            or not shape[-1] or not shape[-2]:
+        return numel
+    return numel // shape[-1] + numel // shape[-2]
+
+
+def _optimizer_state_bytes(model: _Model, rule: OptimizerRule, options: TrainingOptions) -> int:
+    return sum(_state_bytes_per_param(model, rule, options).values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summaries, what-ifs and the hand formula.
+
+def _hand_formula(model: _Model, options: TrainingOptions, rule: OptimizerRule, weights_bytes: int,
+                  input_bytes: int, gradient_bytes: int) -> int:
+    """Give the CS231n rule of thumb: weights, gradients and states, every activation twice, the inputs."""
+    activations = sum(v.nbytes for t, v in enumerate(model.values)
+                      if model.root[t] == t and v.kind not in (WEIGHT, INPUT, "loss") and v.producer is not None)
+    states = rule.states * model.param_bytes
+    return weights_bytes + gradient_bytes + states + 2 * activations + input_bytes
+
+
+def _saved_by_op_type(model: _Model) -> tuple[tuple[str, int], ...]:
+    totals: dict[str, int] = {}
+    counted: set[int] = set()
+    for r, savers in sorted(model.saved_by.items(), key=lambda kv: min(kv[1])):
+        if r in counted:
+            continue
+        counted.add(r)
+        op_type = model.nodes[min(savers)].op_type
+        totals[op_type] = totals.get(op_type, 0) + model.values[r].nbytes
+    for n, nbytes in model.extras.items():
+        totals[model.nodes[n].op_type] = totals.get(model.nodes[n].op_type, 0) + nbytes
+    return tuple(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def _parameter_groups(model: _Model) -> tuple[TrainingParameterGroup, ...]:
+    groups: dict[str, list[int]] = {}
+    for trainable, items in ((True, model.params), (False, model.frozen)):
+        for t in items:
+            consumer = model.values[t].consumers[0] if model.values[t].consumers else None
+            layer = module_path(model.nodes[consumer].layer) if consumer is not None else ""
+            row = groups.setdefault(layer or "(top level)", [0, 0, 0])
+            numel = model.values[t].numel or 0
+            row[0] += numel
+            row[1 if trainable else 2] += model.values[t].nbytes
+    return tuple(TrainingParameterGroup(k, v[0], v[1], v[2]) for k, v in groups.items())
+
+
+def _recompute_what_if(model: _Model, options: TrainingOptions, rule: OptimizerRule,
+                       peak: int) -> tuple[tuple[RecomputeRow, ...], int]:
+    """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then."""
+    kept = set(model.saved_by)
+    candidates: list[RecomputeRow] = []
+    roots: set[int] = set()
+    for n, node in enumerate(model.nodes):
+        if node.op_type not in CHEAP_TO_RECOMPUTE or not node.outputs or node.outputs[0] < 0:
+            continue
+        out = model.root[node.outputs[0]]
+        if out not in kept or model.values[out].kind in (OUTPUT, "loss"):
+            continue
+        sources = [model.root[t] for t in node.inputs if t >= 0]
+        if not all(s in kept or model.values[s].kind in (WEIGHT, INPUT) for s in sources):
+            continue
+        if any(model.values[s].producer == n for s in sources):
+            continue
+        roots.add(out)
+        candidates.append(RecomputeRow(node.name, node.op_type, model.values[out].name, model.values[out].nbytes,
+                                       model.values[out].numel or 0))
+    if not candidates:
+        return (), peak
+    first = _simulate(model, options, rule, True, recomputed=frozenset(roots))
+    later = _simulate(model, options, rule, False, recomputed=frozenset(roots))
+    candidates.sort(key=lambda r: -r.saved_bytes)
+    return tuple(candidates), max(first.peak, later.peak)
+
+
+def _flops(model: _Model, n: int) -> int:
+    """Give an op's forward FLOPs: 2 per multiply-add for products and convolutions, 1 per output element else."""
+    node = model.nodes[n]
+    out = model.values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
+    if out is None or out.numel is None:
+        return 0
+    if node.op_type in ("MatMul", "Gemm") and node.inputs and node.inputs[0] >= 0:
+        shape = model.values[node.inputs[0]].shape
+        k = shape[-1] if shape and isinstance(shape[-1], int) else 1
+        return 2 * out.numel * k
+    if node.op_type in ("Conv", "ConvTranspose") and len(node.inputs) > 1 and node.inputs[1] >= 0:
+        shape = model.values[node.inputs[1]].shape
+        per_output = 1
+        for d in (shape or ())[1:]:
+            per_output *= d if isinstance(d, int) else 1
+        return 2 * out.numel * per_output
+    return out.numel
+
+
+def _checkpoint_what_if(model: _Model, options: TrainingOptions, rule: OptimizerRule,
+                        peak: int) -> CheckpointWhatIf | None:
+    """Give the peak with activation checkpointing in k segments (the last segment is not checkpointed)."""
+    if options.checkpoint is None:
+        return None
+    graph_nodes = [n for n in range(model.n_graph_nodes)]
+    differentiable = [n for n in graph_nodes if model.differentiable[n]]
+    if options.checkpoint == "auto":
+        segments = max(1, math.isqrt(len(differentiable)))
+    else:
+        segments = int(options.checkpoint)
+    ranges = _segment_ranges(model, segments)
+    forward_flops = sum(_flops(model, n) for n in graph_nodes)
+    extra = sum(_flops(model, n) for start, end in ranges for n in range(start, end))
+    first = _simulate(model, options, rule, True, segments=ranges)
+    later = _simulate(model, options, rule, False, segments=ranges)
+    return CheckpointWhatIf(
+        segments=len(ranges) + 1,
+        peak_bytes=max(first.peak, later.peak),
+        saved_activation_bytes=first.saved_at_backward_start,
+        memory_saved_bytes=peak - max(first.peak, later.peak),
+        forward_flops=forward_flops,
+        extra_forward_flops=extra,
+    )
+
+
+def _segment_ranges(model: _Model, segments: int) -> list[tuple[int, int]]:
+    """Give the checkpointed ranges: k - 1 segments of about equal kept bytes, cut where little crosses."""
+    n = model.n_graph_nodes
+    if segments <= 1 or n < 2:
+        return []
+    kept_at = [0] * n
+    for r, savers in model.saved_by.items():
+        first = min(savers)
+        if first < n:
+            kept_at[first] += model.values[r].nbytes
+    for node, nbytes in model.extras.items():
+        if node < n:
+            kept_at[node] += nbytes
+    total = sum(kept_at)
+    crossing = [0] * (n + 1)  # bytes produced before cut p and read at or after it
+    for t, v in enumerate(model.values):
+        if model.root[t] != t or v.producer is None or v.producer >= n or v.kind in (WEIGHT, INPUT):
+            continue
+        last = max((c for a in _aliases(model, t) for c in model.values[a].consumers), default=v.producer)
+        if last > v.producer:
+            crossing[v.producer + 1] += v.nbytes
+            crossing[min(last, n - 1) + 1] -= v.nbytes
+    for p in range(1, n + 1):
+        crossing[p] += crossing[p - 1]
+    cuts: list[int] = []
+    running = 0
+    cumulative = []
+    for p in range(n):
+        running += kept_at[p]
+        cumulative.append(running)
+    window = max(1, n // (4 * segments))
+    for j in range(1, segments):
+        target = total * j / segments
+        nearest = min(range(1, n), key=lambda p: abs(cumulative[p - 1] - target))
+        lo, hi = max(1, nearest - window), min(n - 1, nearest + window)
+        best = min(range(lo, hi + 1), key=lambda p: (crossing[p], abs(p - nearest)))
+        if not cuts or best > cuts[-1]:
+            cuts.append(best)
+    bounds = [0, *cuts]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def _export_mode(graph: ModelGraph) -> str:
+    kinds = {op.op_type for op in graph.ops}
+    if "Dropout" in kinds or any(op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1
+                                 for op in graph.ops):
+        return "training"
+    if "BatchNormalization" in kinds:
+        return "eval"
+    return "either"
+
+
+def _assumptions(graph: ModelGraph, options: TrainingOptions, rule: OptimizerRule) -> tuple[str, ...]:
+    mode = _export_mode(graph)
+    notes = [
+        "one step: zero_grad(set_to_none=True), forward, loss, backward, optimizer step; the training loop holds "
+        "the model's output and the loss until the step ends",
+        f"loss: {options.loss}" + (" (log-softmax kept for backward)" if options.loss == "cross_entropy" else ""),
+        f"optimizer update: {options.update_impl}"
+        + {"foreach": " (PyTorch's default on CUDA: temporaries over all parameters at once)",
+           "for-loop": " (PyTorch's default on CPU: temporaries for one parameter at a time)",
+           "fused": " (no temporaries)"}[options.update_impl],
+    ]
+    if mode == "training":
+        notes.append("training-mode export: Dropout keeps a mask, BatchNorm uses batch statistics")
+    elif mode == "eval":
+        notes.append("eval-mode export: BatchNorm assumed to train (keeps its input and batch statistics); "
+                     "Dropout layers an eval export removes are not counted")
+    else:
+        notes.append("no Dropout or BatchNormalization: training- and eval-mode exports are the same graph")
+    if options.precision.startswith("amp-"):
+        notes.append("mixed precision: fp32 master weights, gradients and optimizer state; MatMul/Gemm/Conv run in "
+                     "16 bits on 16-bit copies of their inputs and weights; Softmax, LayerNorm and the loss in fp32")
+    if options.accumulates:
+        notes.append("gradient accumulation: activations at the micro-batch; "
+                     "from the second micro-step on, parameter gradients are live through forward")
+    return tuple(notes)
+
+

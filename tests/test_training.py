@@ -1,0 +1,288 @@
+"""Training memory: hand-worked peaks of one training step on tiny graphs, optimizer states, frozen parameters,
+mixed precision, and the what-ifs. Sizes are float32 unless a test says otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import onnx.helper as oh
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto
+
+import onnxmem
+from onnxmem.cli import main
+from onnxmem.training import TrainingOptionError, TrainingOptions
+
+from . import graphs
+
+
+def weight(name: str, dims: list[int], dtype: int = TensorProto.FLOAT) -> onnx.TensorProto:
+    return graphs.external_header(name, dtype, dims)
+
+
+def linear(batch: int | str = 4) -> onnx.ModelProto:
+    """y = Gemm(x [B,256], W [128,256] transposed, b [128]): one Linear layer."""
+    return graphs.model(
+        [oh.make_node("Gemm", ["x", "W", "b"], ["y"], name="fc", transB=1)],
+        [graphs.value("x", [batch, 256])], [graphs.value("y", [batch, 128])],
+        [weight("W", [128, 256]), weight("b", [128])])
+
+
+def mlp() -> onnx.ModelProto:
+    """h = x [4,256] @ W1 [256,512]; r = Relu(h); y = r @ W2 [512,128]."""
+    return graphs.model(
+        [oh.make_node("MatMul", ["x", "W1"], ["h"], name="/layer1/MatMul"),
+         oh.make_node("Relu", ["h"], ["r"], name="/layer1/Relu"),
+         oh.make_node("MatMul", ["r", "W2"], ["y"], name="/layer2/MatMul")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 128])],
+        [weight("W1", [256, 512]), weight("W2", [512, 128])])
+
+
+def train(model: onnx.ModelProto, dims: dict[str, int] | None = None, **options: object) -> onnxmem.Report:
+    return onnxmem.analyze(model, dims, training=TrainingOptions(**options))  # type: ignore[arg-type]
+
+
+W, B, X, Y = 128 * 256 * 4, 128 * 4, 4 * 256 * 4, 4 * 128 * 4  # 131072, 512, 4096, 2048 bytes
+
+
+def test_linear_sgd_peak_is_in_backward_of_the_layer() -> None:
+    # Base: weights W + b = 131584, input x = 4096.
+    # Forward: y (2048) is kept by the training loop; Gemm keeps x and W, which exist anyway.
+    # Loss: log-softmax (2048, kept for backward) and the loss scalar (4).
+    # Backward: NLL makes grad lsm (2048); LogSoftmax makes grad y (2048), then frees lsm and grad lsm;
+    # Gemm makes grad W (131072) and grad b (512) while grad y is live: y 2048 + loss 4 + grad y 2048 + 131584.
+    # Measured in PyTorch 2.13 on CPU for this layer at batch 64: estimate within 4 bytes (nll's total_weight).
+    t = train(linear(), optimizer="sgd", device="cpu").training
+    assert t is not None
+    assert t.weights_bytes == W + B
+    assert t.gradient_bytes == W + B
+    assert t.optimizer_state_bytes == 0
+    assert t.saved_activation_bytes == Y  # the log-softmax; nothing of the model's own
+    assert t.peak_bytes == (W + B) + X + Y + 4 + Y + (W + B)
+    assert t.peak_phase == "backward"
+    assert t.peak_event == "backward of Gemm fc"
+    phases = {p.phase: p for p in t.first_step.phases}
+    assert phases["forward"].end_bytes == (W + B) + X + Y
+    assert phases["optimizer"].end_bytes == (W + B) + X + Y + 4 + (W + B)  # gradients live to the step's end
+
+
+def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() -> None:
+    # States: exp_avg and exp_avg_sq per parameter (2 x 131584) and a 4-byte step each: 263176.
+    # For-loop update of W: sqrt(exp_avg_sq) and the quotient live at once: 2 x 131072.
+    # Peak: base 135680 + gradients 131584 + y and loss 2052 + states 263176 + 262144 = 794636, in the
+    # optimizer step; a later step starts with the states and peaks at the same update.
+    t = train(linear(), optimizer="adamw", device="cpu").training
+    assert t is not None
+    assert t.optimizer_state_bytes == 2 * (W + B) + 2 * 4
+    assert t.peak_bytes == (W + B) + X + (W + B) + Y + 4 + t.optimizer_state_bytes + 2 * W
+    assert t.peak_phase == "optimizer"
+    assert t.first_step.peak_bytes == t.later_step.peak_bytes
+    later = {p.phase: p for p in t.later_step.phases}
+    assert later["data"].end_bytes == (W + B) + X + t.optimizer_state_bytes
+    # foreach (PyTorch's default on CUDA): one sqrt over all parameters at once: 131584 instead of 262144
+    cuda = train(linear(), optimizer="adamw").training
+    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state_bytes"),
+    [
+        ("sgd", 0),
+        ("sgd-momentum", 4 * (8192 + 64)),  # one momentum buffer per parameter
+        ("adam", 2 * 4 * (8192 + 64) + 2 * 4),  # exp_avg, exp_avg_sq and a 4-byte step per parameter
+        ("adamw", 2 * 4 * (8192 + 64) + 2 * 4),
+        ("adagrad", 4 * (8192 + 64) + 2 * 4),
+        ("rmsprop", 4 * (8192 + 64) + 2 * 4),
+        ("lion", 4 * (8192 + 64)),
+        # Adafactor: W [128, 64] keeps a row (128) and a column (64) statistic; b [64] a full one; steps
+        ("adafactor", 4 * (128 + 64) + 4 * 64 + 2 * 4),
+        # 8-bit Adam: W (8192 >= 4096 elements) keeps 2 x (8192 bytes + one fp32 absmax per 256): 2 x 8320;
+        # b (64 elements) stays fp32: 2 x 256
+        ("adam8bit", 2 * (8192 + 4 * 32) + 2 * 64 * 4),
+        ("momentum", 4 * (8192 + 64)),  # an alias
+    ],
+)
+def test_optimizer_state_sizes(optimizer: str, state_bytes: int) -> None:
+    model = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"), oh.make_node("Add", ["h", "b"], ["y"], name="add")],
+        [graphs.value("x", [2, 128])], [graphs.value("y", [2, 64])], [weight("W", [128, 64]), weight("b", [64])])
+    t = train(model, optimizer=optimizer).training
+    assert t is not None
+    assert t.optimizer_state_bytes == state_bytes
+
+
+def test_frozen_first_layer_keeps_nothing_before_the_trained_layer() -> None:
+    # Frozen W1: h and r need no gradient, so MatMul 1 and Relu keep nothing for backward.
+    # MatMul 2 keeps r (8192 bytes) to compute grad W2; no gradient flows past it.
+    # Trained: gradients of W2 only (262144); saved: r (8192) + log-softmax (2048).
+    frozen = train(mlp(), optimizer="sgd", freeze=("layer1*",)).training
+    full = train(mlp(), optimizer="sgd").training
+    assert frozen is not None and full is not None
+    assert frozen.gradient_bytes == 512 * 128 * 4
+    assert frozen.trainable_parameters == 512 * 128
+    assert frozen.parameters == 256 * 512 + 512 * 128
+    assert frozen.saved_activation_bytes == 4 * 512 * 4 + Y
+    # All trained: Relu keeps r as its output too (the same tensor, counted once): also r + log-softmax.
+    assert full.saved_activation_bytes == 4 * 512 * 4 + Y
+    assert full.gradient_bytes == (256 * 512 + 512 * 128) * 4
+    only = train(mlp(), optimizer="sgd", train=("W2",)).training
+    assert only is not None and only.gradient_bytes == frozen.gradient_bytes
+    groups = {g.layer: g for g in frozen.parameter_groups}
+    assert groups["layer1"].frozen_bytes == 256 * 512 * 4 and groups["layer1"].trainable_bytes == 0
+
+
+def test_batchnorm_running_statistics_are_buffers_not_parameters() -> None:
+    # Parameters: conv weight 16x3x3x3 and bias 16, BN scale and bias (16 each); mean and var are buffers.
+    init = [weight("w", [16, 3, 3, 3]), weight("cb", [16]), weight("scale", [16]), weight("bias", [16]),
+            weight("bn.running_mean", [16]), weight("bn.running_var", [16])]
+    model = graphs.model(
+        [oh.make_node("Conv", ["x", "w", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         oh.make_node("BatchNormalization", ["c", "scale", "bias", "bn.running_mean", "bn.running_var"], ["n"],
+                      name="bn"),
+         oh.make_node("Relu", ["n"], ["r"], name="relu"),
+         oh.make_node("ReduceMean", ["r"], ["y"], name="pool", keepdims=0)],
+        [graphs.value("x", [2, 3, 8, 8])], [graphs.value("y", [])], init)
+    t = train(model, optimizer="sgd", loss="none").training
+    assert t is not None
+    assert t.trainable_parameters == 16 * 27 + 16 + 16 + 16
+    assert t.gradient_bytes == (16 * 27 + 16 + 16 + 16) * 4
+    # Kept: BN keeps its input c (2x16x8x8x4 = 8192) and 2 x 16 fp32 statistics (128); Relu keeps r (8192);
+    # Conv keeps x and w, which exist anyway. The graph's output is already the loss (a scalar).
+    assert t.saved_activation_bytes == 8192 + 128 + 8192
+    assert t.export_mode == "eval"
+
+
+def test_swish_written_as_x_times_sigmoid_is_a_recompute_candidate() -> None:
+    # h = x @ W; s = Sigmoid(h); y = h * s. Mul keeps h and s; Sigmoid keeps s: 2 tensors of 8192 bytes.
+    # A fused Swish keeps only h: recomputing s from h in backward frees 8192 kept bytes.
+    model = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+         oh.make_node("Sigmoid", ["h"], ["s"], name="sigmoid"),
+         oh.make_node("Mul", ["h", "s"], ["y"], name="swish")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 512])], [weight("W", [256, 512])])
+    t = train(model, optimizer="sgd").training
+    assert t is not None
+    assert t.saved_activation_bytes == 2 * 8192 + 8192  # h, s and the log-softmax of y
+    assert [(r.node, r.tensor, r.saved_bytes) for r in t.recompute] == [("sigmoid", "s", 8192)]
+    assert t.recompute_peak_bytes <= t.peak_bytes
+
+
+def test_mixed_precision_keeps_16_bit_copies_and_fp32_master_state() -> None:
+    # amp-fp16: MatMul runs on a 16-bit copy of x (4x256x2 = 2048 bytes, kept for backward) and of W (cached:
+    # 256x128x2); its output is 16-bit (4x128x2). LogSoftmax runs in fp32: 2048 bytes kept.
+    # Weights, gradients and AdamW states stay fp32.
+    model = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 128])], [weight("W", [256, 128])])
+    amp = train(model, optimizer="adamw", precision="amp-fp16").training
+    assert amp is not None
+    assert amp.weights_bytes == 256 * 128 * 4
+    assert amp.gradient_bytes == 256 * 128 * 4
+    assert amp.optimizer_state_bytes == 2 * 256 * 128 * 4 + 4
+    assert amp.saved_activation_bytes == 4 * 256 * 2 + 4 * 128 * 4
+    assert any(r.category == "low-precision weight copies" for r in amp.live_at_peak) or amp.peak_phase == "optimizer"
+    # Pure bf16: everything in 2 bytes, states too.
+    bf16 = train(model, optimizer="adamw", precision="bf16").training
+    assert bf16 is not None
+    assert bf16.weights_bytes == bf16.gradient_bytes == 256 * 128 * 2
+    assert bf16.optimizer_state_bytes == 2 * 256 * 128 * 2 + 4
+    assert bf16.input_bytes == 4 * 256 * 2
+
+
+def test_dropout_mask_makes_a_training_mode_export() -> None:
+    # h = x @ W (8192 bytes); d = Dropout(h): keeps a 1-byte mask per element on CUDA (2048), the output's
+    # dtype on CPU (aten::dropout keeps a float noise tensor: 8192).
+    model = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"), oh.make_node("Dropout", ["h"], ["d"], name="drop"),
+         oh.make_node("Relu", ["d"], ["y"], name="relu")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 512])], [weight("W", [256, 512])])
+    cuda = train(model, optimizer="sgd").training
+    cpu = train(model, optimizer="sgd", device="cpu").training
+    assert cuda is not None and cpu is not None
+    assert cuda.export_mode == "training"
+    assert any("training-mode export" in a for a in cuda.assumptions)
+    relu_output, log_softmax = 8192, 8192
+    assert cuda.saved_activation_bytes == 2048 + relu_output + log_softmax
+    assert cpu.saved_activation_bytes == 8192 + relu_output + log_softmax
+
+
+def test_unknown_operator_keeps_everything_and_is_named() -> None:
+    model = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+         oh.make_node("Hardmax", ["h"], ["y"], name="mystery")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 512])], [weight("W", [256, 512])])
+    report = train(model, optimizer="sgd")
+    t = report.training
+    assert t is not None
+    assert t.unknown_backward_ops == ("Hardmax",)
+    assert any(w.code == "unknown-backward" and "Hardmax" in w.message for w in report.warnings)
+    # The default keeps its input h and output y (8192 each) besides the log-softmax.
+    assert t.saved_activation_bytes == 3 * 8192
+
+
+def test_gradient_accumulation_runs_at_the_micro_batch_with_gradients_live() -> None:
+    # batch 8 in 2 micro-steps: activations of batch 4; from the second micro-step on, gradients (131584)
+    # are live through forward.
+    single = train(linear("batch"), {"batch": 4}, optimizer="sgd").training
+    accum = train(linear("batch"), {"batch": 8}, optimizer="sgd", grad_accum=2).training
+    assert single is not None and accum is not None
+    assert accum.saved_activation_bytes == single.saved_activation_bytes
+    forward = {p.phase: p for p in accum.first_step.phases}["forward"]
+    single_forward = {p.phase: p for p in single.first_step.phases}["forward"]
+    assert forward.end_bytes == single_forward.end_bytes + (W + B)
+    with pytest.raises(TrainingOptionError):
+        train(linear("batch"), {"batch": 9}, optimizer="sgd", grad_accum=2)
+
+
+def test_checkpointing_keeps_only_segment_inputs() -> None:
+    # A chain of 8 MatMul + Relu pairs, each [4, 512]: without checkpointing every Relu output is kept
+    # (8 x 8192 bytes, and the last feeds the loss); with 4 segments, the first 3 keep only their inputs.
+    nodes, inits, previous = [], [], "x"
+    for i in range(8):
+        inits.append(weight(f"W{i}", [512, 512]))
+        nodes += [oh.make_node("MatMul", [previous, f"W{i}"], [f"h{i}"], name=f"/l{i}/mm"),
+                  oh.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"/l{i}/relu")]
+        previous = f"r{i}"
+    model = graphs.model(nodes, [graphs.value("x", [4, 512])], [graphs.value("r7", [4, 512])], inits)
+    plain = train(model, optimizer="sgd").training
+    ckpt = train(model, optimizer="sgd", checkpoint=4).training
+    assert plain is not None and ckpt is not None and ckpt.checkpoint is not None
+    assert plain.saved_activation_bytes == 8 * 8192 + 8192
+    c = ckpt.checkpoint
+    assert c.segments == 4
+    assert c.saved_activation_bytes < plain.saved_activation_bytes
+    assert c.memory_saved_bytes == plain.peak_bytes - c.peak_bytes
+    assert 0 < c.extra_forward_flops < c.forward_flops
+    auto = train(model, optimizer="sgd", checkpoint="auto").training
+    assert auto is not None and auto.checkpoint is not None and auto.checkpoint.segments == 4  # sqrt(16 ops)
+
+
+def test_bad_training_options_are_user_errors() -> None:
+    for options in ({"optimizer": "adamax2"}, {"precision": "fp8"}, {"checkpoint": 0}, {"grad_accum": 0}):
+        with pytest.raises(onnxmem.OnnxMemError):
+            train(linear(), **options)
+
+
+def test_cli_training_json_has_the_documented_keys(tmp_path: object) -> None:
+    path = f"{tmp_path}/linear.onnx"
+    onnx.save(linear("batch"), path)
+    result = CliRunner().invoke(main, ["report", path, "--dim", "batch=8", "--training", "--optimizer", "adamw",
+                                       "--format", "json", "--checkpoint", "auto"])
+    assert result.exit_code == 0, result.output
+    training = json.loads(result.output)["training"]
+    for key in ("weights_bytes", "gradient_bytes", "optimizer_state_bytes", "saved_activation_bytes",
+                "peak_bytes", "peak_phase"):
+        assert isinstance(training[key], (int, str))
+    assert training["peak_phase"] in ("forward", "loss", "backward", "optimizer")
+    table = CliRunner().invoke(main, ["report", path, "--dim", "batch=8", "--training", "--freeze", "W"])
+    assert table.exit_code == 0 and "Training memory" in table.output
+    bad = CliRunner().invoke(main, ["report", path, "--dim", "batch=8", "--training", "--checkpoint", "many"])
+    assert bad.exit_code == 2 and "checkpoint" in bad.output
+
+
+def test_without_training_the_report_has_none() -> None:
+    report = onnxmem.analyze(linear())
+    assert report.training is None
+    assert report.to_dict()["training"] is None
