@@ -1,13 +1,19 @@
 """onnxmem: static memory analysis of ONNX models (import onnxmem; onnxmem.analyze("model.onnx", {"batch": 8}))."""
 
 from .analyze import analyze
-from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError
-from .report import InferenceReport, Report, Warning
+from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError, TargetError
+from .plan import check, fit, parse_size
+from .report import CheckResult, FitResult, InferenceReport, Report, Warning
 
 __version__ = "0.1.0"
 
 __all__ = [
     "analyze",
+    "fit",
+    "check",
+    "parse_size",
+    "FitResult",
+    "CheckResult",
     "Report",
     "InferenceReport",
     "Warning",
@@ -16,4 +22,5 @@ __all__ = [
     "DimError",
     "MissingExtraError",
     "RuntimeMeasurementError",
+    "TargetError",
 ]

@@ -19,6 +19,10 @@ class MissingExtraError(OnnxMemError):
     """An optional dependency is needed for this command; the message names the extra to install."""
 
 
+class TargetError(OnnxMemError):
+    """A memory target is malformed or unknown: a size, a GPU name, a runtime, a sharding option."""
+
+
 class RuntimeMeasurementError(OnnxMemError):
     """onnxruntime could not load or run the model; the message carries onnxruntime's reason."""
 

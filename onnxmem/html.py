@@ -1,0 +1,166 @@
+"""One self-contained HTML page: the report, its pictures as inline SVG, and the live set at the peak.
+
+The page has no script, no stylesheet link and no image file: it opens from disk in any browser, with no server
+and no network. The charts are drawn here as plain SVG, so the page needs no optional extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from html import escape
+
+from .plan import TimelineSeries
+from .render import format_bytes, render_check, render_fit, render_table
+from .report import CheckResult, FitResult, Report
+
+_W, _H, _PAD_L, _PAD_R, _PAD_T, _PAD_B = 900, 300, 80, 20, 30, 40
+_PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",
+                  "optimizer": "#55a868"}
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
+pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
+td.n{text-align:right}.fits{color:#2a7a2a}.nofit{color:#b22}svg{background:#fff;border:1px solid #ddd}"""
+
+
+def report_page(report: Report, timeline: TimelineSeries | None = None) -> str:
+    """Give the page of a report: its text, the memory timeline, and the tensors live at the peak."""
+    inf = report.inference
+    rows = [(t.name, _shape(t.shape), t.dtype, format_bytes(t.bytes), f"{t.op_type} {t.producer}")
+            for t in inf.live_at_peak]
+    body = [f"<h1>onnxmem report: {escape(report.model)}</h1>"]
+    if timeline is not None:
+        body += ["<h2>Memory over the run</h2>", svg_timeline(timeline)]
+    body += [f"<h2>Live at the peak ({escape(inf.peak_op_type)} node {escape(inf.peak_node)}, "
+             f"{escape(format_bytes(inf.peak_activation_bytes))} of activations)</h2>",
+             _table(("tensor", "shape", "dtype", "size", "producer"), rows, numeric=(3,)),
+             "<h2>Report</h2>", f"<pre>{escape(render_table(report, top=20))}</pre>"]
+    return _page(f"onnxmem report: {report.model}", body)
+
+
+def fit_page(result: FitResult, timeline: TimelineSeries | None = None) -> str:
+    """Give the page of a fit: the curve with the budget line, the timeline at the answer, and the text."""
+    body = [f"<h1>onnxmem fit: {escape(result.model)}</h1>",
+            f"<p><b>largest {escape(result.dim)} that fits: {result.max_value}</b> "
+            f"(largest power of two: {result.max_power_of_two}; budget {escape(format_bytes(result.budget_bytes))})"
+            "</p>",
+            f"<h2>Memory against {escape(result.dim)}</h2>", svg_curve(result)]
+    if timeline is not None:
+        body += [f"<h2>Memory over the run at {escape(result.dim)}={max(result.max_value, 1)}</h2>",
+                 svg_timeline(timeline, result.budget_bytes)]
+    body += ["<h2>Details</h2>", f"<pre>{escape(render_fit(result, 'table'))}</pre>"]
+    return _page(f"onnxmem fit: {result.model}", body)
+
+
+def check_page(result: CheckResult, timeline: TimelineSeries | None = None) -> str:
+    """Give the page of a check: the verdict, the timeline against the budget, and the text."""
+    verdict = ('<p class="fits"><b>FITS</b></p>' if result.fits else '<p class="nofit"><b>DOES NOT FIT</b></p>')
+    body = [f"<h1>onnxmem check: {escape(result.model)}</h1>", verdict]
+    if timeline is not None:
+        body += ["<h2>Memory over the run</h2>", svg_timeline(timeline, result.budget_bytes)]
+    body += ["<h2>Details</h2>", f"<pre>{escape(render_check(result, 'table'))}</pre>"]
+    return _page(f"onnxmem check: {result.model}", body)
+
+
+def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str:
+    """Give an inline SVG of live bytes per step, coloured by phase, the peak marked and labelled."""
+    n = len(series.live_bytes)
+    top = max([*series.live_bytes, budget_bytes or 0, 1])
+    x = _axis(0, max(n, 1), _PAD_L, _W - _PAD_R)
+    y = _axis(0, top, _H - _PAD_B, _PAD_T)
+    parts = [_frame(top, f"step (of {n})")]
+    for i, value in enumerate(series.live_bytes):
+        colour = _PHASE_COLOURS.get(series.phases[i], "#4c72b0")
+        parts.append(f'<rect x="{x(i):.1f}" y="{y(value):.1f}" width="{max(x(i + 1) - x(i), 0.5):.2f}" '
+                     f'height="{y(0) - y(value):.1f}" fill="{colour}" fill-opacity="0.6">'
+                     f"<title>{escape(series.labels[i])}: {escape(format_bytes(value))}</title></rect>")
+    if n:
+        peak = series.live_bytes[series.peak_index]
+        px, py = x(series.peak_index + 0.5), y(peak)
+        parts.append(f'<path d="M{px - 5:.1f},{py - 9:.1f} L{px + 5:.1f},{py - 9:.1f} L{px:.1f},{py - 1:.1f} Z" '
+                     'fill="#c44e52"/>')
+        anchor = "end" if px > _W / 2 else "start"
+        parts.append(f'<text x="{px:.1f}" y="{max(py - 12, 12):.1f}" font-size="11" text-anchor="{anchor}">'
+                     f"peak {escape(format_bytes(peak))}: {escape(_short(series.peak_label))}</text>")
+    if budget_bytes is not None:
+        parts.append(_budget_line(y(budget_bytes), budget_bytes))
+    for k, phase in enumerate(dict.fromkeys(series.phases)):
+        parts.append(f'<rect x="{_PAD_L + 10 + 90 * k}" y="{_PAD_T - 22}" width="10" height="10" '
+                     f'fill="{_PHASE_COLOURS.get(phase, "#4c72b0")}"/><text x="{_PAD_L + 24 + 90 * k}" '
+                     f'y="{_PAD_T - 13}" font-size="11">{escape(phase)}</text>')
+    return _svg(f"Memory over the run ({series.title})", parts)
+
+
+def svg_curve(result: FitResult) -> str:
+    """Give an inline SVG of the peak against the searched dim, with the budget line and the answer."""
+    points = list(result.curve)
+    top = max([p.required_bytes for p in points] + [result.budget_bytes, 1])
+    right = max(p.value for p in points)
+    x = _axis(0, right, _PAD_L, _W - _PAD_R)
+    y = _axis(0, top, _H - _PAD_B, _PAD_T)
+    parts = [_frame(top, result.dim), _budget_line(y(result.budget_bytes), result.budget_bytes)]
+    path = " ".join(f"{'M' if i == 0 else 'L'}{x(p.value):.1f},{y(p.required_bytes):.1f}"
+                    for i, p in enumerate(points))
+    parts.append(f'<path d="{path}" fill="none" stroke="#4c72b0" stroke-width="1.5"/>')
+    for p in points:
+        colour = "#55a868" if p.fits else "#c44e52"
+        parts.append(f'<circle cx="{x(p.value):.1f}" cy="{y(p.required_bytes):.1f}" r="2.5" fill="{colour}">'
+                     f"<title>{escape(result.dim)}={p.value}: {escape(format_bytes(p.required_bytes))}</title>"
+                     "</circle>")
+    if result.max_value:
+        best = next(p for p in points if p.value == result.max_value)
+        parts.append(f'<text x="{x(best.value):.1f}" y="{y(best.required_bytes) - 8:.1f}" font-size="11" '
+                     f'text-anchor="end">{escape(result.dim)}={best.value}</text>')
+    parts.append(f'<text x="{_W - _PAD_R}" y="{_H - 22}" font-size="11" text-anchor="end">{right}</text>')
+    return _svg(f"Memory against {result.dim}", parts)
+
+
+def _axis(low: float, high: float, start: float, end: float) -> Callable[[float], float]:
+    span = (high - low) or 1
+
+    def place(value: float) -> float:
+        return start + (value - low) / span * (end - start)
+
+    return place
+
+
+def _frame(top: int, x_label: str) -> str:
+    bottom = _H - _PAD_B
+    return (f'<line x1="{_PAD_L}" y1="{bottom}" x2="{_W - _PAD_R}" y2="{bottom}" stroke="#444"/>'
+            f'<line x1="{_PAD_L}" y1="{_PAD_T}" x2="{_PAD_L}" y2="{bottom}" stroke="#444"/>'
+            f'<text x="{_PAD_L - 4}" y="{_PAD_T + 4}" font-size="11" text-anchor="end">'
+            f"{escape(format_bytes(top))}</text>"
+            f'<text x="{_PAD_L - 4}" y="{bottom}" font-size="11" text-anchor="end">0</text>'
+            f'<text x="{(_PAD_L + _W - _PAD_R) / 2}" y="{_H - 8}" font-size="12" text-anchor="middle">'
+            f"{escape(x_label)}</text>")
+
+
+def _budget_line(y: float, budget: int) -> str:
+    return (f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_W - _PAD_R}" y2="{y:.1f}" stroke="#c44e52" '
+            f'stroke-dasharray="6 4"/><text x="{_W - _PAD_R - 4}" y="{y - 4:.1f}" font-size="11" '
+            f'text-anchor="end" fill="#c44e52">budget {escape(format_bytes(budget))}</text>')
+
+
+def _svg(title: str, parts: Sequence[str]) -> str:
+    return (f'<svg width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+            f'role="img"><title>{escape(title)}</title>{"".join(parts)}</svg>')
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td{" class=n" if i in numeric else ""}>{escape(c)}</td>'
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _page(title: str, body: Sequence[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>\n" + "\n".join(body)
+            + "\n</body></html>\n")
+
+
+def _shape(shape: Sequence[object] | None) -> str:
+    return "?" if shape is None else "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _short(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

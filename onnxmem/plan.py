@@ -1,0 +1,614 @@
+"""Plan: the largest batch (or any dim) whose peak fits a GPU, budget checks, ZeRO sharding, and what-ifs.
+
+Memory is not always linear in the batch (padding, attention in the sequence, a conv's floor division), so `fit`
+never extrapolates: it evaluates the estimator at 1, 2, 4, ... until a value does not fit, then bisects between
+the last power of two that fits and the first that does not. The answer b is always evaluated together with b + 1
+(b fits, b + 1 does not), and the result says whether the evaluated peaks were monotonic and, where the peak is
+linear in the dim, the formula and whether every evaluated point agrees with it exactly.
+
+Targets are tables: GPUS (name, memory), RUNTIMES (the fixed costs a process pays before the model gets anything,
+and the allocator's rounding). Every figure carries where it comes from; `--reserve` overrides the fixed costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import onnx
+from onnx import TensorProto
+
+from .analyze import analyze_loaded
+from .errors import DimError, TargetError
+from .family import ModelFamily
+from .graph import INPUT, WEIGHT, ModelGraph, build_graph
+from .liveness import liveness
+from .load import LoadedModel, load_model
+from .order import reorder
+from .report import (
+    CheckResult,
+    FitPoint,
+    FitResult,
+    LinearFit,
+    Report,
+    ReserveItem,
+    Sharding,
+    Target,
+    WhatIf,
+)
+from .rules import DEFAULT_INFERENCE_RULES
+from .schedule import execution_order
+from .shapes import bind_and_infer, input_dims
+
+if TYPE_CHECKING:
+    from .training import TrainingOptions
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+SEARCH_LIMIT = 2**31  # a dim that still fits here barely moves memory: the search stops and says so
+
+# --- sizes --------------------------------------------------------------------------------------------------------
+
+SIZE_UNITS: dict[str, int] = {
+    "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024' (GB = 10^9, GiB = 2^30).
+
+    Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down.
+    """
+    if isinstance(text, int):
+        if text < 0:
+            raise TargetError(f"size {text}: must not be negative")
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise TargetError(f"size '{text}': expected a number and a unit, e.g. 24GiB, 16GB, 80000MB, 1.5TiB")
+    number, unit = match.group(1), match.group(2).upper() or "B"
+    if unit not in SIZE_UNITS:
+        hint = " (say GB for 10^9 or GiB for 2^30)" if unit in ("K", "M", "G", "T", "P") else ""
+        raise TargetError(f"size '{text}': unknown unit '{match.group(2)}'{hint}; "
+                          "use B, KB, MB, GB, TB, PB (powers of 10) or KiB, MiB, GiB, TiB, PiB (powers of 2)")
+    return int(Fraction(number) * SIZE_UNITS[unit])
+
+
+# --- targets: GPUs, runtimes, allocators ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU of the catalog: its memory and where that figure comes from."""
+
+    name: str
+    memory_bytes: int
+    source: str
+
+
+_NOMINAL = "nominal capacity (the product's stated size, read as GiB); the driver reports a little less on some " \
+           "boards: pass --memory with nvidia-smi's memory.total for an exact figure"
+GPUS: dict[str, Gpu] = {g.name: g for g in (
+    Gpu("T4-16GB", 16 * GiB, _NOMINAL),
+    Gpu("V100-16GB", 16 * GiB, _NOMINAL),
+    Gpu("V100-32GB", 32 * GiB, _NOMINAL),
+    Gpu("A10-24GB", 24 * GiB, _NOMINAL),
+    Gpu("L4-24GB", 24 * GiB, _NOMINAL),
+    Gpu("RTX3090-24GB", 24 * GiB, _NOMINAL),
+    Gpu("RTX4090-24GB", 24 * GiB, _NOMINAL),
+    Gpu("RTX5090-32GB", 32 * GiB, _NOMINAL),
+    Gpu("A100-40GB", 40 * GiB, _NOMINAL),
+    Gpu("A100-80GB", 80 * GiB, _NOMINAL),
+    Gpu("A6000-48GB", 48 * GiB, _NOMINAL),
+    Gpu("L40S-48GB", 48 * GiB, _NOMINAL),
+    Gpu("H100-80GB", 80 * GiB, _NOMINAL),
+    Gpu("H100-94GB", 94 * GiB, _NOMINAL),
+    Gpu("H200-141GB", 141 * GiB, _NOMINAL),
+    Gpu("MI300X-192GB", 192 * GiB, _NOMINAL),
+)}
+
+
+def _round_up(n: int, granule: int) -> int:
+    return -(-n // granule) * granule
+
+
+def _exact(requests: list[int]) -> int:
+    return sum(requests)
+
+
+def _pytorch_caching(requests: list[int]) -> int:
+    # CUDACachingAllocator: a block is a multiple of 512 B; a request over 10 MiB gets its own segment rounded up
+    # to 2 MiB (kRoundLarge), smaller ones share 2 MiB or 20 MiB segments. Each part is rounded to 2 MiB.
+    return sum(_round_up(_round_up(r, 512), 2 * MiB) for r in requests if r > 0)
+
+
+def _onnxruntime_arena(requests: list[int]) -> int:
+    # BFCArena with kNextPowerOfTwo (the default): a request is rounded to 256 B; when no free chunk holds it the
+    # arena adds a region of the current region size (starting at 1 MiB), doubling that size until it holds the
+    # request, and doubles it again after a region that needed no doubling. Free space is assumed perfectly packed.
+    held, free, region = 0, 0, MiB
+    for request in requests:
+        need = _round_up(request, 256)
+        if need <= free:
+            free -= need
+            continue
+        grown = False
+        while need > region:
+            region *= 2
+            grown = True
+        held += region
+        free += region - need
+        if not grown:
+            region *= 2
+    return held
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """How an allocator turns the bytes the model needs into bytes it holds from the device."""
+
+    name: str
+    rule: str
+    held: Callable[[list[int]], int]  # requests in order (persistent state first, then the peak's transient part)
+
+
+ALLOCATORS: dict[str, Allocator] = {a.name: a for a in (
+    Allocator("exact", "no rounding: the estimate's bytes", _exact),
+    Allocator("pytorch-caching", "PyTorch's CUDA caching allocator: 512 B blocks; the persistent state and the "
+              "rest of the peak each rounded up to 2 MiB segments (fragmentation not modelled)", _pytorch_caching),
+    Allocator("onnxruntime-arena", "onnxruntime's BFC arena (kNextPowerOfTwo): 256 B chunks; weights, then the "
+              "activation plan as one block (memory pattern), each taking regions that double from 1 MiB",
+              _onnxruntime_arena),
+)}
+
+_CONTEXT_SOURCE = "stated default (not measured here): CUDA context with lazy module loading (CUDA >= 11.7) is " \
+                  "typically 300-600 MiB; measure yours (nvidia-smi after creating a session) and pass --reserve"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a runtime costs before the model gets anything, and how its allocator rounds."""
+
+    name: str
+    fixed_costs: tuple[ReserveItem, ...]
+    allocator: str
+
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
+    Runtime("onnxruntime", (
+        ReserveItem("cuda-context", 512 * MiB, _CONTEXT_SOURCE),
+        ReserveItem("workspaces", 64 * MiB, "stated default (not measured here): cuBLAS and cuDNN handles and "
+                    "workspaces of the CUDA execution provider; cuDNN conv workspaces can be larger with "
+                    "cudnn_conv_use_max_workspace=1"),
+    ), "onnxruntime-arena"),
+    Runtime("pytorch", (
+        ReserveItem("cuda-context", 512 * MiB, _CONTEXT_SOURCE),
+        ReserveItem("workspaces", 64 * MiB, "stated default (not measured here): cuBLAS and cuBLASLt workspaces "
+                    "(PyTorch's default is 32 MiB each on Hopper, less on older GPUs)"),
+    ), "pytorch-caching"),
+)}
+
+
+def find_gpu(name: str) -> Gpu:
+    """Give the catalog's GPU for a name, matched without case, spaces, dashes or underscores ('a100-80gb')."""
+    key = _gpu_key(name)
+    exact = [g for g in GPUS.values() if _gpu_key(g.name) == key]
+    if exact:
+        return exact[0]
+    prefix = [g for g in GPUS.values() if _gpu_key(g.name).startswith(key)] if key else []
+    if len(prefix) == 1:
+        return prefix[0]
+    if prefix:
+        raise TargetError(f"--gpu {name}: ambiguous, it could be {', '.join(g.name for g in prefix)}")
+    raise TargetError(f"--gpu {name}: not in the catalog ({', '.join(GPUS)}); give --memory SIZE instead")
+
+
+def _gpu_key(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).lower()
+
+
+def resolve_target(memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
+                   reserve: str | int | None = None) -> Target:
+    """Give the target: memory from --memory or the GPU catalog, fixed costs, and the allocator's rounding.
+
+    Fixed costs (CUDA context, the runtime's workspaces) are counted when a GPU or a runtime is named; with a bare
+    --memory they are not (the memory given is what the model may use). --reserve replaces them all.
+    """
+    if (memory is None) == (gpu is None):
+        raise TargetError("give exactly one of --memory SIZE (or --budget SIZE) and --gpu NAME")
+    if gpu is not None:
+        entry = find_gpu(gpu)
+        memory_bytes, memory_source, gpu_name = entry.memory_bytes, f"{entry.name}: {entry.source}", entry.name
+    else:
+        assert memory is not None
+        memory_bytes, memory_source, gpu_name = parse_size(memory), f"given: {memory}", ""
+    rt = None
+    if runtime:
+        if runtime not in RUNTIMES:
+            raise TargetError(f"--runtime {runtime}: unknown; choose one of {', '.join(RUNTIMES)}")
+        rt = RUNTIMES[runtime]
+    if reserve is not None:
+        items: tuple[ReserveItem, ...] = (ReserveItem("reserve", parse_size(reserve), f"given: {reserve}"),)
+    elif rt is not None:
+        items = rt.fixed_costs
+    elif gpu_name:
+        items = (RUNTIMES["onnxruntime"].fixed_costs[0],)  # a GPU process pays for its CUDA context
+    else:
+        items = ()
+    allocator = ALLOCATORS[rt.allocator if rt else "exact"]
+    return Target(memory_bytes=memory_bytes, memory_source=memory_source, gpu=gpu_name, runtime=runtime or "",
+                  reserve=items, reserve_bytes=sum(i.bytes for i in items), allocator=allocator.name,
+                  allocator_rule=allocator.rule)
+
+
+def budget_bytes(target: Target) -> int:
+    """Give the bytes the model may hold: the memory less the fixed costs (0 when they take it all)."""
+    return max(0, target.memory_bytes - target.reserve_bytes)
+
+
+# --- sharding ---------------------------------------------------------------------------------------------------
+
+SHARD_STAGES = ("ddp", "zero1", "zero2", "zero3")
+# What each stage divides across GPUs (ZeRO paper, DeepSpeed stages 1-3; FSDP's SHARD_GRAD_OP is zero2,
+# FULL_SHARD is zero3).
+_DIVIDES: dict[str, tuple[bool, bool, bool]] = {  # weights, gradients, optimizer states
+    "ddp": (False, False, False),
+    "zero1": (False, False, True),
+    "zero2": (False, True, True),
+    "zero3": (True, True, True),
+}
+
+
+def shard_states(weights_bytes: int, gradient_bytes: int, optimizer_state_bytes: int, gpus: int, stage: str,
+                 largest_module_bytes: int = 0) -> Sharding:
+    """Give the model states per GPU when `gpus` GPUs divide them as ZeRO stage `stage` does.
+
+    A divided part is split evenly, rounded up (partitions are padded to equal size). ZeRO-3 also holds, while a
+    module runs, that module's gathered weights and their gradients: 2 x `largest_module_bytes`, the term DeepSpeed's
+    estimate_zero3_model_states_mem_needs counts as 4 bytes x the largest layer's parameters (fp16 weights and
+    gradients).
+    """
+    if stage not in _DIVIDES:
+        raise TargetError(f"--shard {stage}: unknown; choose one of {', '.join(SHARD_STAGES)}")
+    if gpus < 1:
+        raise TargetError(f"--gpus {gpus}: must be a positive integer")
+    divide_w, divide_g, divide_o = _DIVIDES[stage]
+
+    def part(nbytes: int, divided: bool) -> int:
+        return -(-nbytes // gpus) if divided else nbytes
+
+    w, g, o = part(weights_bytes, divide_w), part(gradient_bytes, divide_g), part(optimizer_state_bytes, divide_o)
+    gathered = 2 * largest_module_bytes if stage == "zero3" and gpus > 1 else 0
+    unsharded = weights_bytes + gradient_bytes + optimizer_state_bytes
+    per_gpu = w + g + o + gathered
+    return Sharding(stage=stage, gpus=gpus, weights_bytes=w, gradient_bytes=g, optimizer_state_bytes=o,
+                    gathered_bytes=gathered, unsharded_bytes=unsharded, per_gpu_bytes=per_gpu,
+                    saved_bytes=unsharded - per_gpu)
+
+
+# --- one evaluation: the peak that must fit ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Need:
+    peak_bytes: int  # per GPU
+    persistent_bytes: int  # weights (and, training, gradients and optimizer state) live at the peak
+    where: str
+    sharding: Sharding | None
+
+
+_STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
+
+
+def _need(report: Report, gpus: int, shard: str | None) -> _Need:
+    training = report.training
+    if training is None:
+        inf = report.inference
+        if shard:
+            raise TargetError("--shard divides training state across GPUs: it needs --training")
+        return _Need(inf.peak_bytes, inf.weights_bytes, f"{inf.peak_op_type} node '{inf.peak_node}'", None)
+    live = {row.category: row.bytes for row in training.live_at_peak}
+    weights, gradients, optimizer_states = (live.get(c, 0) for c in _STATE_CATEGORIES)
+    where = f"{training.peak_step} step, {training.peak_phase}: {training.peak_event}"
+    if not shard:
+        return _Need(training.peak_bytes, weights + gradients + optimizer_states, where, None)
+    largest = max((g.trainable_bytes + g.frozen_bytes for g in training.parameter_groups), default=0)
+    sharding = shard_states(weights, gradients, optimizer_states, gpus, shard, largest)
+    peak = training.peak_bytes - sharding.saved_bytes
+    return _Need(peak, sharding.per_gpu_bytes, where, sharding)
+
+
+def _required(need: _Need, target: Target) -> int:
+    return ALLOCATORS[target.allocator].held([need.persistent_bytes, need.peak_bytes - need.persistent_bytes])
+
+
+def _options(order: str, default_dim: int | None, training: TrainingOptions | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"order": order, "default_dim": default_dim}
+    if training is not None:
+        options["training"] = training
+    return options
+
+
+# --- fit --------------------------------------------------------------------------------------------------------
+
+
+def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | None = None,
+        gpu: str | None = None, runtime: str | None = None, reserve: str | int | None = None,
+        search: str = "batch", dims: Mapping[str, int] | None = None, default_dim: int | None = None,
+        order: str = "model", training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
+        what_if: bool = True, limit: int = SEARCH_LIMIT) -> FitResult:
+    """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
+
+    Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
+    A budget too small for 1 is an answer (max_value 0), not an error.
+    """
+    target = resolve_target(memory, gpu, runtime, reserve)
+    budget = budget_bytes(target)
+    family = ModelFamily(model, search, dims, **_options(order, default_dim, training))
+    loaded = family.loaded
+    _check_search(loaded, search, dims or {})
+    needs: dict[int, _Need] = {}
+    points: dict[int, FitPoint] = {}
+
+    def evaluate(value: int) -> FitPoint:
+        if value not in points:
+            need = needs[value] = _need(family.report(value), gpus, shard)
+            required = _required(need, target)
+            points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
+        return points[value]
+
+    for value in (1, 2, 3):  # enough for the linear formula and one point to check it
+        evaluate(value)
+    largest_pow2, first_fail = 0, 0
+    probe = 1
+    while probe <= limit:
+        if not evaluate(probe).fits:
+            first_fail = probe
+            break
+        largest_pow2 = probe
+        probe *= 2
+    bounded = first_fail > 0
+    if not bounded:
+        best = largest_pow2
+    elif largest_pow2 == 0:
+        best = 0
+    else:
+        low, high = largest_pow2, first_fail  # low fits, high does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if evaluate(middle).fits:
+                low = middle
+            else:
+                high = middle
+        best = low
+    if bounded and best > 0:
+        evaluate(best + 1)
+    curve = tuple(points[v] for v in sorted(points))
+    monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
+    linear = _linear(curve)
+    answer = family.report(max(best, 1))
+    notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
+    what_ifs: tuple[WhatIf, ...] = ()
+    if what_if and bounded:
+        at = best + 1
+        # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
+        what_ifs = _what_ifs(loaded, family.report(at), needs[at], "", 0, order, default_dim, training, gpus, shard)
+    return FitResult(
+        model=answer.model, dim=search, dims={k: v for k, v in answer.dims.items() if k != search},
+        mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
+        max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
+        evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
+        what_ifs=what_ifs, notes=notes, warnings=answer.warnings,
+    )
+
+
+def _check_search(loaded: LoadedModel, search: str, dims: Mapping[str, int]) -> None:
+    names = list(dict.fromkeys(d.name for d in input_dims(loaded.proto)))
+    if search not in names:
+        listed = ", ".join(names) if names else "none: every input dim is fixed"
+        raise DimError(f"--search {search}: the model has no dim named {search} (its dims: {listed}); "
+                       "choose one with --search NAME")
+    if search in dims:
+        raise DimError(f"--dim {search}={dims[search]} binds the dim that fit searches: drop it, or search another "
+                       "dim with --search NAME")
+
+
+def _linear(curve: tuple[FitPoint, ...]) -> LinearFit | None:
+    by_value = {p.value: p.peak_bytes for p in curve}
+    if 1 not in by_value or 2 not in by_value:
+        return None
+    slope = by_value[2] - by_value[1]
+    intercept = by_value[1] - slope
+    checked = tuple(v for v in sorted(by_value) if v not in (1, 2))
+    if any(by_value[v] != intercept + slope * v for v in checked):
+        return None
+    return LinearFit(intercept, slope, verified=bool(checked), checked_values=checked)
+
+
+def _fit_notes(search: str, best: int, largest_pow2: int, bounded: bool, limit: int, monotonic: bool,
+               linear: LinearFit | None, curve: tuple[FitPoint, ...]) -> tuple[str, ...]:
+    notes = []
+    if not bounded:
+        notes.append(f"even {search}={limit} fits: the peak barely grows with {search}; the search stopped there")
+    elif best == 0:
+        notes.append(f"nothing fits: {search}=1 needs more than the budget")
+    else:
+        notes.append(f"verified: {search}={best} fits and {search}={best + 1} does not (both evaluated)")
+    if largest_pow2 and largest_pow2 != best:
+        notes.append(f"largest power of two that fits: {largest_pow2}")
+    if not monotonic:
+        notes.append(f"the peak is not monotonic in {search} over the evaluated values: a value above the answer "
+                     "may fit again; see the curve")
+    if linear is None:
+        notes.append(f"the peak is not linear in {search}: no formula (the answer comes from evaluation)")
+    elif not linear.verified:
+        notes.append("the linear formula comes from two points and could not be checked at a third")
+    return tuple(notes)
+
+
+# --- check ------------------------------------------------------------------------------------------------------
+
+
+def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
+          memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
+          reserve: str | int | None = None, default_dim: int | None = None, order: str = "model",
+          training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
+          what_if: bool = True) -> CheckResult:
+    """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1)."""
+    target = resolve_target(memory, gpu, runtime, reserve)
+    budget = budget_bytes(target)
+    loaded = load_model(model)
+    report = analyze_loaded(loaded, dims, **_options(order, default_dim, training))
+    need = _need(report, gpus, shard)
+    required = _required(need, target)
+    fits = required <= budget
+    what_ifs: tuple[WhatIf, ...] = ()
+    if what_if:
+        search = "batch" if "batch" in report.dims else ""
+        what_ifs = _what_ifs(loaded, report, need, search, report.dims.get(search, 0), order, default_dim, training,
+                             gpus, shard)
+    return CheckResult(
+        model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
+        target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
+        headroom_bytes=budget - required, fits=fits, peak_where=need.where, sharding=need.sharding,
+        what_ifs=what_ifs, warnings=report.warnings,
+    )
+
+
+# --- what-ifs ---------------------------------------------------------------------------------------------------
+
+
+def _what_ifs(loaded: LoadedModel, report: Report, need: _Need, search: str, value: int,
+              order: str, default_dim: int | None, training: TrainingOptions | None, gpus: int,
+              shard: str | None) -> tuple[WhatIf, ...]:
+    """Give the single changes that lower the peak at this binding, the one that saves most first."""
+    dims = dict(report.dims)
+    found: list[WhatIf] = []
+
+    def add(change: str, peak: int, detail: str) -> None:
+        if peak < need.peak_bytes:
+            found.append(WhatIf(change, peak, need.peak_bytes - peak, detail))
+
+    def peak_with(options: TrainingOptions | None, at: Mapping[str, int], run_order: str = order) -> int:
+        return _need(analyze_loaded(loaded, at, **_options(run_order, default_dim, options)), gpus, shard).peak_bytes
+
+    if search and value >= 2:
+        add(f"{search} {value} -> {value // 2}", peak_with(training, {**dims, search: value // 2}),
+            f"halve {search}")
+    sized = bind_and_infer(loaded.proto, dims, default_dim)
+    graph = build_graph(loaded.proto, sized.types)
+    reordered = reorder(graph, execution_order(graph, order), DEFAULT_INFERENCE_RULES)
+    if training is None:
+        if reordered.saved_bytes > 0:
+            add("memory-aware execution order", need.peak_bytes - reordered.saved_bytes,
+                f"greedy least-peak-first order (onnxmem.order): reordering saves {reordered.saved_bytes} B of "
+                "activations at the peak")
+        add("float32 -> float16 (weights and activations)", _half_precision_peak(graph, order),
+            "every float32 tensor stored as float16")
+    else:
+        from .training import training_memory  # only with --training
+
+        if reordered.saved_bytes > 0:
+            peak = training_memory(graph, list(reordered.order), training).peak_bytes
+            if shard:
+                peak -= need.sharding.saved_bytes if need.sharding else 0
+            add("memory-aware execution order", peak, "forward ops in the greedy least-peak-first order")
+        changes: list[tuple[str, TrainingOptions, str]] = []
+        if training.precision == "fp32":
+            changes.append(("mixed precision (amp-bf16)", dataclasses.replace(training, precision="amp-bf16"),
+                            "autocast: matmuls and convs in bf16, fp32 master weights"))
+        if training.checkpoint is None:
+            changes.append(("activation checkpointing", dataclasses.replace(training, checkpoint="auto"),
+                            "sqrt(n) segments keep only their inputs and run forward twice"))
+        if training.optimizer_impl != "fused":
+            changes.append(("fused optimizer", dataclasses.replace(training, optimizer_impl="fused"),
+                            "a fused update keeps no full-size temporaries"))
+        groups = report.training.parameter_groups if report.training else ()
+        if groups:
+            largest = max(groups, key=lambda g: g.trainable_bytes)
+            if largest.trainable_bytes > 0:
+                changes.append((f"freeze {largest.layer}",
+                                dataclasses.replace(training, freeze=(*training.freeze, largest.layer)),
+                                "its weights get no gradient and no optimizer state"))
+        for change, options, detail in changes:
+            try:
+                result = analyze_loaded(loaded, dims, **_options(order, default_dim, options))
+            except (ValueError, DimError, TargetError):
+                continue
+            if options.checkpoint is not None and result.training and result.training.checkpoint:
+                peak = result.training.checkpoint.peak_bytes
+                if shard and need.sharding:
+                    peak -= need.sharding.saved_bytes
+            else:
+                peak = _need(result, gpus, shard).peak_bytes
+            add(change, peak, detail)
+    found.sort(key=lambda w: -w.saved_bytes)
+    return tuple(found)
+
+
+def _half_precision_peak(graph: ModelGraph, order: str) -> int:
+    def half(dtype: int, nbytes: int | None) -> int | None:
+        return nbytes // 2 if nbytes is not None and dtype == TensorProto.FLOAT else nbytes
+
+    halved = graph.with_sizes([t.shape for t in graph.tensors], [half(t.dtype, t.nbytes) for t in graph.tensors])
+    timeline = liveness(halved, execution_order(halved, order), DEFAULT_INFERENCE_RULES)
+    fixed = sum(t.nbytes or 0 for t in halved.tensors_of_kind(WEIGHT, INPUT))
+    return fixed + timeline.peak_bytes
+
+
+
+# --- the memory timeline, for pictures ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimelineSeries:
+    """Total bytes live at each step of a run (weights and inputs included), for a plot or a page."""
+
+    title: str
+    labels: tuple[str, ...]  # per step: the node (inference) or the phase's peak event (training)
+    phases: tuple[str, ...]  # per step: forward | data | loss | backward | optimizer
+    live_bytes: tuple[int, ...]
+    peak_index: int
+    peak_label: str
+
+
+def inference_timeline(model: str | os.PathLike[str] | onnx.ModelProto | LoadedModel,
+                       dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+                       order: str = "model") -> TimelineSeries:
+    """Give the inference run's live bytes at every step: weights + inputs + live activations."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
+    graph = build_graph(loaded.proto, sized.types)
+    timeline = liveness(graph, execution_order(graph, order), DEFAULT_INFERENCE_RULES)
+    fixed = sum(t.nbytes or 0 for t in graph.tensors_of_kind(WEIGHT, INPUT))
+    labels = tuple(f"{graph.ops[i].op_type} {graph.ops[i].name}" for i in timeline.order)
+    step = max(timeline.peak_step, 0)
+    bound = ", ".join(f"{k}={v}" for k, v in sized.dims.items())
+    return TimelineSeries(f"inference, {bound}" if bound else "inference", labels, ("forward",) * len(labels),
+                          tuple(fixed + b for b in timeline.live_bytes), step, labels[step] if labels else "")
+
+
+def training_timeline(report: Report) -> TimelineSeries:
+    """Give a training step's memory phase by phase (first step, then a later step): each phase's peak and end."""
+    training = report.training
+    if training is None:
+        raise ValueError("the report has no training part")
+    labels: list[str] = []
+    phases: list[str] = []
+    live: list[int] = []
+    for step in (training.first_step, training.later_step):
+        for row in step.phases:
+            labels += [f"{step.step} step {row.phase}: {row.peak_event}", f"{step.step} step end of {row.phase}"]
+            phases += [row.phase, row.phase]
+            live += [row.peak_bytes, row.end_bytes]
+    peak = max(range(len(live)), key=live.__getitem__) if live else 0
+    bound = ", ".join(f"{k}={v}" for k, v in report.dims.items())
+    return TimelineSeries(f"training step, {bound}", tuple(labels), tuple(phases), tuple(live), peak,
+                          labels[peak] if labels else "")

@@ -1,0 +1,405 @@
+"""Plan: fit finds b where b fits and b + 1 does not; check gates a pipeline; targets, allocators and ZeRO sharding."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto
+
+import onnxmem
+from benchmarks.llm_graphs import SHAPES, make_llama
+from onnxmem.cli import main
+from onnxmem.errors import DimError, TargetError
+from onnxmem.graph import build_graph
+from onnxmem.liveness import liveness
+from onnxmem.order import memory_order, reorder
+from onnxmem.plan import (
+    ALLOCATORS,
+    GPUS,
+    MiB,
+    budget_bytes,
+    find_gpu,
+    fit,
+    parse_size,
+    resolve_target,
+    shard_states,
+)
+from onnxmem.rules import DEFAULT_INFERENCE_RULES
+from onnxmem.schedule import model_order
+from onnxmem.shapes import bind_and_infer
+from onnxmem.training import TrainingOptions
+
+from . import graphs
+
+ROOT = Path(__file__).resolve().parent.parent
+T = graphs.T
+
+# symbolic_mlp, worked by hand: weights W1 256x512 + W2 512x128 float32 = 786,432 B. Per batch row: input x 1 KiB;
+# at the last MatMul r [b,512] (Relu wrote over h in place) and y [b,128] are live: 2 KiB + 512 B. So
+# peak(b) = 786,432 + 3,584 b.
+MLP_WEIGHTS, MLP_PER_ROW = 786_432, 3_584
+
+
+def mlp_peak(b: int) -> int:
+    return MLP_WEIGHTS + MLP_PER_ROW * b
+
+
+def llama(dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    return make_llama(SHAPES["tiny"], dtype)
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def save(model: onnx.ModelProto, path: Path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+# --- sizes ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("24GiB", 24 * 2**30), ("16GB", 16 * 10**9), ("80000MB", 80_000 * 10**6), ("1.5TiB", 3 * 2**39),
+    ("1024", 1024), ("512 B", 512), ("0.5KiB", 512), ("2gib", 2 * 2**30), (".25MiB", 2**18), ("1.1B", 1),
+])
+def test_sizes_parse_exactly(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(("text", "needle"), [("10XB", "unknown unit"), ("24G", "GiB for 2^30"), ("", "expected"),
+                                              ("-1GB", "expected"), ("GB", "expected")])
+def test_bad_sizes_are_target_errors(text: str, needle: str) -> None:
+    with pytest.raises(TargetError, match=re.escape(needle)):
+        parse_size(text)
+
+
+# --- targets ----------------------------------------------------------------------------------------------------
+
+def test_gpu_names_match_loosely_and_ambiguity_is_named() -> None:
+    assert find_gpu("a100 80gb").name == "A100-80GB"
+    assert find_gpu("H200").name == "H200-141GB"
+    with pytest.raises(TargetError, match="A100-40GB, A100-80GB"):
+        find_gpu("A100")
+    with pytest.raises(TargetError, match="not in the catalog"):
+        find_gpu("GTX-480")
+
+
+def test_fixed_costs_are_labelled_and_overridable() -> None:
+    bare = resolve_target(memory="24GiB")
+    assert bare.reserve == () and budget_bytes(bare) == 24 * 2**30 and bare.allocator == "exact"
+    gpu = resolve_target(gpu="A100-80GB")  # a GPU process pays for its CUDA context
+    assert [r.name for r in gpu.reserve] == ["cuda-context"]
+    assert budget_bytes(gpu) == 80 * 2**30 - gpu.reserve_bytes
+    torch = resolve_target(gpu="A100-80GB", runtime="pytorch")
+    assert [r.name for r in torch.reserve] == ["cuda-context", "workspaces"]
+    assert all(r.source.startswith("stated default") for r in torch.reserve)
+    assert torch.allocator == "pytorch-caching"
+    given = resolve_target(gpu="A100-80GB", runtime="pytorch", reserve="1GiB")
+    assert given.reserve_bytes == 2**30 and given.reserve[0].source == "given: 1GiB"
+    with pytest.raises(TargetError, match="exactly one"):
+        resolve_target(memory="1GB", gpu="A100-80GB")
+    with pytest.raises(TargetError, match="exactly one"):
+        resolve_target()
+    assert all(g.memory_bytes > 0 for g in GPUS.values())
+
+
+def test_allocator_rounding_worked_by_hand() -> None:
+    arena = ALLOCATORS["onnxruntime-arena"].held
+    assert arena([100 * MiB]) == 128 * MiB  # 1 MiB doubles to 128 MiB to hold it
+    assert arena([500 * MiB, 100 * MiB]) == 1024 * MiB  # 512 MiB region, 12 MiB free; then a 512 MiB region
+    assert arena([MiB // 2, MiB // 4]) == MiB  # the second fits in the first region's free part
+    assert arena([300, 0]) == MiB
+    caching = ALLOCATORS["pytorch-caching"].held
+    assert caching([1, 3 * MiB]) == 2 * MiB + 4 * MiB
+    assert caching([0, 2 * MiB]) == 2 * MiB
+    assert ALLOCATORS["exact"].held([5, 7]) == 12
+
+
+# --- fit --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("budget", [mlp_peak(1) - 1, mlp_peak(1), mlp_peak(7) + 100, mlp_peak(64), mlp_peak(1000) - 1,
+                                    2**30])
+def test_fit_gives_b_that_fits_and_b_plus_one_that_does_not(budget: int) -> None:
+    model = graphs.symbolic_mlp()
+    result = fit(model, memory=budget)
+    b = result.max_value
+    expected = max(0, (budget - MLP_WEIGHTS) // MLP_PER_ROW)  # the hand formula, exact here
+    assert b == expected
+    # independent of the search: full analysis at b and b + 1
+    if b:
+        assert onnxmem.analyze(model, {"batch": b}).inference.peak_bytes <= budget
+    assert onnxmem.analyze(model, {"batch": b + 1}).inference.peak_bytes > budget
+    p = result.max_power_of_two
+    assert (p == 0) == (b == 0)
+    if p:
+        assert p & (p - 1) == 0 and p <= b < 2 * p
+    assert result.budget_bytes == budget and result.bounded and result.monotonic
+
+
+def test_a_budget_too_small_for_one_is_an_answer_not_an_error(tmp_path: Path) -> None:
+    result = fit(graphs.symbolic_mlp(), memory=1000)
+    assert result.max_value == 0 and result.max_power_of_two == 0
+    assert any("nothing fits" in n for n in result.notes)
+    code, out, err = run("fit", save(graphs.symbolic_mlp(), tmp_path / "m.onnx"), "--memory", "1000B")
+    assert code == 0 and "nothing fits" in out and not err
+
+
+def test_linear_formula_is_the_hand_formula_and_verified() -> None:
+    result = fit(graphs.symbolic_mlp(), memory="1MiB")
+    assert result.linear is not None
+    assert (result.linear.intercept_bytes, result.linear.slope_bytes) == (MLP_WEIGHTS, MLP_PER_ROW)
+    assert result.linear.verified and len(result.linear.checked_values) >= 3
+    for point in result.curve:
+        assert point.peak_bytes == mlp_peak(point.value)
+
+
+@pytest.mark.parametrize(("search", "fixed", "budgets"), [
+    ("batch", {"seq": 32, "past": 3}, ["600KiB", "2MiB", "9MiB"]),
+    ("seq", {"batch": 2, "past": 1}, ["700KiB", "3MiB", "40MiB"]),
+])
+def test_fit_on_a_decoder_checks_against_full_analysis(search: str, fixed: dict[str, int],
+                                                       budgets: list[str]) -> None:
+    model = llama()
+    for budget in budgets:
+        result = fit(model, memory=budget, search=search, dims=fixed, what_if=False)
+        b, limit = result.max_value, parse_size(budget)
+        assert b >= 1, budget
+        assert onnxmem.analyze(model, {**fixed, search: b}).inference.peak_bytes <= limit
+        assert onnxmem.analyze(model, {**fixed, search: b + 1}).inference.peak_bytes > limit
+    if search == "seq":  # attention scores grow with seq x (past + seq): no straight line to print
+        assert result.linear is None
+        assert any("not linear" in n for n in result.notes)
+    else:
+        assert result.linear is not None and result.linear.verified
+
+
+def test_fit_with_a_runtime_compares_the_rounded_bytes() -> None:
+    result = fit(graphs.symbolic_mlp(), memory="1GiB", runtime="pytorch", reserve="100MiB")
+    budget = 2**30 - 100 * MiB
+    assert result.budget_bytes == budget
+    b = result.max_value
+    by_value = {p.value: p for p in result.curve}
+    assert by_value[b].required_bytes <= budget < by_value[b + 1].required_bytes
+    assert all(p.required_bytes % (2 * MiB) == 0 and p.required_bytes >= p.peak_bytes for p in result.curve)
+
+
+def test_fit_in_training_mode() -> None:
+    model = llama()
+    options = TrainingOptions()
+    fixed = {"seq": 16, "past": 1}
+    for budget in ("3MiB", "6MiB"):
+        result = fit(model, memory=budget, dims=fixed, training=options, what_if=False)
+        b, limit = result.max_value, parse_size(budget)
+        assert result.mode == "training" and b >= 1
+        at = onnxmem.analyze(model, {**fixed, "batch": b}, training=options).training
+        after = onnxmem.analyze(model, {**fixed, "batch": b + 1}, training=options).training
+        assert at is not None and after is not None
+        assert at.peak_bytes <= limit < after.peak_bytes
+
+
+def test_search_errors_name_the_dims() -> None:
+    with pytest.raises(DimError, match="no dim named width .*batch, seq"):
+        fit(llama(), memory="1GiB", search="width", dims={"seq": 4, "past": 1})
+    with pytest.raises(DimError, match="binds the dim that fit searches"):
+        fit(graphs.symbolic_mlp(), memory="1GiB", dims={"batch": 4})
+
+
+# --- ZeRO sharding ----------------------------------------------------------------------------------------------
+
+def test_zero_stages_divide_states_as_worked_by_hand() -> None:
+    # 8 GPUs; weights 800, gradients 1600, optimizer states 3200 bytes; largest module 100 bytes.
+    w, g, o = 800, 1600, 3200
+    ddp = shard_states(w, g, o, 8, "ddp")
+    assert ddp.per_gpu_bytes == 5600 and ddp.saved_bytes == 0
+    z1 = shard_states(w, g, o, 8, "zero1")
+    assert (z1.weights_bytes, z1.gradient_bytes, z1.optimizer_state_bytes) == (800, 1600, 400)
+    z2 = shard_states(w, g, o, 8, "zero2")
+    assert (z2.weights_bytes, z2.gradient_bytes, z2.optimizer_state_bytes) == (800, 200, 400)
+    z3 = shard_states(w, g, o, 8, "zero3", largest_module_bytes=100)
+    assert (z3.weights_bytes, z3.gradient_bytes, z3.optimizer_state_bytes, z3.gathered_bytes) == (100, 200, 400, 200)
+    assert z3.per_gpu_bytes == 900 and z3.saved_bytes == 5600 - 900
+    # partitions are padded: 10 bytes over 4 GPUs is 3 each
+    assert shard_states(0, 0, 10, 4, "zero1").optimizer_state_bytes == 3
+    with pytest.raises(TargetError, match="zero4"):
+        shard_states(1, 1, 1, 2, "zero4")
+
+
+def deepspeed_zero2_gpu_bytes(total_params: int, gpus: int) -> int:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs (no offload), reproduced from its source.
+
+    gpu_mem = 2 * total_params + int(18 * total_params / total_gpus): 16-bit params replicated; 16-bit grads (2),
+    fp32 grads (4), fp32 params (4) and Adam's momentum and variance (8) partitioned.
+    """
+    return 2 * total_params + int(18 * total_params / gpus)
+
+
+def deepspeed_zero3_gpu_bytes(total_params: int, largest_layer_params: int, gpus: int) -> int:
+    """DeepSpeed's estimate_zero3_model_states_mem_needs (no offload): 4 x largest layer + 18 x params / GPUs."""
+    return 4 * largest_layer_params + int(18 * total_params / gpus)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8, 64])
+def test_sharding_agrees_with_deepspeeds_estimators(gpus: int) -> None:
+    # Mixed-precision Adam as DeepSpeed counts it: fp16 weights (2 B/param); gradients fp16 + fp32 (6 B/param);
+    # optimizer states fp32 master copy + momentum + variance (12 B/param).
+    params, largest = 7_000_000_000, 500_000_000
+    weights, gradients, states = 2 * params, 6 * params, 12 * params
+    z2 = shard_states(weights, gradients, states, gpus, "zero2")
+    assert z2.per_gpu_bytes == deepspeed_zero2_gpu_bytes(params, gpus)
+    z3 = shard_states(weights, gradients, states, gpus, "zero3", largest_module_bytes=2 * largest)
+    ds3 = deepspeed_zero3_gpu_bytes(params, largest, gpus)
+    if gpus == 1:
+        assert z3.per_gpu_bytes == weights + gradients + states  # nothing to gather on one GPU
+    else:
+        # DeepSpeed's stage-3 estimate counts 18 B/param partitioned; its stage-2 comment lists 20 (the fp16 weights
+        # too). We divide all 20, so we are higher by exactly the fp16 weights' partition: 2 B x params / GPUs.
+        assert z3.per_gpu_bytes - ds3 == 2 * params // gpus
+
+
+def test_sharded_fit_is_per_gpu_and_needs_training() -> None:
+    model = llama()
+    fixed = {"seq": 8, "past": 1}
+    options = TrainingOptions()
+    alone = fit(model, memory="4MiB", dims=fixed, training=options, what_if=False)
+    sharded = fit(model, memory="4MiB", dims=fixed, training=options, gpus=8, shard="zero3", what_if=False)
+    assert sharded.sharding is not None and sharded.sharding.stage == "zero3"
+    assert sharded.max_value >= alone.max_value
+    # per GPU: the training peak less what dividing the states live at that peak saves (sharding is at max_value)
+    b = sharded.max_value
+    at = onnxmem.analyze(model, {**fixed, "batch": b}, training=options).training
+    assert at is not None
+    live = {row.category: row.bytes for row in at.live_at_peak}
+    assert sharded.sharding.unsharded_bytes == sum(live.get(c, 0) for c in ("weights", "parameter gradients",
+                                                                            "optimizer state"))
+    point = next(p for p in sharded.curve if p.value == b)
+    assert point.peak_bytes == at.peak_bytes - sharded.sharding.saved_bytes
+    with pytest.raises(TargetError, match="needs --training"):
+        fit(model, memory="4MiB", dims=fixed, shard="zero2")
+
+
+# --- memory-aware order -----------------------------------------------------------------------------------------
+
+def sized(model: onnx.ModelProto, dims: dict[str, int] | None = None):  # type: ignore[no-untyped-def]
+    return build_graph(model, bind_and_infer(model, dims or {}).types)
+
+
+def test_memory_order_on_fanout_worked_by_hand() -> None:
+    # Model order u0, u1, u2, s1, y holds u0, u1, u2 and s1 at once: 4T. Running s1 = u0 + u1 before u2 frees u0 and
+    # u1 first: at most s1, u2 and y (3T).
+    graph = sized(graphs.fanout())
+    result = reorder(graph, model_order(graph))
+    assert (result.given_peak_bytes, result.peak_bytes, result.saved_bytes) == (4 * T, 3 * T, T)
+    names = [graph.ops[i].name for i in result.order]
+    assert names.index("Add_s1") < names.index("Sub_u2")
+
+
+@pytest.mark.parametrize("make", [graphs.chain, graphs.skip, graphs.inplace, graphs.alias, graphs.fanout])
+def test_memory_order_is_topological_and_never_kept_when_worse(make) -> None:  # type: ignore[no-untyped-def]
+    graph = sized(make())
+    order = memory_order(graph)
+    position = {op: step for step, op in enumerate(order)}
+    assert sorted(order) == list(range(len(graph.ops)))
+    for op in graph.ops:
+        for t in op.inputs:
+            producer = graph.tensors[t].producer if t >= 0 else None
+            if producer is not None:
+                assert position[producer] < position[op.index]
+    result = reorder(graph, model_order(graph))
+    assert result.peak_bytes <= liveness(graph, model_order(graph), DEFAULT_INFERENCE_RULES).peak_bytes
+
+
+def test_check_what_ifs_name_the_reordering_and_the_precision() -> None:
+    result = onnxmem.check(graphs.fanout(), memory="16MiB")
+    changes = {w.change: w for w in result.what_ifs}
+    assert changes["memory-aware execution order"].saved_bytes == T
+    assert changes["float32 -> float16 (weights and activations)"].peak_bytes == result.peak_bytes // 2
+    assert [w.saved_bytes for w in result.what_ifs] == sorted((w.saved_bytes for w in result.what_ifs), reverse=True)
+
+
+# --- check through the CLI --------------------------------------------------------------------------------------
+
+def readme_keys(schema: str) -> set[str]:
+    """Give the top-level keys the README documents for a JSON schema (its table's first column)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"`{schema}`", 1)[1].split("\n#", 1)[0]
+    return {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)(?:\[\])?`", section, re.M)}
+
+
+def test_check_exit_codes_and_json(tmp_path: Path) -> None:
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    peak = mlp_peak(8)
+    code, out, err = run("check", path, "--dim", "batch=8", "--budget", str(peak), "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)  # one JSON object, nothing else on stdout
+    assert document["fits"] is True and document["peak_bytes"] == peak and document["headroom_bytes"] == 0
+    assert set(document) == readme_keys("onnxmem.check/1")
+    assert document["schema"] == "onnxmem.check/1"
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", str(peak - 1), "--format", "json")
+    assert code == 1 and json.loads(out)["fits"] is False and json.loads(out)["headroom_bytes"] == -1
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", str(peak - 1))
+    assert code == 1 and "DOES NOT FIT" in out
+    code, out, _ = run("check", path, "--dim", "batch=8", "--gpu", "T4-16GB", "--runtime", "onnxruntime")
+    assert code == 0 and "FITS" in out and "stated default" in out
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--budget", "lots"), "size 'lots'"),
+    (("--gpu", "GTX-480"), "not in the catalog"),
+    ((), "exactly one of --memory"),
+    (("--budget", "1GB", "--shard", "zero2"), "needs --training"),
+])
+def test_check_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    code, out, err = run("check", path, "--dim", "batch=8", *args)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and err.startswith("onnxmem: error: ") and needle in err, err
+    code, _, err = run("check", str(tmp_path / "absent.onnx"), "--budget", "1GB")
+    assert code == 2 and "no such file" in err
+
+
+def test_fit_json_has_the_documented_keys(tmp_path: Path) -> None:
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    code, out, err = run("fit", path, "--memory", "1MiB", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert set(document) == readme_keys("onnxmem.fit/1")
+    assert document["dim"] == "batch" and document["max_value"] == (2**20 - MLP_WEIGHTS) // MLP_PER_ROW
+    assert document["max_power_of_two"] == 64 and document["budget_bytes"] == 2**20
+    assert all(set(p) >= {"value", "peak_bytes"} for p in document["curve"])
+    code, out, _ = run("fit", path, "--memory", "1MiB", "--format", "markdown")
+    assert code == 0 and "| batch | peak | required | fits |" in out
+
+
+def test_gpus_command_lists_the_catalog() -> None:
+    code, out, _ = run("gpus")
+    assert code == 0 and "A100-80GB" in out and "onnxruntime-arena" in out and "stated default" in out
+
+
+# --- fixtures (real exported models), when present --------------------------------------------------------------
+
+FIXTURES = sorted((ROOT / "fixtures").glob("*.onnx"))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_fit_on_fixtures(path: Path) -> None:
+    model = onnx.load(str(path), load_external_data=False)
+    names = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    if "batch" not in names:
+        pytest.skip("no batch dim")
+    fixed = {n: 8 for n in names if n != "batch" and "+" not in n}
+    one = onnxmem.analyze(str(path), {**fixed, "batch": 1}).inference.peak_bytes
+    for budget in (one - 1, 3 * one, 20 * one):
+        result = fit(str(path), memory=budget, dims=fixed, what_if=False)
+        b = result.max_value
+        if budget < one:
+            assert b == 0
+            continue
+        assert onnxmem.analyze(str(path), {**fixed, "batch": b}).inference.peak_bytes <= budget
+        assert onnxmem.analyze(str(path), {**fixed, "batch": b + 1}).inference.peak_bytes > budget

@@ -1,0 +1,156 @@
+"""Pictures and the HTML page: files are written and non-empty, the page is self-contained, the extra is named."""
+
+from __future__ import annotations
+
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto
+
+import onnxmem
+from benchmarks.llm_graphs import SHAPES, make_llama
+from onnxmem.cli import main
+from onnxmem.errors import MissingExtraError, OnnxMemError
+from onnxmem.html import check_page, fit_page, report_page
+from onnxmem.plan import inference_timeline, training_timeline
+from onnxmem.training import TrainingOptions
+
+from . import graphs
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def save(model: onnx.ModelProto, path: Path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+class _Page(HTMLParser):
+    """Collects what a page would fetch: any src/href attribute, script or link element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches: list[str] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag in ("script", "link", "img", "iframe", "object", "embed"):
+            self.fetches.append(tag)
+        self.fetches += [f"{k}={v}" for k, v in attrs if k in ("src", "href", "xlink:href")]
+
+
+def assert_self_contained(page: str) -> _Page:
+    parsed = _Page()
+    parsed.feed(page)
+    assert parsed.fetches == []
+    assert "http://" not in page and "https://" not in page and "url(" not in page
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    return parsed
+
+
+def test_inference_timeline_is_worked_by_hand() -> None:
+    # fanout (T = 4 MiB): x stays; u0, u1, u2 accumulate; at s1 all four activations are live.
+    series = inference_timeline(graphs.fanout())
+    t = graphs.T
+    assert series.live_bytes == (2 * t, 3 * t, 4 * t, 5 * t, 4 * t)
+    assert series.peak_index == 3 and series.peak_label == "Add Add_s1"
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_plots_are_written(tmp_path: Path, suffix: str) -> None:
+    pytest.importorskip("matplotlib")
+    from onnxmem.plot import save_plot
+
+    result = onnxmem.fit(graphs.symbolic_mlp(), memory="1MiB")
+    series = inference_timeline(graphs.symbolic_mlp(), {"batch": result.max_value})
+    path = save_plot(tmp_path / f"fit{suffix}", timeline=series, fit=result, budget_bytes=result.budget_bytes)
+    data = path.read_bytes()
+    assert len(data) > 5000
+    assert data.startswith(PNG_MAGIC) if suffix == ".png" else b"<svg" in data[:2000]
+
+
+def test_cli_plots_for_report_fit_and_check(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    model = save(make_llama(SHAPES["tiny"], TensorProto.FLOAT), tmp_path / "tiny.onnx")
+    dims = ("--dim", "seq=16", "--dim", "past=1")
+    for command, extra in (("report", ("--dim", "batch=2")), ("fit", ("--memory", "4MiB")),
+                           ("check", ("--dim", "batch=2", "--budget", "4MiB", "--training"))):
+        out_file = tmp_path / f"{command}.png"
+        code, _, err = run(command, model, *dims, *extra, "--plot", str(out_file))
+        assert code == 0, err
+        assert out_file.read_bytes().startswith(PNG_MAGIC) and out_file.stat().st_size > 5000
+
+
+def test_plot_needs_a_png_or_svg_name(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from onnxmem.plot import save_plot
+
+    with pytest.raises(OnnxMemError, match=r"\.png or \.svg"):
+        save_plot(tmp_path / "fit.bmp", timeline=inference_timeline(graphs.chain()))
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxmem.plot import save_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(MissingExtraError, match=r'pip install "onnxmem\[plot\]"'):
+        save_plot(tmp_path / "x.png", timeline=inference_timeline(graphs.chain()))
+    code, _, err = run("report", save(graphs.chain(), tmp_path / "m.onnx"), "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and "onnxmem[plot]" in err
+
+
+def test_html_pages_are_self_contained() -> None:
+    model = graphs.fanout()
+    report = onnxmem.analyze(model)
+    page = report_page(report, inference_timeline(model))
+    parsed = assert_self_contained(page)
+    assert "svg" in parsed.tags and "table" in parsed.tags
+    assert "Add_s1" in page  # the peak node, named
+    for t in report.inference.live_at_peak:
+        assert t.name in page  # the live set at the peak
+    result = onnxmem.fit(graphs.symbolic_mlp(), memory="1MiB")
+    page = fit_page(result, inference_timeline(graphs.symbolic_mlp(), {"batch": result.max_value}))
+    assert_self_contained(page)
+    assert page.count("<svg") == 2 and f"largest batch that fits: {result.max_value}" in page
+    gate = onnxmem.check(model, memory="16MiB")
+    assert "DOES NOT FIT" in assert_self_contained_and_return(check_page(gate, inference_timeline(model)))
+
+
+def assert_self_contained_and_return(page: str) -> str:
+    assert_self_contained(page)
+    return page
+
+
+def test_html_through_the_cli_including_training(tmp_path: Path) -> None:
+    model = save(make_llama(SHAPES["tiny"], TensorProto.FLOAT), tmp_path / "tiny.onnx")
+    dims = ("--dim", "seq=16", "--dim", "past=1", "--dim", "batch=2")
+    code, out, err = run("report", model, *dims, "--training", "--format", "html")
+    assert code == 0, err
+    parsed = assert_self_contained(out)
+    assert "svg" in parsed.tags and "backward" in out
+    page = tmp_path / "report.html"
+    page.write_text(out)
+    assert page.stat().st_size > 2000
+    code, out, _ = run("check", model, *dims, "--budget", "1KiB", "--format", "html")
+    assert code == 1 and "DOES NOT FIT" in out
+    assert_self_contained(out)
+
+
+def test_training_timeline_has_both_steps_and_marks_the_peak() -> None:
+    model = make_llama(SHAPES["tiny"], TensorProto.FLOAT)
+    report = onnxmem.analyze(model, {"batch": 2, "seq": 16, "past": 1}, training=TrainingOptions())
+    assert report.training is not None
+    series = training_timeline(report)
+    assert {"forward", "backward", "optimizer"} <= set(series.phases)
+    assert max(series.live_bytes) == report.training.peak_bytes
+    assert series.live_bytes[series.peak_index] == report.training.peak_bytes
