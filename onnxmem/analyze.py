@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -22,10 +22,11 @@ _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
 
 def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
-            default_dim: int | None = None, order: str = "model",
+            default_dim: int | None = None, order: str | Sequence[str] = "model",
             rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims.
 
+    `order` names an order (model, ort, memory, topological) or lists the node names in the order they run.
     With `training`, the report also gives the memory of one training step (report.training).
     """
     return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
@@ -33,7 +34,7 @@ def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, 
 
 
 def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-                   order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+                   order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
@@ -50,14 +51,14 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
 
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
-                 order: str = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+                 order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
     """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing)."""
     steps = execution_order(graph, order)
     timeline = liveness(graph, steps, rules)
     return Report(
         model=str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>"),
         dims=dict(dims),
-        order=order,
+        order=order if isinstance(order, str) else "given",
         nodes=len(graph.ops),
         tensors=len(graph.tensors),
         opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .dtypes import element_bits
 from .graph import ACTIVATION, OUTPUT, ModelGraph, Tensor
 from .rules import InferenceRules
+from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
 
@@ -129,9 +130,11 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
 
     subgraph_bytes = [0] * steps
     for step, op_index in enumerate(order):
-        subs = graph.ops[op_index].subgraphs
-        if subs:
-            subgraph_bytes[step] = max(subgraph_peak(sub, rules) for sub in subs)
+        op = graph.ops[op_index]
+        if op.subgraphs:
+            separate = op.op_type in BODY_OUTPUTS_SEPARATE
+            subgraph_bytes[step] = max(subgraph_peak(sub, rules, separate) for sub in op.subgraphs) + \
+                BODY_STATE_BYTES.get(op.op_type, 0)
 
     live = []
     running = 0
@@ -155,10 +158,11 @@ def _same_size(a: Tensor, b: Tensor) -> bool:
     return element_bits(a.dtype) == element_bits(b.dtype)
 
 
-def subgraph_peak(sub: ModelGraph, rules: InferenceRules) -> int:
-    """Give the most bytes a subgraph's own intermediates hold at once (its outputs are its node's outputs)."""
+def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False) -> int:
+    """Give the most bytes a subgraph holds at once: its intermediates, and its outputs when they are buffers of
+    their own (a Loop's body) rather than its node's outputs (an If's branch)."""
     from .schedule import model_order
 
     if not sub.ops:
         return 0
-    return liveness(sub, model_order(sub), rules, count_graph_outputs=False).peak_bytes
+    return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs).peak_bytes

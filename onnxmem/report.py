@@ -189,16 +189,16 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """Give the report as JSON-ready builtins (the documented schema)."""
-        return _plain(self)
+        return plain(self)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     return value
 
 
@@ -302,7 +302,7 @@ class FitResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
-        return _plain(self)
+        return plain(self)
 
 
 @dataclass(frozen=True)
@@ -326,4 +326,4 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
-        return _plain(self)
+        return plain(self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .errors import ModelFileError
 from .graph import ModelGraph
 
@@ -31,6 +33,28 @@ def topological_order(graph: ModelGraph) -> list[int]:
         cycle = nx.find_cycle(graph.nx)
         names = [graph.ops[a].name for a, _ in cycle if a < n]
         raise ModelFileError(f"invalid graph: it has a cycle through nodes {', '.join(names[:5])}") from None
+
+
+def named_order(graph: ModelGraph, names: Sequence[str]) -> list[int]:
+    """Give the ops in the order of their names; an op missing from the list or out of topological order is an
+    error, except Constant ops (initializers to a runtime), which run first."""
+    index = {op.name: op.index for op in graph.ops}
+    unknown = [n for n in names if n not in index]
+    if unknown:
+        raise ModelFileError(f"execution order names nodes the graph does not have: {', '.join(unknown[:5])}")
+    listed = [index[n] for n in names]
+    constants = [op.index for op in graph.ops if op.op_type == "Constant" and op.index not in set(listed)]
+    order = constants + listed
+    if sorted(order) != list(range(len(graph.ops))):
+        missing = ", ".join(graph.ops[i].name for i in sorted(set(range(len(graph.ops))) - set(order))[:5])
+        raise ModelFileError(f"execution order misses or repeats nodes: {missing or 'a node listed twice'}")
+    step = {op: s for s, op in enumerate(order)}
+    for op in order:
+        for t in (*graph.ops[op].inputs, *graph.ops[op].implicit_inputs):
+            producer = graph.tensors[t].producer if t >= 0 else None
+            if producer is not None and step[producer] > step[op]:
+                raise ModelFileError(f"execution order runs '{graph.ops[op].name}' before its input's producer")
+    return order
 
 
 def ort_order(graph: ModelGraph) -> list[int]:
@@ -72,8 +96,11 @@ def ort_order(graph: ModelGraph) -> list[int]:
     return order
 
 
-def execution_order(graph: ModelGraph, name: str) -> list[int]:
-    """Give the named order: the model's, onnxruntime's, a memory-aware greedy one, or a topological sort."""
+def execution_order(graph: ModelGraph, name: str | Sequence[str]) -> list[int]:
+    """Give the named order (the model's, onnxruntime's, a memory-aware greedy one, a topological sort), or the
+    order given as a list of node names (as a runtime's profile lists them)."""
+    if not isinstance(name, str):
+        return named_order(graph, name)
     if name == "model":
         return model_order(graph)
     if name == "ort":

@@ -38,3 +38,22 @@ IN_PLACE: set[str] = {
     "LogSoftmax",
     "Cast",  # only between types of the same element size (float32 -> int32), as the planner checks
 }
+
+# Weights onnxruntime's CPU kernels prepack into the arena at session creation (the only initializers the arena
+# counts): op type -> input index. MLAS packs a float32 [K, N] MatMul weight (a [N, K] one for Gemm with transB)
+# into K x round_up(N, 16) floats (measured on [1024,1024], [100,10], [37,21], [64,1000]: exact). Conv weights
+# are not prepacked.
+PREPACKED: dict[str, int] = {
+    "MatMul": 1,
+    "Gemm": 1,
+}
+PREPACK_COLUMN_ALIGNMENT = 16
+# Initializers smaller than this are copied into the arena; larger ones are used in place from the model's
+# bytes (measured: float32 [31] in the arena, [32] not; int64 [2] in, [16] not).
+ARENA_COPIED_INITIALIZER_BYTES = 128
+
+# Control flow. An If's branch writes its outputs straight into the If's outputs; a Loop's or Scan's body
+# outputs are buffers of their own each iteration (copied out), so they count inside the body too.
+BODY_OUTPUTS_SEPARATE: set[str] = {"Loop", "Scan"}
+# Scalars a control-flow op allocates to feed its body: Loop's iteration counter (int64) and condition (bool).
+BODY_STATE_BYTES: dict[str, int] = {"Loop": 9}

@@ -1,0 +1,192 @@
+"""validate(): run the model in onnxruntime and compare what it allocated with the estimate, run by run.
+
+The estimate is made on the graph onnxruntime actually ran (its optimized model), in the order it ran the nodes
+(from its profile), with the rule tables that mirror its planner. A first run allocates tensor by tensor: its
+activation peak is the liveness peak. From the second run on, with the memory pattern, onnxruntime allocates one
+block for every intermediate planned in the first run and holds it for the whole run, graph outputs on top: the
+steady-state estimate is the peak of intermediates (outputs apart) plus the outputs. Weights: onnxruntime's arena
+holds only the weights its kernels prepack (MatMul/Gemm right-hand sides), which it pads; plain initializers live
+outside the arena and are not measured.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from .analyze import analyze, analyze_loaded
+from .graph import WEIGHT, ModelGraph, build_graph
+from .liveness import liveness
+from .load import load_model
+from .report import Warning, plain
+from .rules import DEFAULT_INFERENCE_RULES
+from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_COLUMN_ALIGNMENT, PREPACKED
+from .schedule import execution_order
+from .shapes import bind_and_infer
+
+SCHEMA = "onnxmem.validate/1"
+PROVIDERS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Bytes of one run, measured or estimated."""
+
+    peak_activation_bytes: int
+    weights_bytes: int  # weights the runtime's allocator holds (CPU: prepacked MatMul/Gemm weights)
+
+
+@dataclass(frozen=True)
+class RunValidation:
+    """One run: the measurement, the estimate and their difference."""
+
+    run_index: int
+    phase: str  # "first" (tensor by tensor) or "steady" (memory pattern block, second run on)
+    measured: Figures
+    estimated: Figures
+    activation_difference_bytes: int  # estimated - measured
+    activation_difference_percent: float | None  # of measured; None when measured is 0
+    weights_difference_bytes: int
+    measured_peak_node: str
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What onnxruntime allocated against what onnxmem estimated, with every pinned setting."""
+
+    model: str
+    provider: str
+    opt_level: str
+    dims: dict[str, int]
+    settings: dict[str, str]
+    runs: tuple[RunValidation, ...]
+    raw_estimate: Figures  # `onnxmem report` on the model as given (its own order): what a user sees
+    nodes_run: int  # nodes in the graph onnxruntime ran
+    notes: tuple[str, ...]
+    warnings: tuple[Warning, ...]
+    schema: str = field(default=SCHEMA)
+
+    @property
+    def exact(self) -> bool:
+        """Say whether every run agrees to the byte on activations."""
+        return all(r.activation_difference_bytes == 0 for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Give the validation as JSON-ready builtins (schema onnxmem.validate/1)."""
+        return plain(self)
+
+
+def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
+             provider: str = "cpu", opt_level: str = "disable", runs: int = 2, mem_pattern: bool = True,
+             default_dim: int | None = None) -> Validation:
+    """Give the comparison of onnxruntime's real allocations with the estimate, for each of `runs` runs."""
+    from .runtime.inputs import make_feeds
+
+    loaded = load_model(model)
+    sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
+    feeds = make_feeds(loaded.proto, sized.dims)
+    source: str | onnx.ModelProto = str(loaded.path) if loaded.path else loaded.proto
+    if provider == "cuda":
+        from .runtime.cuda import measure_cuda
+
+        measure_cuda(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
+        raise NotImplementedError  # pragma: no cover - reached only on a GPU machine, see measure_cuda
+    if provider != "cpu":
+        from .errors import OnnxMemError
+
+        raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
+    from .runtime.cpu import measure_cpu
+
+    measured = measure_cpu(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
+    ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
+    ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
+    graph = build_graph(ran, ran_sized.types)
+    # The profile also lists nodes of If/Loop bodies; the main graph's order is what the sweep needs.
+    main = {op.name for op in graph.ops}
+    ran_names = list(dict.fromkeys(n for n in measured.execution_order if n in main))
+    order = execution_order(graph, ran_names) if ran_names else execution_order(graph, "ort")
+    first = liveness(graph, order, DEFAULT_INFERENCE_RULES).peak_bytes
+    steady = liveness(graph, order, DEFAULT_INFERENCE_RULES, count_graph_outputs=False).peak_bytes + \
+        sum(graph.tensors[t].nbytes or 0 for t in graph.outputs if graph.tensors[t].producer is not None)
+    weights = arena_weight_bytes(graph, ran)
+    results = []
+    for run in measured.runs:
+        pattern = mem_pattern and run.run_index > 0
+        estimate = Figures(steady if pattern else first, weights)
+        observed = Figures(run.peak_activation_bytes, run.baseline_bytes)
+        difference = estimate.peak_activation_bytes - observed.peak_activation_bytes
+        results.append(RunValidation(
+            run_index=run.run_index, phase="steady" if pattern else "first", measured=observed, estimated=estimate,
+            activation_difference_bytes=difference,
+            activation_difference_percent=round(100 * difference / observed.peak_activation_bytes, 3)
+            if observed.peak_activation_bytes else None,
+            weights_difference_bytes=weights - run.baseline_bytes, measured_peak_node=run.peak_node))
+    raw = analyze_loaded(loaded, sized.dims).inference
+    return Validation(
+        model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
+        dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
+        raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
+        notes=(*_notes(), *_control_flow_notes(graph)), warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings))
+
+
+def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
+    """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED) and
+    initializers too small to be used in place (ARENA_COPIED_INITIALIZER_BYTES)."""
+    # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
+    transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
+                  and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
+    total = 0
+    seen: set[int] = set()
+    for op in graph.ops:
+        slot = PREPACKED.get(op.op_type) if op.domain in ("", "ai.onnx") else None
+        if slot is None or slot >= len(op.inputs) or op.inputs[slot] < 0:
+            continue
+        weight = graph.tensors[op.inputs[slot]]
+        if weight.kind != WEIGHT or weight.index in seen or weight.dtype != onnx.TensorProto.FLOAT \
+                or weight.shape is None or len(weight.shape) != 2:
+            continue
+        rows, columns = weight.shape
+        assert isinstance(rows, int) and isinstance(columns, int)
+        if op.name in transposed:
+            rows, columns = columns, rows
+        seen.add(weight.index)
+        aligned = -(-columns // PREPACK_COLUMN_ALIGNMENT) * PREPACK_COLUMN_ALIGNMENT
+        total += rows * aligned * 4
+    for weight in graph.tensors:
+        if weight.kind == WEIGHT and weight.index not in seen and weight.nbytes is not None \
+                and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None:
+            total += weight.nbytes
+    return total
+
+
+def _dims_of(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, int]:
+    from .shapes import input_dims
+
+    names = {d.name for d in input_dims(model)}
+    return {k: v for k, v in dims.items() if k in names}
+
+
+def _control_flow_notes(graph: ModelGraph) -> tuple[str, ...]:
+    names = [op.name for op in graph.ops if op.op_type == "If"]
+    if not names:
+        return ()
+    return (f"If nodes ({', '.join(names[:5])}): the estimate counts the larger branch, the run takes the branch "
+            "its condition selects, so the estimate is an upper bound there",)
+
+
+def _notes() -> tuple[str, ...]:
+    return (
+        "measured: onnxruntime's profiler allocator statistics (mem_bytes_requested_in_use), exact on CPU; "
+        "scratch memory a kernel allocates and frees inside itself is not seen",
+        "estimated on the graph onnxruntime ran, in the order it ran it; steady runs: the memory-pattern block "
+        "(intermediates' peak) plus graph outputs",
+        "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns) and initializers under "
+        "128 bytes; larger initializers are used in place from the model and are not measured",
+    )
+
+
+__all__ = ["Figures", "RunValidation", "Validation", "analyze", "arena_weight_bytes", "validate"]
