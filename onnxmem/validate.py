@@ -130,7 +130,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
-        notes=(*_notes(), *_control_flow_notes(graph)), warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings))
+        notes=(*_notes(), *_control_flow_notes(graph)),
+        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings))
 
 
 def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
