@@ -16,11 +16,13 @@ from .errors import OnnxMemError
 from .plan import RUNTIMES, SHARD_STAGES, inference_timeline, training_timeline
 from .plan import check as plan_check
 from .plan import fit as plan_fit
-from .render import render, render_check, render_fit, render_targets
+from .render import render, render_check, render_fit, render_targets, render_validation
 from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
+from .runtime.cpu import OPT_LEVELS
 from .schedule import ORDERS
 from .shapes import parse_dims
 from .training import DEVICES, PRECISIONS, training_options
+from .validate import PROVIDERS
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -240,6 +242,35 @@ def _training_from(flags: dict[str, Any]) -> Any:
         return None
     flags["train"] = flags.pop("train_only")
     return training_options(**flags)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable).")
+@click.option("--default-dim", type=int, default=None, metavar="N", help="Bind every dim not given to N.")
+@click.option("--provider", type=click.Choice(PROVIDERS), default="cpu", show_default=True,
+              help="Where onnxruntime runs the model (cuda needs the gpu extra and an NVIDIA GPU).")
+@click.option("--opt-level", type=click.Choice(OPT_LEVELS), default="disable", show_default=True,
+              help="onnxruntime's graph optimization level; the estimate is made on the graph it ran.")
+@click.option("--runs", type=click.IntRange(1, 100), default=2, show_default=True,
+              help="Runs to measure: the first allocates tensor by tensor, later ones use the memory pattern.")
+@click.option("--mem-pattern/--no-mem-pattern", default=True, show_default=True,
+              help="onnxruntime's memory pattern (one planned block from the second run on).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+              show_default=True)
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+def validate(model: str, dims: tuple[str, ...], default_dim: int | None, provider: str, opt_level: str, runs: int,
+             mem_pattern: bool, fmt: str, debug: bool) -> None:
+    """Run MODEL in onnxruntime and compare its real allocations with the estimate, run by run."""
+
+    def work() -> None:
+        from .validate import validate as run_validation
+
+        result = run_validation(model, parse_dims(dims), provider=provider, opt_level=opt_level, runs=runs,
+                                mem_pattern=mem_pattern, default_dim=default_dim)
+        click.echo(render_validation(result, fmt))
+
+    _run(debug, work)
 
 
 @main.command()

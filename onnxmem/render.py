@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .report import CheckResult, FitResult, Report, Sharding, Target, TrainingReport, Warning, WhatIf
+
+if TYPE_CHECKING:
+    from .validate import Validation
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -310,3 +314,35 @@ def render_targets() -> str:
         out += [f"  {r.name} {format_bytes(r.bytes)}: {r.source}" for r in runtime.fixed_costs]
     out += ["", "Allocators"] + [f"{a.name}: {a.rule}" for a in ALLOCATORS.values()]
     return "\n".join(out)
+
+
+def render_validation(result: Validation, fmt: str) -> str:
+    """Give a validation (estimate against onnxruntime's allocations) as a table, JSON or markdown."""
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2)
+    markdown = fmt == "markdown"
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.2f}%"
+
+    rows = []
+    for run in result.runs:
+        rows.append((f"run {run.run_index} ({run.phase})", "activations",
+                     format_bytes(run.measured.peak_activation_bytes),
+                     format_bytes(run.estimated.peak_activation_bytes),
+                     f"{run.activation_difference_bytes:+,} B", pct(run.activation_difference_percent)))
+        rows.append(("", "weights in arena", format_bytes(run.measured.weights_bytes),
+                     format_bytes(run.estimated.weights_bytes), f"{run.weights_difference_bytes:+,} B", ""))
+    headers = ("run", "part", "measured", "estimated", "difference", "%")
+    verdict = "exact: every run agrees to the byte" if result.exact else "differs: see the notes"
+    out = [f"{'# ' if markdown else ''}onnxmem validate: {result.model}", "",
+           f"provider: {result.provider}   opt level: {result.opt_level}   dims: {dims}   "
+           f"nodes run: {result.nodes_run}", ""]
+    out += _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(2, 3, 4, 5))
+    out += ["", f"{verdict}; `onnxmem report` on the model as given estimates "
+                f"{format_bytes(result.raw_estimate.peak_activation_bytes)} of activations", ""]
+    out += [("- " if markdown else "") + "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items())]
+    out += [("- " if markdown else "note: ") + note for note in result.notes]
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")

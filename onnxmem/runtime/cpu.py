@@ -245,7 +245,7 @@ def measure_cpu(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[str
         "enable_cpu_mem_arena": "True",
         "enable_mem_reuse": "True",
         "enable_mem_pattern": str(bool(mem_pattern)),
-        "log_severity_level": "3",
+        "log_severity_level": "4",
         "session.disable_prepacking": "0",
         "runs": str(runs),
     }
@@ -263,7 +263,7 @@ def measure_cpu(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[str
         so.enable_cpu_mem_arena = True
         so.enable_mem_reuse = True
         so.enable_mem_pattern = bool(mem_pattern)
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # fatal only: a failed load is reported through the exception, on one line
         so.add_session_config_entry("session.disable_prepacking", "0")  # prepacked weights live in the arena
         so.enable_profiling = True
         so.profile_file_prefix = str(workdir / "ort_profile")
