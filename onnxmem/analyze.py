@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from .dtypes import dtype_name
-from .graph import INPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Timeline, liveness
 from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import bind_and_infer
+from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, infer_symbolic, input_dims
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -39,7 +39,8 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     """Give the memory report of a model already loaded (see analyze)."""
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     graph = build_graph(loaded.proto, sized.types)
-    report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules)
+    report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
+                          plan_shapes=planner_shapes(loaded.proto, graph, rules))
     if training is None:
         return report
     # Gradient accumulation: a micro-step's activations are those of the micro-batch.
@@ -50,11 +51,30 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
 
 
+def planner_shapes(model: onnx.ModelProto, graph: ModelGraph,
+                   rules: InferenceRules) -> list[tuple[Dim, ...] | None] | None:
+    """Give the shapes onnxruntime's planner compares to reuse buffers: those of the model before its dims are
+    bound (None: the graph's own shapes serve, as when the model has no symbolic input dim or no reuse rule)."""
+    if not (rules.in_place or rules.reuse_freed) or not input_dims(model):
+        return None
+    types = infer_symbolic(model)
+    return [_runtime_view(types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
+
+
+def _runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+    # ONNX names every dim it cannot infer 'unk__N'; onnxruntime leaves such a dim empty, and an empty dim
+    # equals nothing (measured: Softmax after a dynamic Reshape is not done in place).
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
+
+
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
-                 order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Report:
+                 order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+                 plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None) -> Report:
     """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing)."""
     steps = execution_order(graph, order)
-    timeline = liveness(graph, steps, rules)
+    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
     return Report(
         model=str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>"),
         dims=dict(dims),
@@ -80,7 +100,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     peak_op = graph.ops[timeline.order[step]] if step >= 0 else None
     live = [graph.tensors[t] for t in timeline.live_at(step)] if step >= 0 else []
     live.sort(key=lambda t: -(t.nbytes or 0))
-    owned = [t for t in graph.tensors if timeline.buffer_of[t.index] == t.index]
+    computed = [t for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT) and t.producer is not None
+                and timeline.view_of[t.index] == t.index]
     return InferenceReport(
         weights_bytes=weights_bytes,
         weights_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
@@ -91,7 +112,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         peak_node=peak_op.name if peak_op else "",
         peak_op_type=peak_op.op_type if peak_op else "",
         peak_step=step,
-        sum_activation_bytes=sum(t.nbytes or 0 for t in owned),
+        sum_activation_bytes=sum(t.nbytes or 0 for t in computed),
         live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
         by_op_type=_by_op_type(graph, timeline),
         by_layer=_by_layer(graph, timeline),

@@ -6,8 +6,9 @@ infers shapes at three probe values, fits every dim as base + slope x value from
 the fit only if the third probe agrees for every tensor. Each buffer's bytes are then a polynomial in the
 value (a product of affine dims times the element size), and so is the live total at every step: the peak at
 any value is the largest of those step polynomials, found among the few that no other step dominates
-coefficient by coefficient. The buffer plan (aliases, in-place reuse, lifetimes) is taken from the first
-probe and kept only when every buffer's members have the same polynomial (in-place needs equal sizes).
+coefficient by coefficient. The buffer plan (views, in-place writes, reuse of freed buffers, lifetimes) is taken
+from the first probe and kept only when every buffer's members have the same polynomial, and at each value only
+when no two tensors of different shapes at the probe happen to have equal shapes there (reuse needs equal shapes).
 Anything else (a conv stride's floor division, a subgraph, a packed 4-bit tensor, a dim that is not affine)
 falls back to full analysis at each value. `report(value, exact=True)` always does the full analysis.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze_loaded, report_graph
+from .analyze import analyze_loaded, planner_shapes, report_graph
 from .dtypes import element_bits, tensor_bytes
 from .graph import ModelGraph, build_graph
 from .liveness import Timeline, liveness
@@ -31,7 +32,10 @@ from .rules import DEFAULT_INFERENCE_RULES
 from .schedule import execution_order
 from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, bind_dims, input_dims
 
-_PROBES = (7, 11, 13)  # small primes: unlikely to equal a constant of the model
+# Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
+# seq + 5 at seq = 11), the buffer plan there is not the general one, and the next triple is tried.
+_PROBE_TRIPLES = ((7, 11, 13), (17, 19, 23), (29, 31, 37))
+Probes = tuple[int, int, int]
 Affine = tuple[tuple[int, int], ...]  # per dim: (base, slope); dim(value) = base + slope * value
 Poly = tuple[int, ...]  # coefficients of value**0, value**1, ...
 
@@ -42,6 +46,17 @@ class _Template:
     dims: list[Affine | None]  # per tensor; None: size unknown at every probe
     frontier: list[Poly]  # live-bytes polynomials of the steps that no other step dominates
     warnings: list[Warning]
+    signatures: list[tuple[int, Affine]]  # distinct (element bits, affine shape) of the sized tensors
+    plan_shapes: list[tuple[Dim, ...] | None] | None  # symbolic shapes the planner compares (None: bound ones)
+
+    def plan_holds(self, value: int) -> bool:
+        """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
+        and two tensors whose shapes differ at the probe must not happen to be equal here. A plan made on the
+        symbolic shapes (as onnxruntime's) does not depend on the value."""
+        if self.plan_shapes is not None:
+            return True
+        seen = {(bits, tuple(base + slope * value for base, slope in affine)) for bits, affine in self.signatures}
+        return len(seen) == len(self.signatures)
 
 
 class ModelFamily:
@@ -66,7 +81,7 @@ class ModelFamily:
         key = (value, exact)
         if key not in self._reports:
             template = None if exact else self._affine_template()
-            if template is None:
+            if template is None or not template.plan_holds(value):
                 self._reports[key] = analyze_loaded(self.loaded, self._binding(value), **self.options)
             else:
                 self._reports[key] = self._fast_report(template, value)
@@ -75,8 +90,8 @@ class ModelFamily:
     def peak_activation_bytes(self, value: int) -> int:
         """Give the inference activation peak at `value`: a few polynomial evaluations when affine."""
         template = self._affine_template()
-        if template is None:
-            return self.report(value).inference.peak_activation_bytes
+        if template is None or not template.plan_holds(value):
+            return self.report(value, exact=True).inference.peak_activation_bytes
         return max((_evaluate(poly, value) for poly in template.frontier), default=0)
 
     def _binding(self, value: int) -> dict[str, int]:
@@ -90,13 +105,22 @@ class ModelFamily:
         return self._template  # type: ignore[return-value]
 
     def _build_template(self) -> _Template | None:
+        for probes in _PROBE_TRIPLES:
+            template = self._template_at(probes)
+            if template is not False:
+                return template  # type: ignore[return-value]
+        return None
+
+    def _template_at(self, probes: Probes) -> _Template | None | bool:
+        """Give the template probed at three values, None where the family is not affine, False where two
+        shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
-        first = bind_and_infer(self.loaded.proto, self._binding(_PROBES[0]), default_dim)
+        first = bind_and_infer(self.loaded.proto, self._binding(probes[0]), default_dim)
         graph = build_graph(self.loaded.proto, first.types)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
-        for probe in _PROBES[1:]:
+        for probe in probes[1:]:
             types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim).types
             shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
         dims: list[Affine | None] = []
@@ -104,12 +128,14 @@ class ModelFamily:
             if tensor.nbytes is None and all(s is None or not _all_ints(s) for s in probed):
                 dims.append(None)
                 continue
-            affine = _fit_affine(probed)
+            affine = _fit_affine(probed, probes)
             if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        timeline = liveness(graph, execution_order(graph, self.options.get("order", "model")), rules)
+        plan_shapes = planner_shapes(self.loaded.proto, graph, rules)
+        timeline = liveness(graph, execution_order(graph, self.options.get("order", "model")), rules,
+                            plan_shapes=plan_shapes)
         polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in
                  zip(graph.tensors, dims, strict=True)]
         for t, owner in enumerate(timeline.buffer_of):
@@ -117,8 +143,11 @@ class ModelFamily:
                 return None  # a buffer shared by tensors whose sizes diverge: the plan may change with value
         if any(timeline.subgraph_bytes):
             return None
-        return _Template(graph, dims, _frontier(_step_polys(timeline, polys)),
-                         [*first.warnings, *graph.warnings])
+        signatures = sorted({(element_bits(t.dtype) or 0, d) for t, d in zip(graph.tensors, dims, strict=True)
+                             if d is not None})
+        template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
+                             signatures, plan_shapes)
+        return template if all(template.plan_holds(p) for p in probes) else False
 
     def _fast_report(self, template: _Template, value: int) -> Report:
         shapes: list[tuple[Dim, ...] | None] = []
@@ -137,17 +166,18 @@ class ModelFamily:
         graph = template.graph.with_sizes(shapes, sizes)
         bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
         options = {k: v for k, v in self.options.items() if k in ("order", "rules")}
-        return report_graph(self.loaded, graph, bound, list(template.warnings), **options)
+        return report_graph(self.loaded, graph, bound, list(template.warnings), plan_shapes=template.plan_shapes,
+                            **options)
 
 
 def _all_ints(shape: Sequence[Dim]) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def _fit_affine(probed: Sequence[tuple[Dim, ...] | None]) -> Affine | None:
+def _fit_affine(probed: Sequence[tuple[Dim, ...] | None], probes: Probes) -> Affine | None:
     if any(s is None or not _all_ints(s) for s in probed) or len({len(s) for s in probed if s is not None}) != 1:
         return None
-    (p1, p2, p3) = _PROBES
+    (p1, p2, p3) = probes
     affine = []
     for d1, d2, d3 in zip(*probed, strict=True):
         slope, remainder = divmod(d2 - d1, p2 - p1)

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .dtypes import element_bits
-from .graph import ACTIVATION, OUTPUT, ModelGraph, Tensor
+from .graph import ACTIVATION, OUTPUT, ModelGraph
 from .rules import InferenceRules
 from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES
+from .shapes import Dim
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
 
@@ -27,6 +28,7 @@ class Timeline:
     new_bytes: tuple[int, ...]  # bytes allocated at each step (live before the op = live - new)
     subgraph_bytes: tuple[int, ...]  # transient bytes of an If/Loop/Scan body at each step
     buffer_of: tuple[int, ...]  # per tensor: the tensor whose buffer it uses (itself, or -1: not an activation)
+    view_of: tuple[int, ...]  # per tensor: the tensor it is a view of (ALIASES), itself when it is none
     first_step: tuple[int, ...]  # per buffer-owning tensor: step it is allocated (-1: not a buffer)
     last_step: tuple[int, ...]  # per buffer-owning tensor: last step it is live
     unsized: tuple[int, ...]  # activation tensors whose size is unknown: counted as 0 bytes
@@ -59,9 +61,13 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules) -> list[int]:
     return root
 
 
-def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
-             count_graph_outputs: bool = True) -> Timeline:
-    """Give the timeline of live activation bytes when the graph runs in `order` under `rules`."""
+def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
+             plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None) -> Timeline:
+    """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
+
+    `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
+    are bound, on symbolic shapes); by default the tensors' own shapes.
+    """
     tensors = graph.tensors
     steps = len(order)
     end = steps - 1
@@ -71,6 +77,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
 
     # Buffer owners: views live in their input's buffer; in-place outputs join it below (union-find).
     owner = alias_roots(graph, rules)
+    view_of = tuple(owner)
 
     def find(t: int) -> int:
         while owner[t] != t:
@@ -91,21 +98,49 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
             first[root] = position[t.producer]
         last[root] = max(last[root], last_use)
 
-    # In place: the op's output takes its first input's buffer when that buffer dies at this very step.
+    # The buffer plan, step by step as onnxruntime's planner makes it: each new output takes its dying first
+    # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
+    # buffer of its own. A freed buffer that a later output takes stays allocated until that output dies.
+    shape_of = (lambda t: tensors[t].shape) if plan_shapes is None else plan_shapes.__getitem__
+
+    def size_key(t: int) -> tuple[object, ...] | None:
+        # onnxruntime's SameSize: the same element size and static shape, each dim an equal value or an equal
+        # symbolic name; a dim with neither is never equal to anything.
+        shape = shape_of(t)
+        if shape is None or tensors[t].nbytes is None or None in shape:
+            return None
+        return (element_bits(tensors[t].dtype), *shape)
+
+    # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
+    freed: dict[tuple[object, ...], list[int]] = {}
+    is_free: set[int] = set()
     for step, op_index in enumerate(order):
         op = graph.ops[op_index]
-        if not op.inputs or not op.outputs or op.inputs[0] < 0 or op.outputs[0] < 0:
-            continue
-        if not rules.may_run_in_place(op.op_type, op.domain):
-            continue
-        source, out = find(op.inputs[0]), find(op.outputs[0])
-        if source == out or tensors[source].kind != ACTIVATION or tensors[out].kind != ACTIVATION:
-            continue
-        if last[source] != step or not _same_size(tensors[op.inputs[0]], tensors[op.outputs[0]]):
-            continue
-        owner[out] = source
-        last[source] = max(last[source], last[out])
-        first[out] = last[out] = -1
+        for slot, out in enumerate(op.outputs):
+            if out < 0 or find(out) != out or tensors[out].kind != ACTIVATION:
+                continue  # a view, a graph output (its own buffer) or a Constant's value
+            key = size_key(out)
+            target = -1
+            if slot == 0 and op.inputs and op.inputs[0] >= 0 and rules.may_run_in_place(op.op_type, op.domain):
+                source = find(op.inputs[0])
+                if source != out and tensors[source].kind == ACTIVATION and last[source] == step \
+                        and key is not None and key == size_key(op.inputs[0]):
+                    target = source
+            if target < 0 and rules.reuse_freed and key is not None and len(key) > 1 and freed.get(key):
+                target = freed[key].pop()  # len(key) > 1: scalars are never reused
+                is_free.discard(target)
+            if target >= 0:
+                owner[out] = target
+                last[target] = max(last[target], last[out])
+                first[out] = last[out] = -1
+        if rules.reuse_freed:
+            for tensor_id in (*op.inputs, *op.implicit_inputs, *op.outputs):  # inputs first, then unread outputs
+                root = find(tensor_id) if tensor_id >= 0 else -1
+                if root >= 0 and last[root] == step and tensors[root].kind == ACTIVATION and root not in is_free:
+                    key = size_key(root)
+                    if key is not None:
+                        freed.setdefault(key, []).append(root)
+                        is_free.add(root)
 
     buffer_of = [-1] * len(tensors)
     delta = [0] * (steps + 1)
@@ -144,18 +179,11 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules,
     peak_step = max(range(steps), key=live.__getitem__) if steps else -1
     return Timeline(
         order=tuple(order), live_bytes=tuple(live), new_bytes=tuple(new_bytes),
-        subgraph_bytes=tuple(subgraph_bytes), buffer_of=tuple(buffer_of),
+        subgraph_bytes=tuple(subgraph_bytes), buffer_of=tuple(buffer_of), view_of=view_of,
         first_step=tuple(f if buffer_of[i] == i else -1 for i, f in enumerate(first)),
         last_step=tuple(last), unsized=tuple(unsized),
         peak_bytes=live[peak_step] if steps else 0, peak_step=peak_step,
     )
-
-
-def _same_size(a: Tensor, b: Tensor) -> bool:
-    # onnxruntime's SameSize: the same element size and the same static shape, not merely the same bytes.
-    if a.shape is None or b.shape is None or a.nbytes is None or b.nbytes is None or a.shape != b.shape:
-        return False
-    return element_bits(a.dtype) == element_bits(b.dtype)
 
 
 def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False) -> int:

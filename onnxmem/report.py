@@ -67,7 +67,7 @@ class InferenceReport:
     peak_node: str
     peak_op_type: str
     peak_step: int
-    sum_activation_bytes: int  # every activation buffer added up: what a hand formula would count
+    sum_activation_bytes: int  # every computed tensor but views added up: what a hand count adds
     live_at_peak: tuple[LiveTensor, ...]  # largest first
     by_op_type: tuple[OpTypeRow, ...]
     by_layer: tuple[LayerRow, ...]

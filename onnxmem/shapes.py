@@ -82,17 +82,53 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     free = input_dims(model)
     bound, bound_warnings = bind_dims(free, dims, default_dim)
     warnings = list(bound_warnings)
+    return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
+
+
+def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
+    """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
+    any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes)."""
+    return _infer(_constants_as_initializers(model), input_dims(model), {}, [], data_prop=False)
+
+
+def _constants_as_initializers(model: ModelProto) -> ModelProto:
+    # onnxruntime turns Constant nodes into initializers before it infers shapes, so their values reach
+    # inference (a Resize's scales, a Reshape's target) where ONNX alone, without data propagation, sees none.
+    constants = [n for n in model.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                 and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    if not constants:
+        return model
+    copy = ModelProto()
+    copy.CopyFrom(_without_initializers(model))
+    copy.graph.input.extend(model.graph.input)
+    copy.graph.output.extend(model.graph.output)
+    copy.graph.value_info.extend(model.graph.value_info)
+    copy.graph.initializer.extend(model.graph.initializer)
+    skip = {id(n) for n in constants}
+    for node in model.graph.node:
+        if id(node) in skip:
+            tensor = copy.graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = node.output[0]
+        else:
+            copy.graph.node.add().CopyFrom(node)
+    return copy
+
+
+def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
+           warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
     light = _shape_only_copy(model)
     _name_unnamed_dims(light.graph, free)
     _substitute(light.graph, bound)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
+                                                     data_prop=data_prop)
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         inferred = light
-    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+    if data_prop and _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
-    return SizedModel(model, _collect_types(inferred.graph, TypeDecoder()), bound, tuple(warnings))
+    return _collect_types(inferred.graph, TypeDecoder())
 
 
 def bind_dims(free: list[InputDim], dims: Mapping[str, int],

@@ -12,7 +12,8 @@ outside the arena and are not measured.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,10 +106,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
     graph = build_graph(ran, ran_sized.types)
-    # The profile also lists nodes of If/Loop bodies; the main graph's order is what the sweep needs.
-    main = {op.name for op in graph.ops}
-    ran_names = list(dict.fromkeys(n for n in measured.execution_order if n in main))
-    order = execution_order(graph, ran_names) if ran_names else execution_order(graph, "ort")
+    order = ran_order(graph, measured.execution_order) if measured.execution_order else \
+        execution_order(graph, "ort")
     first = liveness(graph, order, DEFAULT_INFERENCE_RULES).peak_bytes
     steady = liveness(graph, order, DEFAULT_INFERENCE_RULES, count_graph_outputs=False).peak_bytes + \
         sum(graph.tensors[t].nbytes or 0 for t in graph.outputs if graph.tensors[t].producer is not None)
@@ -162,6 +161,28 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
                 and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None:
             total += weight.nbytes
     return total
+
+
+def ran_order(graph: ModelGraph, names: Sequence[str]) -> list[int]:
+    """Give the graph's ops in the order a profile lists them (its names).
+
+    Nodes that onnxruntime expands from functions are unnamed in its saved graph and named '<OpType>_<n>' in
+    its profile; those are matched to the unnamed ops of that type in file order. Names of If/Loop body nodes
+    match nothing in the main graph and are skipped.
+    """
+    by_name = {op.name: op.index for op in graph.ops}
+    listed = set(names)
+    spare: dict[str, deque[int]] = defaultdict(deque)
+    for op in graph.ops:
+        if op.name not in listed:
+            spare[op.op_type].append(op.index)
+    order: list[int] = []
+    for name in dict.fromkeys(names):
+        if name in by_name:
+            order.append(by_name[name])
+        elif spare[name.rsplit("_", 1)[0]]:
+            order.append(spare[name.rsplit("_", 1)[0]].popleft())
+    return execution_order(graph, [graph.ops[i].name for i in order])
 
 
 def _dims_of(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, int]:

@@ -75,19 +75,37 @@ def brute_force_live_bytes(graph: ModelGraph, order: list[int], rules: Inference
             home[op.outputs[0]] = op.inputs[alias]
     for t in graph.tensors:
         members.setdefault(root(t.index), set()).add(t.index)
+    def group_last(r: int) -> int:
+        return max(last_read(m) for m in members[r])
+
+    def same(a: int, b: int) -> bool:
+        ta, tb = graph.tensors[a], graph.tensors[b]
+        return ta.shape is not None and ta.shape == tb.shape and ta.dtype == tb.dtype
+
+    free: list[int] = []  # onnxruntime's free list: most recently freed first, scanned from the front
     for step, op_index in enumerate(order):
         op = graph.ops[op_index]
-        if not rules.may_run_in_place(op.op_type, op.domain):
-            continue
-        src, out = root(op.inputs[0]), root(op.outputs[0])
-        if src == out or graph.tensors[src].kind != ACTIVATION or graph.tensors[out].kind != ACTIVATION:
-            continue
-        if max(last_read(m) for m in members[src]) != step:
-            continue
-        if graph.tensors[op.inputs[0]].shape != graph.tensors[op.outputs[0]].shape:
-            continue
-        home[out] = src
-        members[src] |= members.pop(out)
+        for slot, out in enumerate(op.outputs):
+            if root(out) != out or graph.tensors[out].kind != ACTIVATION:
+                continue
+            target = None
+            if slot == 0 and rules.may_run_in_place(op.op_type, op.domain):
+                src = root(op.inputs[0])
+                if src != out and graph.tensors[src].kind == ACTIVATION and group_last(src) == step \
+                        and same(op.inputs[0], out):
+                    target = src
+            if target is None and rules.reuse_freed and graph.tensors[out].shape:
+                target = next((b for b in free if same(b, out)), None)
+                if target is not None:
+                    free.remove(target)
+            if target is not None:
+                home[out] = target
+                members[target] |= members.pop(out)
+        if rules.reuse_freed:
+            for t in (*op.inputs, *op.outputs):
+                r = root(t)
+                if graph.tensors[r].kind == ACTIVATION and group_last(r) == step and r not in free:
+                    free.insert(0, r)
     live = []
     for step in range(len(order)):
         total = 0
@@ -121,13 +139,16 @@ def test_sweep_equals_brute_force_with_aliases_and_in_place(model: onnx.ModelPro
 
 @settings(max_examples=100, deadline=None)
 @given(random_dag())
-def test_peak_is_bounded_by_the_sum_and_by_reuse(model: onnx.ModelProto) -> None:
+def test_peak_is_bounded_by_the_sum_and_views_and_in_place_never_raise_it(model: onnx.ModelProto) -> None:
     graph = sized(model)
     order = model_order(graph)
     plain = liveness(graph, order, NO_REUSE_RULES)
-    reused = liveness(graph, order, DEFAULT_INFERENCE_RULES)
+    no_free_list = InferenceRules(DEFAULT_INFERENCE_RULES.aliases, DEFAULT_INFERENCE_RULES.in_place, reuse_freed=False)
+    shared = liveness(graph, order, no_free_list)
+    everything = liveness(graph, order, DEFAULT_INFERENCE_RULES)
     every_activation = sum(t.nbytes or 0 for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT))
-    assert plain.peak_bytes <= every_activation
-    assert reused.peak_bytes <= plain.peak_bytes
+    assert shared.peak_bytes <= plain.peak_bytes <= every_activation
+    # A freed buffer held for a later output can raise the peak, but never past the sum of all buffers.
+    assert everything.peak_bytes <= every_activation
     # The largest single op output must be live at some point.
     assert plain.peak_bytes >= max(t.nbytes or 0 for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT))

@@ -13,6 +13,7 @@ class InferenceRules:
 
     aliases: dict[str, int]  # op type -> input index whose buffer output 0 always shares
     in_place: frozenset[str]  # op types whose output 0 may reuse input 0's buffer when input 0 dies there
+    reuse_freed: bool = True  # a new output takes a freed buffer of its size, which stays held until then
 
     def alias_input(self, op_type: str, domain: str = "") -> int | None:
         """Give the input whose buffer the op's first output shares, or None."""
@@ -28,4 +29,4 @@ def _key(op_type: str, domain: str) -> str:
 
 
 DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE))
-NO_REUSE_RULES = InferenceRules({}, frozenset())
+NO_REUSE_RULES = InferenceRules({}, frozenset(), reuse_freed=False)
