@@ -15,7 +15,7 @@ from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, infer_symbolic, input_dims
+from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, infer_symbolic, input_dims, runtime_view
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -58,15 +58,7 @@ def planner_shapes(model: onnx.ModelProto, graph: ModelGraph,
     if not (rules.in_place or rules.reuse_freed) or not input_dims(model):
         return None
     types = infer_symbolic(model)
-    return [_runtime_view(types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
-
-
-def _runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
-    # ONNX names every dim it cannot infer 'unk__N'; onnxruntime leaves such a dim empty, and an empty dim
-    # equals nothing (measured: Softmax after a dynamic Reshape is not done in place).
-    if shape is None:
-        return None
-    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
+    return [runtime_view(types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
 
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
@@ -83,7 +75,7 @@ def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int]
         tensors=len(graph.tensors),
         opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},
         inference=summarize_inference(graph, timeline),
-        warnings=(*loaded.warnings, *warnings, *_size_warnings(graph, timeline)),
+        warnings=(*loaded.warnings, *warnings, *size_warnings(graph, timeline)),
     )
 
 
@@ -168,7 +160,8 @@ def _by_layer(graph: ModelGraph, timeline: Timeline) -> tuple[LayerRow, ...]:
     return tuple(LayerRow(k, *v) for k, v in rows.items())
 
 
-def _size_warnings(graph: ModelGraph, timeline: Timeline) -> list[Warning]:
+def size_warnings(graph: ModelGraph, timeline: Timeline) -> list[Warning]:
+    """Give the unknown-shape warning naming the activations the timeline could not size, if any."""
     if not timeline.unsized:
         return []
     names = []

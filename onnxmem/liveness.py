@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .dtypes import element_bits
-from .graph import ACTIVATION, OUTPUT, ModelGraph
+from .graph import ACTIVATION, OUTER, OUTPUT, ModelGraph
 from .rules import InferenceRules
 from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES
 from .shapes import Dim
@@ -40,20 +40,24 @@ class Timeline:
         return [t for t, first in enumerate(self.first_step) if 0 <= first <= step <= self.last_step[t]]
 
 
-def alias_roots(graph: ModelGraph, rules: InferenceRules) -> list[int]:
+def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = False) -> list[int]:
     """Give, per tensor, the tensor whose buffer it is a view of (itself when it is no view).
 
     A view (ALIASES) shares its input's buffer, whatever that is: an activation, a graph input or a weight.
-    A graph output is never a view: onnxruntime gives every output a buffer of its own.
+    A graph output is never a view: onnxruntime gives every output a buffer of its own, except in a Loop body,
+    where an Identity passing a body input (not the iteration number) through to an output shares it.
     """
     tensors = graph.tensors
+    passed_through = {t for t in graph.inputs[1:]} | {t.index for t in tensors if t.kind == OUTER} \
+        if loop_body else set()
     root = list(range(len(tensors)))
     for op in graph.ops:
         source = rules.alias_input(op.op_type, op.domain)
         if source is None or source >= len(op.inputs) or op.inputs[source] < 0 or not op.outputs:
             continue
         out = op.outputs[0]
-        if out >= 0 and tensors[out].kind != OUTPUT:
+        if out >= 0 and (tensors[out].kind != OUTPUT
+                         or (op.op_type == "Identity" and op.inputs[source] in passed_through)):
             root[out] = root[op.inputs[source]]
     for t in range(len(root)):  # an out-of-order file may leave chains: compress them
         while root[root[t]] != root[t]:
@@ -62,7 +66,7 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules) -> list[int]:
 
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
-             plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None) -> Timeline:
+             plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
 
     `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
@@ -76,7 +80,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         position[op_index] = step
 
     # Buffer owners: views live in their input's buffer; in-place outputs join it below (union-find).
-    owner = alias_roots(graph, rules)
+    owner = alias_roots(graph, rules, loop_body)
     view_of = tuple(owner)
 
     def find(t: int) -> int:
@@ -168,7 +172,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         op = graph.ops[op_index]
         if op.subgraphs:
             separate = op.op_type in BODY_OUTPUTS_SEPARATE
-            subgraph_bytes[step] = max(subgraph_peak(sub, rules, separate) for sub in op.subgraphs) + \
+            subgraph_bytes[step] = max(subgraph_peak(sub, rules, separate, op.op_type == "Loop")
+                                       for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 
     live = []
@@ -186,11 +191,49 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     )
 
 
-def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False) -> int:
+def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False, loop_body: bool = False) -> int:
     """Give the most bytes a subgraph holds at once: its intermediates, and its outputs when they are buffers of
     their own (a Loop's body) rather than its node's outputs (an If's branch)."""
     from .schedule import model_order
 
     if not sub.ops:
         return 0
-    return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs).peak_bytes
+    return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs, loop_body=loop_body).peak_bytes
+
+
+def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 64) -> int:
+    """Give the size of the one block onnxruntime's memory pattern allocates from the second run on.
+
+    Its MemPatternPlanner replays the first run's allocations and frees of planned buffers (graph outputs apart),
+    each rounded up to `alignment` bytes, placing each at the best-fitting gap between the blocks in use (the
+    smallest gap that holds it, else the end); the block is the highest end reached.
+    """
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
+    for t, first in enumerate(timeline.first_step):
+        size = graph.tensors[t].nbytes
+        if first < 0 or graph.tensors[t].kind != ACTIVATION or size is None:
+            continue
+        starts.setdefault(first, []).append(t)
+        ends.setdefault(timeline.last_step[t], []).append(t)
+    placed: list[tuple[int, int, int]] = []  # (offset, size, tensor), kept sorted by offset
+    block = 0
+    for step in range(len(timeline.order)):
+        for t in starts.get(step, ()):
+            size = -(-(graph.tensors[t].nbytes or 0) // alignment) * alignment
+            best, waste, current = None, None, 0
+            for index, (offset, length, _) in enumerate(placed):
+                gap = offset - current
+                if gap >= size and (waste is None or gap - size < waste):
+                    best, waste = (index, current), gap - size
+                current = max(current, offset + length)
+            if best is None:
+                index, offset = len(placed), (placed[-1][0] + placed[-1][1] if placed else 0)
+            else:
+                index, offset = best
+            placed.insert(index, (offset, size, t))
+            block = max(block, offset + size)
+        dead = set(ends.get(step, ()))
+        if dead:
+            placed = [p for p in placed if p[2] not in dead]
+    return block

@@ -14,6 +14,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .dtypes import tensor_bytes
 from .errors import DimError
 from .report import Warning
+from .rules.inference import SHAPE_AS
 
 # Integer initializers up to this many elements stay in the copy given to shape inference: they are the
 # shape, axes and index constants that data propagation needs. Everything else travels as a typed input.
@@ -91,6 +92,20 @@ def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
     return _infer(_constants_as_initializers(model), input_dims(model), {}, [], data_prop=False)
 
 
+def declared_types(model: ModelProto) -> dict[str, TensorType]:
+    """Give the types the model itself declares (inputs, outputs, value_info, initializers), inferring nothing."""
+    return _collect_types(model.graph, TypeDecoder())
+
+
+def runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+    """Give a shape as onnxruntime's planner holds it: ONNX names every dim it cannot infer 'unk__N', where
+    onnxruntime leaves the dim empty, and an empty dim equals nothing (measured: Softmax after a dynamic Reshape
+    is not done in place)."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
+
+
 def _constants_as_initializers(model: ModelProto) -> ModelProto:
     # onnxruntime turns Constant nodes into initializers before it infers shapes, so their values reach
     # inference (a Resize's scales, a Reshape's target) where ONNX alone, without data propagation, sees none.
@@ -118,6 +133,7 @@ def _constants_as_initializers(model: ModelProto) -> ModelProto:
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
            warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
     light = _shape_only_copy(model)
+    _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
     _substitute(light.graph, bound)
     try:
@@ -126,7 +142,7 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         inferred = light
-    if data_prop and _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
     return _collect_types(inferred.graph, TypeDecoder())
 
@@ -263,6 +279,22 @@ def _shape_only_copy(model: ModelProto) -> ModelProto:
     copy.CopyFrom(_without_initializers(model))
     _slim_graph(model.graph, copy.graph)
     return copy
+
+
+def _standardize_fused_ops(graph: GraphProto) -> None:
+    # The copy given to inference only: the graph the passes read keeps every node as it is.
+    for node in graph.node:
+        rule = SHAPE_AS.get(f"{node.domain}::{node.op_type}")
+        if rule is None:
+            continue
+        op_type, inputs, dropped = rule
+        if op_type == "MatMul" and any(a.name.startswith("trans") and a.i for a in node.attribute):
+            continue  # a transposing FusedMatMul is not a MatMul's shape: left for onnxruntime's inference
+        kept = [a for a in node.attribute if a.name not in dropped]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        del node.input[inputs:]
+        node.op_type, node.domain = op_type, ""
 
 
 def _without_initializers(model: ModelProto) -> ModelProto:

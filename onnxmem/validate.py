@@ -19,15 +19,15 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze, analyze_loaded
+from .analyze import analyze, analyze_loaded, size_warnings
 from .graph import WEIGHT, ModelGraph, build_graph
-from .liveness import liveness
+from .liveness import liveness, pattern_block_bytes
 from .load import load_model
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
-from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_COLUMN_ALIGNMENT, PREPACKED
+from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_PADDED_COLUMNS, PREPACKED
 from .schedule import execution_order
-from .shapes import bind_and_infer
+from .shapes import UNKNOWN_TYPE, bind_and_infer, declared_types, infer_symbolic, runtime_view
 
 SCHEMA = "onnxmem.validate/1"
 PROVIDERS = ("cpu", "cuda")
@@ -108,8 +108,13 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     graph = build_graph(ran, ran_sized.types)
     order = ran_order(graph, measured.execution_order) if measured.execution_order else \
         execution_order(graph, "ort")
-    first = liveness(graph, order, DEFAULT_INFERENCE_RULES).peak_bytes
-    steady = liveness(graph, order, DEFAULT_INFERENCE_RULES, count_graph_outputs=False).peak_bytes + \
+    # The saved graph declares the shapes onnxruntime planned with (symbolic dims, empty where it knew none).
+    plan_types = {**infer_symbolic(ran), **declared_types(ran)}
+    plan = [runtime_view(plan_types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
+    timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan)
+    first = timeline.peak_bytes
+    # If/Loop bodies allocate outside the pattern, while their node runs.
+    steady = pattern_block_bytes(graph, timeline) + max(timeline.subgraph_bytes, default=0) + \
         sum(graph.tensors[t].nbytes or 0 for t in graph.outputs if graph.tensors[t].producer is not None)
     weights = arena_weight_bytes(graph, ran)
     results = []
@@ -130,35 +135,41 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*_notes(), *_control_flow_notes(graph)),
-        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings))
+        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
 
 
 def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
     """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED) and
-    initializers too small to be used in place (ARENA_COPIED_INITIALIZER_BYTES)."""
+    initializers stored in the model too small to be used in place (ARENA_COPIED_INITIALIZER_BYTES)."""
     # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
     transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
                   and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
+    external = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
     total = 0
-    seen: set[int] = set()
+    packed: set[int] = set()
     for op in graph.ops:
-        slot = PREPACKED.get(op.op_type) if op.domain in ("", "ai.onnx") else None
-        if slot is None or slot >= len(op.inputs) or op.inputs[slot] < 0:
-            continue
-        weight = graph.tensors[op.inputs[slot]]
-        if weight.kind != WEIGHT or weight.index in seen or weight.dtype != onnx.TensorProto.FLOAT \
-                or weight.shape is None or len(weight.shape) != 2:
-            continue
-        rows, columns = weight.shape
-        assert isinstance(rows, int) and isinstance(columns, int)
-        if op.name in transposed:
-            rows, columns = columns, rows
-        seen.add(weight.index)
-        aligned = -(-columns // PREPACK_COLUMN_ALIGNMENT) * PREPACK_COLUMN_ALIGNMENT
-        total += rows * aligned * 4
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        for slot in PREPACKED.get(key, ()):
+            if slot >= len(op.inputs) or op.inputs[slot] < 0:
+                continue
+            weight = graph.tensors[op.inputs[slot]]
+            if weight.kind != WEIGHT or weight.index in packed or weight.dtype != onnx.TensorProto.FLOAT \
+                    or weight.shape is None or weight.nbytes is None:
+                continue
+            packed.add(weight.index)
+            alignment = PREPACK_PADDED_COLUMNS.get(key)
+            if alignment is None or len(weight.shape) != 2:
+                total += weight.nbytes
+                continue
+            rows, columns = weight.shape
+            assert isinstance(rows, int) and isinstance(columns, int)
+            if op.name in transposed:
+                rows, columns = columns, rows
+            total += rows * (-(-columns // alignment) * alignment) * 4
     for weight in graph.tensors:
-        if weight.kind == WEIGHT and weight.index not in seen and weight.nbytes is not None \
-                and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None:
+        if weight.kind == WEIGHT and weight.index not in packed and weight.nbytes is not None \
+                and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None \
+                and weight.name not in external:
             total += weight.nbytes
     return total
 
@@ -205,7 +216,7 @@ def _notes() -> tuple[str, ...]:
         "measured: onnxruntime's profiler allocator statistics (mem_bytes_requested_in_use), exact on CPU; "
         "scratch memory a kernel allocates and frees inside itself is not seen",
         "estimated on the graph onnxruntime ran, in the order it ran it; steady runs: the memory-pattern block "
-        "(intermediates' peak) plus graph outputs",
+        "(best-fit replay of the first run's planned buffers, 64-byte aligned) plus graph outputs",
         "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns) and initializers under "
         "128 bytes; larger initializers are used in place from the model and are not measured",
     )

@@ -39,17 +39,22 @@ IN_PLACE: set[str] = {
     "Cast",  # only between types of the same element size (float32 -> int32), as the planner checks
 }
 
-# Weights onnxruntime's CPU kernels prepack into the arena at session creation (the only initializers the arena
-# counts): op type -> input index. MLAS packs a float32 [K, N] MatMul weight (a [N, K] one for Gemm with transB)
-# into K x round_up(N, 16) floats (measured on [1024,1024], [100,10], [37,21], [64,1000]: exact). Conv weights
-# are not prepacked.
-PREPACKED: dict[str, int] = {
-    "MatMul": 1,
-    "Gemm": 1,
+# Weights onnxruntime's CPU kernels prepack into the arena at session creation (the only large initializers the
+# arena counts): op type -> the input slots it packs. MLAS packs a float32 [K, N] MatMul weight (a [N, K] one for
+# Gemm with transB) into K x round_up(N, 16) floats (measured on [1024,1024], [100,10], [37,21], [64,1000]:
+# exact); LSTM packs W and R, ConvTranspose and com.microsoft Attention their weight, at their own size (measured
+# on the fixtures: exact). Conv weights are not prepacked.
+PREPACKED: dict[str, tuple[int, ...]] = {
+    "MatMul": (1,),
+    "Gemm": (1,),
+    "LSTM": (1, 2),
+    "ConvTranspose": (1,),
+    "com.microsoft::Attention": (1,),
 }
-PREPACK_COLUMN_ALIGNMENT = 16
-# Initializers smaller than this are copied into the arena; larger ones are used in place from the model's
-# bytes (measured: float32 [31] in the arena, [32] not; int64 [2] in, [16] not).
+PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16}  # op type -> column alignment of the pack
+# Initializers stored in the model file and smaller than this are copied into the arena; larger ones are used in
+# place from the model's bytes, and external ones are loaded outside it (measured: float32 [31] in the arena, [32]
+# not; int64 [2] in, [16] not; a 40-byte external bias not).
 ARENA_COPIED_INITIALIZER_BYTES = 128
 
 # Control flow. An If's branch writes its outputs straight into the If's outputs; a Loop's or Scan's body
@@ -57,3 +62,14 @@ ARENA_COPIED_INITIALIZER_BYTES = 128
 BODY_OUTPUTS_SEPARATE: set[str] = {"Loop", "Scan"}
 # Scalars a control-flow op allocates to feed its body: Loop's iteration counter (int64) and condition (bool).
 BODY_STATE_BYTES: dict[str, int] = {"Loop": 9}
+
+# onnxruntime's fused operators (written into its optimized graphs) whose output shapes are those of a standard
+# operator: shape inference runs them as that operator, with their extra attributes and inputs dropped.
+# 'domain::OpType' -> (standard op type, inputs it keeps, attributes it drops)
+SHAPE_AS: dict[str, tuple[str, int, frozenset[str]]] = {
+    "com.microsoft::FusedConv": ("Conv", 3, frozenset({"activation", "activation_params"})),
+    "com.microsoft::FusedGemm": ("Gemm", 3, frozenset({"activation", "activation_alpha", "activation_beta",
+                                                        "activation_gamma"})),
+    # Only without transposes (transA/transB/transBatch* = 0): a scaled MatMul, the fusion seen on the fixtures.
+    "com.microsoft::FusedMatMul": ("MatMul", 2, frozenset({"alpha"})),
+}
