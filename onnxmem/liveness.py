@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .dtypes import element_bits
 from .graph import ACTIVATION, OUTER, OUTPUT, ModelGraph
 from .rules import InferenceRules
-from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES
+from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES, EXPANDED_INTERMEDIATES
 from .shapes import Dim
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
@@ -26,7 +26,7 @@ class Timeline:
     order: tuple[int, ...]
     live_bytes: tuple[int, ...]
     new_bytes: tuple[int, ...]  # bytes allocated at each step (live before the op = live - new)
-    subgraph_bytes: tuple[int, ...]  # transient bytes of an If/Loop/Scan body at each step
+    subgraph_bytes: tuple[int, ...]  # transient bytes at each step: an If/Loop/Scan body, an expanded function
     buffer_of: tuple[int, ...]  # per tensor: the tensor whose buffer it uses (itself, or -1: not an activation)
     view_of: tuple[int, ...]  # per tensor: the tensor it is a view of (ALIASES), itself when it is none
     first_step: tuple[int, ...]  # per buffer-owning tensor: step it is allocated (-1: not a buffer)
@@ -167,12 +167,15 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         delta[last[root] + 1] -= size
         new_bytes[first[root]] += size
 
-    subgraph_bytes = [0] * steps
+    subgraph_bytes = [0] * steps  # transient bytes while a step runs: control-flow bodies, expanded functions
     for step, op_index in enumerate(order):
         op = graph.ops[op_index]
+        extra = EXPANDED_INTERMEDIATES.get(op.op_type, 0) if op.domain in ("", "ai.onnx") else 0
+        if extra and op.outputs and op.outputs[0] >= 0:
+            subgraph_bytes[step] += extra * (tensors[op.outputs[0]].nbytes or 0)
         if op.subgraphs:
             separate = op.op_type in BODY_OUTPUTS_SEPARATE
-            subgraph_bytes[step] = max(subgraph_peak(sub, rules, separate, op.op_type == "Loop")
+            subgraph_bytes[step] += max(subgraph_peak(sub, rules, separate, op.op_type == "Loop")
                                        for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 

@@ -73,3 +73,10 @@ SHAPE_AS: dict[str, tuple[str, int, frozenset[str]]] = {
     # Only without transposes (transA/transB/transBatch* = 0): a scaled MatMul, the fusion seen on the fixtures.
     "com.microsoft::FusedMatMul": ("MatMul", 2, frozenset({"alpha"})),
 }
+
+# Operators onnxruntime's CPU provider has no kernel for and runs as their ONNX function body: while the op
+# runs, the body's intermediates are live too. Op type -> extra buffers the size of output 0 (HardSwish runs as
+# HardSigmoid then Mul: one intermediate; measured on the depthwise fixture).
+EXPANDED_INTERMEDIATES: dict[str, int] = {
+    "HardSwish": 1,
+}
