@@ -24,7 +24,7 @@ import onnx
 
 from .analyze import analyze_loaded, planner_shapes, report_graph
 from .dtypes import element_bits, tensor_bytes
-from .graph import ModelGraph, build_graph
+from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness
 from .load import load_model
 from .report import Report, Warning
@@ -48,6 +48,8 @@ class _Template:
     warnings: list[Warning]
     signatures: list[tuple[int, Affine]]  # distinct (element bits, affine shape) of the sized tensors
     plan_shapes: list[tuple[Dim, ...] | None] | None  # symbolic shapes the planner compares (None: bound ones)
+    weights_bytes: int
+    input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
 
     def plan_holds(self, value: int) -> bool:
         """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
@@ -93,6 +95,15 @@ class ModelFamily:
         if template is None or not template.plan_holds(value):
             return self.report(value, exact=True).inference.peak_activation_bytes
         return max((_evaluate(poly, value) for poly in template.frontier), default=0)
+
+    def inference_peak_bytes(self, value: int) -> tuple[int, int]:
+        """Give (weights + inputs + activation peak, weights) at `value`: cheap when the family is affine."""
+        template = self._affine_template()
+        if template is None or not template.plan_holds(value):
+            inference = self.report(value).inference
+            return inference.peak_bytes, inference.weights_bytes
+        inputs = sum(_evaluate(poly, value) for poly in template.input_polys)
+        return template.weights_bytes + inputs + self.peak_activation_bytes(value), template.weights_bytes
 
     def _binding(self, value: int) -> dict[str, int]:
         return {**self.dims, self.search: value}
@@ -145,8 +156,10 @@ class ModelFamily:
             return None
         signatures = sorted({(element_bits(t.dtype) or 0, d) for t, d in zip(graph.tensors, dims, strict=True)
                              if d is not None})
+        weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
+        inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
-                             signatures, plan_shapes)
+                             signatures, plan_shapes, weights, inputs)
         return template if all(template.plan_holds(p) for p in probes) else False
 
     def _fast_report(self, template: _Template, value: int) -> Report:

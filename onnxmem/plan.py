@@ -359,7 +359,11 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
 
     def evaluate(value: int) -> FitPoint:
         if value not in points:
-            need = needs[value] = _need(family.report(value), gpus, shard)
+            if training is None and not shard:  # the cheap path: no summaries for the points of a search
+                peak, weights = family.inference_peak_bytes(value)
+                need = needs[value] = _Need(peak, weights, "", None)
+            else:
+                need = needs[value] = _need(family.report(value), gpus, shard)
             required = _required(need, target)
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
         return points[value]

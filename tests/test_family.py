@@ -31,6 +31,7 @@ def test_fast_path_equals_full_analysis_on_a_decoder(search: str, fixed: dict[st
         exact = family.report(value, exact=True)
         assert family.report(value).to_dict() == exact.to_dict()
         assert family.peak_activation_bytes(value) == exact.inference.peak_activation_bytes
+        assert family.inference_peak_bytes(value) == (exact.inference.peak_bytes, exact.inference.weights_bytes)
 
 
 def test_strided_conv_over_image_size_is_not_affine_and_falls_back() -> None:
