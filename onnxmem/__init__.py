@@ -4,11 +4,14 @@ from .analyze import analyze
 from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError, TargetError
 from .plan import check, fit, parse_size
 from .report import CheckResult, FitResult, InferenceReport, Report, Warning
+from .training import TrainingOptions
+from .validate import Validation, validate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "analyze",
+    "validate",
     "fit",
     "check",
     "parse_size",
@@ -16,6 +19,8 @@ __all__ = [
     "CheckResult",
     "Report",
     "InferenceReport",
+    "TrainingOptions",
+    "Validation",
     "Warning",
     "OnnxMemError",
     "ModelFileError",
