@@ -383,11 +383,11 @@ def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> Model
     # onnxruntime's symbolic shape inference knows the com.microsoft contrib ops that ONNX's does not.
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
+    except ImportError as exc:  # onnxruntime, or the sympy its symbolic inference needs
         warnings.append(Warning(
             "contrib-shapes",
-            "the model has non-standard operators that ONNX shape inference does not know; "
-            "install onnxruntime (pip install \"onnxmem[cpu]\") for its symbolic shape inference",
+            "the model has non-standard operators that ONNX shape inference does not know, and onnxruntime's "
+            f"symbolic shape inference cannot run ({_one_line(exc)}): pip install \"onnxmem[cpu]\"",
         ))
         return model
     # Its public infer_shapes() saves the model into the current directory whenever any shape stays
