@@ -15,7 +15,7 @@ from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, infer_symbolic, input_dims, runtime_view
+from .shapes import UNKNOWN_TYPE, Dim, TensorType, bind_and_infer, infer_symbolic, input_dims, runtime_view
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -37,10 +37,11 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
-    sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
+    symbolic = planner_types(loaded.proto, rules)
+    sized = bind_and_infer(loaded.proto, dims or {}, default_dim, symbolic=symbolic)
     graph = build_graph(loaded.proto, sized.types)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
-                          plan_shapes=planner_shapes(loaded.proto, graph, rules))
+                          plan_shapes=planner_shapes(graph, symbolic))
     if training is None:
         return report
     # Gradient accumulation: a micro-step's activations are those of the micro-batch.
@@ -51,14 +52,22 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
 
 
-def planner_shapes(model: onnx.ModelProto, graph: ModelGraph,
-                   rules: InferenceRules) -> list[tuple[Dim, ...] | None] | None:
-    """Give the shapes onnxruntime's planner compares to reuse buffers: those of the model before its dims are
-    bound (None: the graph's own shapes serve, as when the model has no symbolic input dim or no reuse rule)."""
+def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, TensorType] | None:
+    """Give the types onnxruntime's planner compares to reuse buffers: the model's before its dims are bound
+    (None where the graph's own shapes serve: no symbolic input dim, or no rule that compares shapes).
+
+    The same types, evaluated at the bound dims, size the tensors without a second inference where they name
+    every dim (see bind_and_infer)."""
     if not (rules.in_place or rules.reuse_freed) or not input_dims(model):
         return None
-    types = infer_symbolic(model)
-    return [runtime_view(types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
+    return infer_symbolic(model)
+
+
+def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None) -> list[tuple[Dim, ...] | None] | None:
+    """Give, per tensor of the graph, its shape as the planner sees it (see planner_types)."""
+    if symbolic is None:
+        return None
+    return [runtime_view(symbolic.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
 
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,

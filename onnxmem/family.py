@@ -22,15 +22,15 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze_loaded, planner_shapes, report_graph
+from .analyze import analyze_loaded, planner_shapes, planner_types, report_graph
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness
 from .load import load_model
 from .report import Report, Warning
-from .rules import DEFAULT_INFERENCE_RULES
+from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, bind_and_infer, bind_dims, input_dims
+from .shapes import UNKNOWN_TYPE, Dim, TensorType, bind_and_infer, bind_dims, input_dims
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
 # seq + 5 at seq = 11), the buffer plan there is not the general one, and the next triple is tried.
@@ -72,6 +72,7 @@ class ModelFamily:
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
         self._reports: dict[tuple[int, bool], Report] = {}
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
+        self._symbolic_types: dict[str, TensorType] | None | bool = False  # False: not inferred yet
 
     @property
     def affine(self) -> bool:
@@ -105,6 +106,11 @@ class ModelFamily:
         inputs = sum(_evaluate(poly, value) for poly in template.input_polys)
         return template.weights_bytes + inputs + self.peak_activation_bytes(value), template.weights_bytes
 
+    def _symbolic(self, rules: InferenceRules) -> dict[str, TensorType] | None:
+        if self._symbolic_types is False:
+            self._symbolic_types = planner_types(self.loaded.proto, rules)
+        return self._symbolic_types  # type: ignore[return-value]
+
     def _binding(self, value: int) -> dict[str, int]:
         return {**self.dims, self.search: value}
 
@@ -126,13 +132,15 @@ class ModelFamily:
         """Give the template probed at three values, None where the family is not affine, False where two
         shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
-        first = bind_and_infer(self.loaded.proto, self._binding(probes[0]), default_dim)
+        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
+        symbolic = self._symbolic(rules)
+        first = bind_and_infer(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic=symbolic)
         graph = build_graph(self.loaded.proto, first.types)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
         for probe in probes[1:]:
-            types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim).types
+            types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim, symbolic=symbolic).types
             shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
         dims: list[Affine | None] = []
         for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
@@ -143,8 +151,7 @@ class ModelFamily:
             if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
-        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        plan_shapes = planner_shapes(self.loaded.proto, graph, rules)
+        plan_shapes = planner_shapes(graph, symbolic)
         timeline = liveness(graph, execution_order(graph, self.options.get("order", "model")), rules,
                             plan_shapes=plan_shapes)
         polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in

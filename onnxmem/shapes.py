@@ -78,12 +78,44 @@ def input_dims(model: ModelProto) -> list[InputDim]:
     return found
 
 
-def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None) -> SizedModel:
-    """Give a copy of the model with the user's dims bound and every shape inference can find filled in."""
+def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None,
+                   symbolic: Mapping[str, TensorType] | None = None) -> SizedModel:
+    """Give the type of every tensor with the user's dims bound.
+
+    Where `symbolic` (infer_symbolic's types) names every dim of every tensor, the bound types are those names
+    evaluated, and inference does not run again; otherwise inference runs on a copy with the dims bound.
+    """
     free = input_dims(model)
     bound, bound_warnings = bind_dims(free, dims, default_dim)
     warnings = list(bound_warnings)
+    if symbolic is not None:
+        types = evaluate_types(symbolic, bound)
+        if types is not None:
+            return SizedModel(model, types, bound, tuple(warnings))
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
+
+
+def evaluate_types(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> dict[str, TensorType] | None:
+    """Give the types with every named dim evaluated at `bound`, or None where any dim stays unknown."""
+    values: dict[str, int | None] = dict(bound)
+    types: dict[str, TensorType] = {}
+    for name, (dtype, shape, _) in symbolic.items():
+        if shape is None:
+            return None
+        sizes = []
+        for d in shape:
+            if isinstance(d, str):
+                if d not in values:
+                    values[d] = _evaluate_dim(d, bound) if not d.startswith("unk__") else None
+                d = values[d]
+            if d is None:
+                return None
+            sizes.append(d)
+        count = 1
+        for size in sizes:
+            count *= size
+        types[name] = (dtype, tuple(sizes), tensor_bytes(dtype, count))
+    return types
 
 
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
