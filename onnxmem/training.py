@@ -42,6 +42,8 @@ from .rules.training import (
     AUTOCAST_FP32,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
+    CPU_CHANNEL_BLOCK,
+    DECOMPOSED,
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
     EIGHT_BIT_MIN_ELEMENTS,
@@ -49,9 +51,12 @@ from .rules.training import (
     NOT_DIFFERENTIABLE,
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
+    RECURRENT,
     SAVED_FOR_BACKWARD,
     TRAINING_VIEWS,
+    Decomposed,
     OptimizerRule,
+    Recurrent,
     Saves,
 )
 
@@ -175,6 +180,7 @@ class _Model:
     model_output: int  # value the loss reads (or the loss itself)
     loss_value: int
     n_graph_nodes: int
+    hidden: list[int] = field(default_factory=list)  # intermediates of decomposed ops simulated as one op
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -360,6 +366,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     for op_index in order:
         op = graph.ops[op_index]
         nodes.append(_Node(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+    nodes, hidden = _fuse_decomposed(nodes, values, set(graph.outputs))
     n_graph_nodes = len(nodes)
 
     # The loss: appended after the model's first float output, unless that output is already a scalar.
@@ -531,6 +538,13 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
                 extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
         if rule.stats and node.inputs and node.inputs[0] >= 0:
             extra += 4 * rule.stats_values * _stat_count(graph, node, values[node.inputs[0]], rule.stats)
+        if rule.input_sized_extra and inputs and inputs[0] >= 0:
+            extra += rule.input_sized_extra * values[inputs[0]].nbytes
+        if rule.recurrent:
+            kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
+            extra += kept_bytes
+            if scratch:
+                backward_temporaries[n] = backward_temporaries.get(n, 0) + scratch
         if extra:
             extras[n] = extra
         if rule.batched_backward_temporaries and out0 is not None and not any(
@@ -540,7 +554,11 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
         if options.device == "cpu" and out0 is not None and (per_output or per_input):
             first_input = inputs[0] if inputs and inputs[0] >= 0 else None
             input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
-            backward_temporaries[n] = backward_temporaries.get(n, 0) + per_output * out0.nbytes \
+            output_bytes = out0.nbytes
+            if rule.cpu_blocked_channels:
+                output_bytes = _channel_padded(out0, output_bytes)
+                input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
+            backward_temporaries[n] = backward_temporaries.get(n, 0) + per_output * output_bytes \
                 + per_input * input_bytes
         for i, t in enumerate(inputs):
             if t < 0 or not needs_grad[t]:
@@ -557,7 +575,123 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
         members.setdefault(r, []).append(t)
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes, saved_by,
                   extras, cast_copies, weight_copies, new_grads, backward_temporaries, passthrough, unknown,
-                  model_output, loss_value, n_graph_nodes)
+                  model_output, loss_value, n_graph_nodes, hidden)
+
+
+def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph_outputs: set[int]) -> \
+        tuple[list[_Node], list[int]]:
+    """Give the nodes with every chain of rules.training.DECOMPOSED replaced by the one op it stands for (at the
+    chain's last node), and the intermediates the chains made."""
+    readers: dict[int, list[int]] = {}
+    for n, node in enumerate(nodes):
+        for t in node.inputs:
+            if t >= 0:
+                readers.setdefault(t, []).append(n)
+    fused: dict[int, _Node] = {}  # position of a chain's last node -> the op
+    removed: set[int] = set()
+    hidden: list[int] = []
+    for n in range(len(nodes)):
+        if n in removed:
+            continue
+        for pattern in DECOMPOSED:
+            chain = _match_chain(pattern, n, nodes, values, readers, graph_outputs)
+            if chain is None or any(m in removed or m in fused for m in chain):
+                continue
+            first, last = nodes[chain[0]], nodes[chain[-1]]
+            x = next(t for t in first.inputs if t >= 0 and values[t].numel != 1)
+            fused[chain[-1]] = _Node(pattern.op_type, "", last.name, first.layer, (x,), (last.outputs[0],),
+                                     last.graph_op)
+            removed.update(chain[:-1])
+            hidden.extend(nodes[m].outputs[0] for m in chain[:-1])
+            break
+    if not fused:
+        return nodes, []
+    return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
+
+
+def _match_chain(pattern: Decomposed, start: int, nodes: list[_Node], values: list[_Value],
+                 readers: dict[int, list[int]], graph_outputs: set[int]) -> list[int] | None:
+    """Give the positions of a chain of `pattern` starting at node `start`, or None."""
+
+    def scalar(t: int) -> bool:
+        return t >= 0 and values[t].numel == 1 and values[t].is_float
+
+    node = nodes[start]
+    if node.op_type != pattern.chain[0] or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    tensors = [t for t in node.inputs if t >= 0 and not scalar(t)]
+    if len(tensors) != 1 or len(node.inputs) - len(tensors) != sum(scalar(t) for t in node.inputs):
+        return None
+    x = tensors[0]
+    chain = [start]
+    for i, op_type in enumerate(pattern.chain[1:], start=1):
+        previous = nodes[chain[-1]].outputs[0]
+        if previous in graph_outputs or len(readers.get(previous, [])) != 1:
+            return None
+        m = readers[previous][0]
+        node = nodes[m]
+        if node.op_type != op_type or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        wanted = [previous, x] if i in pattern.reads_input else [previous]
+        rest = list(node.inputs)
+        for t in wanted:
+            if t not in rest:
+                return None
+            rest.remove(t)
+        if not all(scalar(t) for t in rest):
+            return None
+        chain.append(m)
+    return chain
+
+
+def _channel_padded(value: _Value, nbytes: int) -> int:
+    """Give a tensor's bytes with its channels (axis 1) padded to oneDNN's block (CPU_CHANNEL_BLOCK)."""
+    shape = value.shape
+    if not nbytes or shape is None or len(shape) < 3 or not isinstance(shape[1], int) or shape[1] <= 0:
+        return nbytes
+    channels = shape[1]
+    return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
+
+
+def _onednn_ld(n: int) -> int:
+    """Give oneDNN's leading dimension for n floats: a multiple of 16, not of 256 (4K aliasing)."""
+    ld = -(-n // 16) * 16
+    return ld + 16 if ld % 256 == 0 else ld
+
+
+def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int]:
+    """Give what a recurrent op keeps besides its tensors (workspace) and its backward's scratch, in bytes.
+
+    Shapes from the ONNX node: W [D, gates x H, I], R [D, gates x H, H], X of T x B x I elements, Y_h or
+    initial_h of D x B x H (any layout).
+    """
+
+    def shape(i: int, sources: tuple[int, ...]) -> tuple[int | str | None, ...] | None:
+        t = sources[i] if i < len(sources) else -1
+        return values[t].shape if t >= 0 else None
+
+    w, r = shape(1, node.inputs), shape(2, node.inputs)
+    x = values[node.inputs[0]] if node.inputs and node.inputs[0] >= 0 else None
+    states = shape(1, node.outputs) or shape(5, node.inputs)
+    if w is None or r is None or x is None or x.numel is None or states is None or len(w) != 3 or len(r) != 3:
+        return 0, 0
+    directions, features, hidden = w[0], w[2], r[2]
+    state_numel = _numel(states)
+    if not all(isinstance(d, int) and d > 0 for d in (directions, features, hidden)) or not state_numel:
+        return 0, 0
+    assert isinstance(directions, int) and isinstance(features, int) and isinstance(hidden, int)
+    batch = state_numel // (directions * hidden)
+    steps = x.numel // max(batch * features, 1)
+    if device == "cuda":
+        return 4 * directions * steps * batch * hidden * rule.cuda_values, 0
+    gates = _onednn_ld(rule.gates * hidden)
+    rows = steps * gates + rule.state_rows * (steps + 1) * _onednn_ld(max(features, hidden)) \
+        + (rule.diff_rows * (steps + 1) - 1) * _onednn_ld(hidden)
+    workspace = 4 * batch * rows
+    # the weights reordered, the gates' scratch, the final states' gradients (zeros when unused) and the
+    # initial states' gradients
+    scratch = 4 * gates * (features + hidden + steps * batch) + 4 * 4 * batch * hidden
+    return directions * workspace, directions * scratch
 
 
 def _stat_count(graph: ModelGraph, node: _Node, value: _Value, kind: str) -> int:
@@ -918,6 +1052,7 @@ def _hand_formula(model: _Model, options: TrainingOptions, rule: OptimizerRule, 
     """Give the CS231n rule of thumb: weights, gradients and states, every activation twice, the inputs."""
     activations = sum(v.nbytes for t, v in enumerate(model.values)
                       if model.root[t] == t and v.kind not in (WEIGHT, INPUT, "loss") and v.producer is not None)
+    activations += sum(model.values[t].nbytes for t in model.hidden)  # the graph's own nodes, as exported
     states = rule.states * model.param_bytes
     return weights_bytes + gradient_bytes + states + 2 * activations + input_bytes
 

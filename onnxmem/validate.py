@@ -91,18 +91,19 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     feeds = make_feeds(loaded.proto, sized.dims)
     source: str | onnx.ModelProto = str(loaded.path) if loaded.path else loaded.proto
-    if provider == "cuda":
-        from .runtime.cuda import measure_cuda
-
-        measure_cuda(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
-        raise NotImplementedError  # pragma: no cover - reached only on a GPU machine, see measure_cuda
-    if provider != "cpu":
+    if provider not in PROVIDERS:
         from .errors import OnnxMemError
 
         raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
-    from .runtime.cpu import measure_cpu
+    measured: Any
+    if provider == "cuda":
+        from .runtime.cuda import measure_cuda
 
-    measured = measure_cpu(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
+        measured = measure_cuda(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
+    else:
+        from .runtime.cpu import measure_cpu
+
+        measured = measure_cpu(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
     ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
     graph = build_graph(ran, ran_sized.types)
@@ -116,25 +117,38 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     # If/Loop bodies allocate outside the pattern, while their node runs.
     steady = pattern_block_bytes(graph, timeline) + max(timeline.subgraph_bytes, default=0) + \
         sum(graph.tensors[t].nbytes or 0 for t in graph.outputs if graph.tensors[t].producer is not None)
-    weights = arena_weight_bytes(graph, ran)
+    notes: tuple[str, ...]
+    if provider == "cuda":
+        # Device memory: every initializer is copied to the GPU when the session is created; each run copies
+        # the graph inputs in before the activations are allocated.
+        weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
+        inputs = sum(graph.tensors[t].nbytes or 0 for t in graph.inputs)
+        first, steady = first + inputs, steady + inputs
+        observed_runs = [(run.run_index, run.peak_activation_bytes, measured.session_bytes)
+                         for run in measured.runs]
+        notes = _cuda_notes(measured)
+    else:
+        weights = arena_weight_bytes(graph, ran)
+        observed_runs = [(run.run_index, run.peak_activation_bytes, run.baseline_bytes) for run in measured.runs]
+        notes = _notes()
     results = []
-    for run in measured.runs:
-        pattern = mem_pattern and run.run_index > 0
+    for run_index, peak, held in observed_runs:
+        pattern = mem_pattern and run_index > 0
         estimate = Figures(steady if pattern else first, weights)
-        observed = Figures(run.peak_activation_bytes, run.baseline_bytes)
-        difference = estimate.peak_activation_bytes - observed.peak_activation_bytes
+        observed = Figures(peak, held)
+        difference = estimate.peak_activation_bytes - peak
         results.append(RunValidation(
-            run_index=run.run_index, phase="steady" if pattern else "first", measured=observed, estimated=estimate,
+            run_index=run_index, phase="steady" if pattern else "first", measured=observed, estimated=estimate,
             activation_difference_bytes=difference,
-            activation_difference_percent=round(100 * difference / observed.peak_activation_bytes, 3)
-            if observed.peak_activation_bytes else None,
-            weights_difference_bytes=weights - run.baseline_bytes, measured_peak_node=run.peak_node))
+            activation_difference_percent=round(100 * difference / peak, 3) if peak else None,
+            weights_difference_bytes=weights - held,
+            measured_peak_node=getattr(measured.runs[run_index], "peak_node", "")))
     raw = analyze_loaded(loaded, sized.dims).inference
     return Validation(
         model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
-        notes=(*_notes(), *_control_flow_notes(graph)),
+        notes=(*notes, *_control_flow_notes(graph)),
         warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
 
 
@@ -220,6 +234,24 @@ def _notes() -> tuple[str, ...]:
         "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns) and initializers under "
         "128 bytes; larger initializers are used in place from the model and are not measured",
     )
+
+
+def _cuda_notes(measured: Any) -> tuple[str, ...]:
+    notes = [
+        "measured: every device allocation of onnxruntime's CUDA provider, counted through gpu_external_alloc "
+        "(its arena bypassed); memory that CUDA, cuBLAS and cuDNN allocate themselves (context, handles, default "
+        "workspaces) is not seen by it",
+        "estimated on the graph onnxruntime ran, in the order it ran it, with the CPU planner's rules; graph inputs "
+        "are added (each run copies them to the device); weights: every initializer, copied to the device",
+        "not yet checked on a GPU by this project: differences are what the CUDA provider does beyond the CPU "
+        "rules (kernel workspaces, per-kernel scratch, its own alignment)",
+    ]
+    if measured.context_bytes is not None:
+        notes.append(f"CUDA context and libraries (NVML, device-wide, approximate): {measured.context_bytes} bytes")
+    if measured.cpu_fallback_nodes:
+        shown = ", ".join(measured.cpu_fallback_nodes[:5])
+        notes.append(f"{len(measured.cpu_fallback_nodes)} nodes ran on the CPU provider and are not counted: {shown}")
+    return tuple(notes)
 
 
 __all__ = ["Figures", "RunValidation", "Validation", "analyze", "arena_weight_bytes", "validate"]

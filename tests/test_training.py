@@ -286,3 +286,88 @@ def test_without_training_the_report_has_none() -> None:
     report = onnxmem.analyze(linear())
     assert report.training is None
     assert report.to_dict()["training"] is None
+
+
+def scalar(name: str, value: float) -> onnx.TensorProto:
+    return oh.make_tensor(name, TensorProto.FLOAT, [], [value])
+
+
+def erf_gelu_mlp() -> onnx.ModelProto:
+    """h = x [4,256] @ W1 [256,512]; g = GELU(h) as the TorchScript exporter writes it (Div, Erf, Add, Mul, Mul);
+    y = g @ W2 [512,128]."""
+    return graphs.model(
+        [oh.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"),
+         oh.make_node("Div", ["h", "sqrt2"], ["d"], name="Div"),
+         oh.make_node("Erf", ["d"], ["e"], name="Erf"),
+         oh.make_node("Add", ["e", "one"], ["a"], name="Add"),
+         oh.make_node("Mul", ["h", "a"], ["m"], name="Mul"),
+         oh.make_node("Mul", ["m", "half"], ["g"], name="Mul_1"),
+         oh.make_node("MatMul", ["g", "W2"], ["y"], name="fc2")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 128])],
+        [weight("W1", [256, 512]), weight("W2", [512, 128]), scalar("sqrt2", 2 ** 0.5), scalar("one", 1.0),
+         scalar("half", 0.5)])
+
+
+def test_erf_gelu_chain_keeps_only_its_input_like_aten_gelu() -> None:
+    # aten::gelu keeps its input h (4 x 512 x 4 = 8192); fc2 keeps g (8192); the loss's log-softmax 4 x 128 x 4
+    # = 2048. The chain's own nodes would keep d (Erf), h and a (Mul): 3 x 8192 more.
+    t = train(erf_gelu_mlp(), optimizer="sgd", device="cpu").training
+    assert t is not None
+    assert t.saved_activation_bytes == 8192 + 8192 + 2048
+    assert dict(t.saved_by_op_type)["Gelu"] == 8192
+    assert "Erf" not in dict(t.saved_by_op_type)
+
+
+def test_mse_loss_keeps_its_target_and_an_output_sized_loss() -> None:
+    # Linear: y [4,128] = 2048 bytes. mse_loss keeps y and its target (2048) until its backward, and its 0-dim
+    # loss lives in the unreduced buffer (2048), held to the end of the step. Peak in Gemm's backward: y 2048 +
+    # loss 2048 + grad y 2048 + grad W and b 131584 (the target is freed by the loss's backward).
+    t = train(linear(), optimizer="sgd", device="cpu", loss="mse").training
+    assert t is not None
+    assert t.saved_activation_bytes == Y + Y
+    assert t.peak_bytes == (W + B) + X + Y + Y + Y + (W + B)
+
+
+def lstm(steps: int = 16, batch: int = 8, features: int = 32, hidden: int = 64) -> onnx.ModelProto:
+    """One LSTM layer: X [T,B,I], W [1,4H,I], R [1,4H,H], B [1,8H], initial states [1,B,H] as inputs."""
+    return graphs.model(
+        [oh.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "c0"], ["Y", "Y_h", "Y_c"], name="lstm",
+                      hidden_size=hidden)],
+        [graphs.value("X", [steps, batch, features]), graphs.value("h0", [1, batch, hidden]),
+         graphs.value("c0", [1, batch, hidden])],
+        [graphs.value("Y", [steps, 1, batch, hidden]), graphs.value("Y_h", [1, batch, hidden]),
+         graphs.value("Y_c", [1, batch, hidden])],
+        [weight("W", [1, 4 * hidden, features]), weight("R", [1, 4 * hidden, hidden]),
+         weight("B", [1, 8 * hidden])])
+
+
+def test_lstm_on_cpu_keeps_onednn_workspace() -> None:
+    # T 16, B 8, I 32, H 64. Leading dims: gates ld(256) = 272 (a multiple of 256 gets 16 more), states
+    # ld(max(32, 64)) = 64, state gradients ld(64) = 64. Workspace: 4 x B x (T x 272 + 6 x 17 x 64 + (5 x 17 - 1)
+    # x 64) = 32 x (4352 + 6528 + 5376) = 520,192 bytes (what aten::mkldnn_rnn_layer saves in PyTorch 2.13).
+    # Kept besides: Y 16 x 8 x 64 x 4 = 32768, Y_h and Y_c 2048 each (X and the initial states are inputs).
+    t = train(lstm(), optimizer="sgd", device="cpu", loss="mse").training
+    assert t is not None
+    assert dict(t.saved_by_op_type)["LSTM"] == 520192 + 32768 + 2048 + 2048
+    assert not t.unknown_backward_ops
+
+
+def conv_1x1(channels_out: int) -> onnx.ModelProto:
+    """y = Conv(x [2,8,16,16], w [C,8,1,1]): a 1x1 convolution to C channels; x needs no gradient."""
+    return graphs.model(
+        [oh.make_node("Conv", ["x", "w"], ["y"], name="conv")],
+        [graphs.value("x", [2, 8, 16, 16])], [graphs.value("y", [2, channels_out, 16, 16])],
+        [weight("w", [channels_out, 8, 1, 1])])
+
+
+def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_16() -> None:
+    # y [2,1,16,16] = 2048 bytes; oneDNN's backward reorders grad y to 16 channels: 16 x 2048 = 32768 bytes.
+    # Peak in Conv's backward (mse): y 2048 + loss 2048 + grad y 2048 + reordered grad y 32768 + grad w 32.
+    x, w = 2 * 8 * 16 * 16 * 4, 8 * 4
+    t = train(conv_1x1(1), optimizer="sgd", device="cpu", loss="mse").training
+    assert t is not None
+    assert t.peak_bytes == x + w + 2048 + 2048 + 2048 + 32768 + w
+    # 16 channels are a whole block: the reorder is the gradient's own size (16 x 2048).
+    t16 = train(conv_1x1(16), optimizer="sgd", device="cpu", loss="mse").training
+    assert t16 is not None
+    assert t16.peak_bytes == x + 16 * w + 3 * 32768 + 32768 + 16 * w

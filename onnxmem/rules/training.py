@@ -38,6 +38,12 @@ class Saves:
     # on CPU, temporaries while backward runs, in output-sized and input-sized (when input 0 needs a gradient)
     # buffers: oneDNN's convolution backward reorders the output gradient and computes the input's in a scratch
     cpu_backward_temporaries: tuple[int, int] = (0, 0)
+    # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to CPU_CHANNEL_BLOCK
+    cpu_blocked_channels: bool = False
+    # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
+    input_sized_extra: int = 0
+    # a recurrent op: a key of RECURRENT (what PyTorch's kernel keeps besides its outputs, its backward scratch)
+    recurrent: str = ""
 
 
 NOTHING = Saves()
@@ -53,8 +59,8 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Einsum": Saves(cross=(0, 1, 2)),
     "Mul": PRODUCT,
     "Div": Saves(inputs=(1,), cross=(0,)),
-    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1)),
-    "ConvTranspose": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1)),
+    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
+    "ConvTranspose": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
     # sums, layout and views: nothing but sizes
     "Add": Saves(grad_passthrough=(0, 1)),
     "Sub": Saves(grad_passthrough=(0,)),
@@ -131,8 +137,59 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "GroupNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=2),
     # the loss, appended after the model's output (see LOSSES)
     "NegativeLogLikelihoodLoss": UNARY_INPUT,
-    "MeanSquaredError": UNARY_INPUT,
+    "MeanSquaredError": Saves(inputs=(0,), input_sized_extra=1),  # mse_loss(input, target) keeps both
+    # recurrent: aten::mkldnn_rnn_layer (CPU) keeps its input, initial states, outputs and a workspace
+    "LSTM": Saves(inputs=(0, 5, 6), outputs=(0, 1, 2), recurrent="LSTM"),
 }
+
+# oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
+CPU_CHANNEL_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class Recurrent:
+    """What a recurrent op keeps for backward besides its tensors, per direction, from its shapes (T steps,
+    B batch, I input and H hidden features; ld(n) is oneDNN's leading dimension: n rounded up to 16 floats, plus
+    16 more when that is a multiple of 256).
+
+    CPU (oneDNN's RNN primitive, one call per layer): a workspace of fp32 rows of B x ld floats: T rows of gates
+    (ld(gates x H)), state_rows x (T + 1) rows of states (ld(max(I, H))) and diff_rows x (T + 1) - 1 rows of
+    state gradients (ld(H)). Its backward holds the weights reordered (I + H rows of ld(gates x H)) and the
+    gates' scratch (T x B rows of ld(gates x H)) and four B x H state gradients for a moment.
+    CUDA (cuDNN's reserve space): about cuda_values values per step, batch row and hidden unit.
+    """
+
+    gates: int
+    state_rows: int
+    diff_rows: int
+    cuda_values: int
+
+
+RECURRENT: dict[str, Recurrent] = {
+    # oneDNN LSTM: states of the layer, iteration and cell (2 layers of T + 1 steps each); the gradients of
+    # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
+    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6),
+}
+
+# Operators the TorchScript exporter writes as a chain of elementwise nodes although PyTorch runs (and saves for)
+# one op: the chain is simulated as that op. Node i of `chain` reads node i - 1's output (node 0 reads the
+# op's input x); the nodes in `reads_input` also read x; every other input is a scalar constant; the
+# intermediates have no other reader.
+@dataclass(frozen=True)
+class Decomposed:
+    """One ATen op exported as a chain of ONNX nodes."""
+
+    op_type: str  # the op it stands for, a key of SAVED_FOR_BACKWARD
+    chain: tuple[str, ...]
+    reads_input: tuple[int, ...] = ()
+
+
+DECOMPOSED: tuple[Decomposed, ...] = (
+    # F.gelu (erf): x * 0.5 * (1 + erf(x / sqrt(2))) exported as Div, Erf, Add, Mul(x, .), Mul(., 0.5);
+    # aten::gelu keeps only x
+    Decomposed("Gelu", ("Div", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),
+    Decomposed("Gelu", ("Mul", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),  # x * (1 / sqrt(2))
+)
 
 # An operator missing from the table: keep every float input and output; every gradient a new buffer.
 DEFAULT_SAVES = Saves(inputs=tuple(range(16)), outputs=tuple(range(8)))
@@ -176,13 +233,14 @@ class LossStep:
     """One operator of the loss appended after the model's output: input 0 is the previous value."""
 
     op_type: str
-    output: str  # "same": an output-sized tensor; "scalar": one value
+    output: str  # "same": an output-sized tensor (or storage); "scalar": one value
 
 
 # What the loss adds after the model (PyTorch's F.cross_entropy is log_softmax then nll_loss).
 LOSSES: dict[str, tuple[LossStep, ...]] = {
     "cross_entropy": (LossStep("LogSoftmax", "same"), LossStep("NegativeLogLikelihoodLoss", "scalar")),
-    "mse": (LossStep("MeanSquaredError", "scalar"),),
+    # aten::mse_loss reduces into its unreduced buffer: the 0-dim loss keeps an output-sized storage
+    "mse": (LossStep("MeanSquaredError", "same"),),
     "none": (),  # the model's output is the loss
 }
 
