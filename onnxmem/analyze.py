@@ -47,7 +47,7 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     # Gradient accumulation: a micro-step's activations are those of the micro-batch.
     micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
     if micro != sized.dims:
-        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim).types)
+        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic).types)
     result = training_memory(graph, execution_order(graph, order), training)
     return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
 

@@ -89,19 +89,31 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     bound, bound_warnings = bind_dims(free, dims, default_dim)
     warnings = list(bound_warnings)
     if symbolic is not None:
-        types = evaluate_types(symbolic, bound)
-        if types is not None:
+        types, unknown = evaluate_known(symbolic, bound)
+        if not unknown:
             return SizedModel(model, types, bound, tuple(warnings))
+        rest = _infer_rest(model, types, unknown, bound)
+        if rest is not None:
+            return SizedModel(model, {**types, **rest}, bound, tuple(warnings))
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
 
 
 def evaluate_types(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> dict[str, TensorType] | None:
     """Give the types with every named dim evaluated at `bound`, or None where any dim stays unknown."""
+    types, unknown = evaluate_known(symbolic, bound)
+    return None if unknown else types
+
+
+def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> \
+        tuple[dict[str, TensorType], set[str]]:
+    """Give the types whose every dim evaluates at `bound`, and the names of the others."""
     values: dict[str, int | None] = dict(bound)
     types: dict[str, TensorType] = {}
+    unknown: set[str] = set()
     for name, (dtype, shape, _) in symbolic.items():
         if shape is None:
-            return None
+            unknown.add(name)
+            continue
         sizes = []
         for d in shape:
             if isinstance(d, str):
@@ -109,13 +121,88 @@ def evaluate_types(symbolic: Mapping[str, TensorType], bound: Mapping[str, int])
                     values[d] = _evaluate_dim(d, bound) if not d.startswith("unk__") else None
                 d = values[d]
             if d is None:
-                return None
+                unknown.add(name)
+                break
             sizes.append(d)
+        else:
+            count = 1
+            for size in sizes:
+                count *= size
+            types[name] = (dtype, tuple(sizes), tensor_bytes(dtype, count))
+    return types, unknown
+
+
+def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set[str],
+                bound: Mapping[str, int]) -> dict[str, TensorType] | None:
+    """Give the types of the `unknown` tensors by inferring, with data propagation, only the nodes that make them
+    and the small integer tensors (shape values) they read; the tensors already `known` enter as inputs of that
+    part. None where the part cannot stand alone (control flow, custom operators, an input of unknown type) or
+    leaves a tensor unknown: the caller infers the whole graph then, so the result is always the whole graph's.
+    """
+    graph = model.graph
+    if any(n.domain not in ("", "ai.onnx") or n.op_type in ("If", "Loop", "Scan") for n in graph.node):
+        return None
+    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
+    wanted = [producer[name] for name in unknown if name in producer]
+    if len(wanted) != len(unknown):
+        return None  # an unknown input or initializer: nothing to infer it from
+
+    def value_source(name: str) -> bool:  # a shape value: an integer tensor of a few elements, or a Constant
+        if name not in known:
+            return True  # its producer is in the part anyway
+        dtype, shape, _ = known[name]
+        if dtype not in _INT_TYPES or shape is None:
+            return False
         count = 1
-        for size in sizes:
-            count *= size
-        types[name] = (dtype, tuple(sizes), tensor_bytes(dtype, count))
-    return types
+        for d in shape:
+            count *= int(d)  # type: ignore[arg-type]
+        return count <= _KEEP_INT_VALUES_UP_TO
+
+    chosen: set[int] = set()
+    stack = wanted
+    while stack:
+        i = stack.pop()
+        if i in chosen:
+            continue
+        chosen.add(i)
+        for name in graph.node[i].input:
+            if name in producer and producer[name] not in chosen and (
+                    value_source(name) or graph.node[producer[name]].op_type == "Constant"):
+                stack.append(producer[name])
+    initializers = {t.name: t for t in graph.initializer}
+    made = {out for i in chosen for out in graph.node[i].output}
+    part = _without_initializers(model)
+    declared = {v.name: v for v in graph.value_info}
+    for i in sorted(chosen):
+        node = graph.node[i]
+        part.graph.node.add().CopyFrom(node)
+        for out in node.output:
+            if out in declared and out in unknown:
+                part.graph.value_info.add().CopyFrom(declared[out])
+    entered: set[str] = set()
+    for i in sorted(chosen):
+        for name in graph.node[i].input:
+            if not name or name in made or name in entered:
+                continue
+            entered.add(name)
+            if name in initializers:
+                tensor = initializers[name]
+                if tensor.data_location == TensorProto.EXTERNAL or _is_shape_constant(tensor):
+                    part.graph.initializer.append(tensor)
+                    continue
+            dtype, shape, _ = known.get(name, UNKNOWN_TYPE)
+            if shape is None:
+                return None
+            part.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, list(shape)))
+    part.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in sorted(unknown))
+    _substitute(part.graph, bound)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(part, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
+        return None
+    found = _collect_types(inferred.graph, TypeDecoder())
+    rest = {name: found[name] for name in unknown if name in found and found[name][2] is not None}
+    return rest if len(rest) == len(unknown) else None
 
 
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
