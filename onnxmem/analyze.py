@@ -77,7 +77,7 @@ def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int]
     steps = execution_order(graph, order)
     timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
     return Report(
-        model=str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>"),
+        model=model_name(loaded),
         dims=dict(dims),
         order=order if isinstance(order, str) else "given",
         nodes=len(graph.ops),
@@ -86,6 +86,11 @@ def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int]
         inference=summarize_inference(graph, timeline),
         warnings=(*loaded.warnings, *warnings, *size_warnings(graph, timeline)),
     )
+
+
+def model_name(loaded: LoadedModel) -> str:
+    """Give the name a report shows for the model: its path, else its graph's name."""
+    return str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>")
 
 
 def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:

@@ -22,7 +22,7 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze_loaded, planner_shapes, planner_types, report_graph
+from .analyze import analyze_loaded, model_name, planner_shapes, planner_types, report_graph, size_warnings
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness
@@ -50,6 +50,7 @@ class _Template:
     plan_shapes: list[tuple[Dim, ...] | None] | None  # symbolic shapes the planner compares (None: bound ones)
     weights_bytes: int
     input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
+    size_warnings: list[Warning]  # the activations the plan could not size (the same at every value)
 
     def plan_holds(self, value: int) -> bool:
         """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
@@ -166,10 +167,31 @@ class ModelFamily:
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
-                             signatures, plan_shapes, weights, inputs)
+                             signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline))
         return template if all(template.plan_holds(p) for p in probes) else False
 
-    def _fast_report(self, template: _Template, value: int) -> Report:
+    def graph(self, value: int) -> ModelGraph:
+        """Give the sized graph at `value` (from the template where it serves: no inference)."""
+        template = self._affine_template()
+        if template is not None and template.plan_holds(value):
+            return self._sized_graph(template, value)
+        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
+        sized = bind_and_infer(self.loaded.proto, self._binding(value), self.options.get("default_dim"),
+                               symbolic=self._symbolic(rules))
+        return build_graph(self.loaded.proto, sized.types)
+
+    def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
+        """Give the model's name, the bound dims and the warnings of the report at `value`, without making the
+        report where the template serves."""
+        template = self._affine_template()
+        if template is None or not template.plan_holds(value) or (value, False) in self._reports:
+            report = self.report(value)
+            return report.model, dict(report.dims), report.warnings
+        bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
+        return model_name(self.loaded), bound, (*self.loaded.warnings, *template.warnings,
+                                                *template.size_warnings)
+
+    def _sized_graph(self, template: _Template, value: int) -> ModelGraph:
         shapes: list[tuple[Dim, ...] | None] = []
         sizes: list[int | None] = []
         for tensor, affine in zip(template.graph.tensors, template.dims, strict=True):
@@ -183,7 +205,10 @@ class ModelFamily:
                 count *= max(d, 0)
             shapes.append(shape)
             sizes.append(tensor_bytes(tensor.dtype, count))
-        graph = template.graph.with_sizes(shapes, sizes)
+        return template.graph.with_sizes(shapes, sizes)
+
+    def _fast_report(self, template: _Template, value: int) -> Report:
+        graph = self._sized_graph(template, value)
         bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
         options = {k: v for k, v in self.options.items() if k in ("order", "rules")}
         return report_graph(self.loaded, graph, bound, list(template.warnings), plan_shapes=template.plan_shapes,

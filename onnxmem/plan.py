@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from .report import (
     ReserveItem,
     Sharding,
     Target,
+    TrainingParameterGroup,
     WhatIf,
 )
 from .rules import DEFAULT_INFERENCE_RULES
@@ -397,19 +398,22 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     curve = tuple(points[v] for v in sorted(points))
     monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
     linear = _linear(curve)
-    answer = family.report(max(best, 1))
+    name, bound, warnings = family.header(max(best, 1))
     notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if and bounded:
         at = best + 1
         # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
-        what_ifs = _what_ifs(loaded, family.report(at), needs[at], "", 0, order, default_dim, training, gpus, shard)
+        answer_at = family.report(at) if training is not None else None
+        groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
+        what_ifs = _what_ifs(loaded, family.graph(at), {**family.header(at)[1]}, groups, needs[at], "", 0, order,
+                             default_dim, training, gpus, shard)
     return FitResult(
-        model=answer.model, dim=search, dims={k: v for k, v in answer.dims.items() if k != search},
+        model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
         max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
         evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
-        what_ifs=what_ifs, notes=notes, warnings=answer.warnings,
+        what_ifs=what_ifs, notes=notes, warnings=warnings,
     )
 
 
@@ -476,8 +480,9 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if:
         search = "batch" if "batch" in report.dims else ""
-        what_ifs = _what_ifs(loaded, report, need, search, report.dims.get(search, 0), order, default_dim, training,
-                             gpus, shard)
+        groups = report.training.parameter_groups if report.training else ()
+        what_ifs = _what_ifs(loaded, None, dict(report.dims), groups, need, search, report.dims.get(search, 0), order,
+                             default_dim, training, gpus, shard)
     return CheckResult(
         model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
         target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
@@ -489,11 +494,12 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
 # --- what-ifs ---------------------------------------------------------------------------------------------------
 
 
-def _what_ifs(loaded: LoadedModel, report: Report, need: _Need, search: str, value: int,
-              order: str, default_dim: int | None, training: TrainingOptions | None, gpus: int,
+def _what_ifs(loaded: LoadedModel, graph: ModelGraph | None, dims: dict[str, int],
+              groups: Sequence[TrainingParameterGroup], need: _Need, search: str, value: int, order: str,
+              default_dim: int | None, training: TrainingOptions | None, gpus: int,
               shard: str | None) -> tuple[WhatIf, ...]:
-    """Give the single changes that lower the peak at this binding, the one that saves most first."""
-    dims = dict(report.dims)
+    """Give the single changes that lower the peak at this binding (`graph`: the model sized there, or None),
+    the one that saves most first. `groups`: the training report's parameter groups."""
     found: list[WhatIf] = []
 
     def add(change: str, peak: int, detail: str) -> None:
@@ -506,8 +512,8 @@ def _what_ifs(loaded: LoadedModel, report: Report, need: _Need, search: str, val
     if search and value >= 2:
         add(f"{search} {value} -> {value // 2}", peak_with(training, {**dims, search: value // 2}),
             f"halve {search}")
-    sized = bind_and_infer(loaded.proto, dims, default_dim)
-    graph = build_graph(loaded.proto, sized.types)
+    if graph is None:
+        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, dims, default_dim).types)
     reordered = reorder(graph, execution_order(graph, order), DEFAULT_INFERENCE_RULES)
     if training is None:
         if reordered.saved_bytes > 0:
@@ -534,7 +540,6 @@ def _what_ifs(loaded: LoadedModel, report: Report, need: _Need, search: str, val
         if training.optimizer_impl != "fused":
             changes.append(("fused optimizer", dataclasses.replace(training, optimizer_impl="fused"),
                             "a fused update keeps no full-size temporaries"))
-        groups = report.training.parameter_groups if report.training else ()
         if groups:
             largest = max(groups, key=lambda g: g.trainable_bytes)
             if largest.trainable_bytes > 0:

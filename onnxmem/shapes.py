@@ -300,7 +300,11 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder,
     for value in _value_infos(graph):
         types[value.name] = decode(value.type)
     for tensor in graph.initializer:
-        types[tensor.name] = decode(onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)))
+        dims = tuple(tensor.dims)
+        count = 1
+        for size in dims:
+            count *= size
+        types[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, count))
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
