@@ -135,42 +135,56 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
     )
 
 
-def _weight_bytes_read(graph: ModelGraph, op_index: int, seen: set[int]) -> int:
-    total = 0
-    for t in graph.ops[op_index].inputs:
-        if t >= 0 and t not in seen and graph.tensors[t].kind == WEIGHT:
-            seen.add(t)
-            total += graph.tensors[t].nbytes or 0
-    return total
-
-
-def _allocated_bytes(graph: ModelGraph, timeline: Timeline, op_index: int) -> int:
-    return sum(graph.tensors[t].nbytes or 0 for t in graph.ops[op_index].outputs
-               if t >= 0 and timeline.buffer_of[t] == t)
+def _per_op_bytes(graph: ModelGraph, timeline: Timeline, order: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Give, per op, the weight bytes it is the first in `order` to read, and the bytes of the buffers its
+    outputs own."""
+    tensors = graph.tensors
+    buffer_of = timeline.buffer_of
+    weights = [0] * len(graph.ops)
+    allocated = [0] * len(graph.ops)
+    seen: set[int] = set()
+    for op_index in order:
+        op = graph.ops[op_index]
+        total = 0
+        for t in op.inputs:
+            if t >= 0 and t not in seen and tensors[t].kind == WEIGHT:
+                seen.add(t)
+                total += tensors[t].nbytes or 0
+        weights[op_index] = total
+        total = 0
+        for t in op.outputs:
+            if t >= 0 and buffer_of[t] == t:
+                total += tensors[t].nbytes or 0
+        allocated[op_index] = total
+    return weights, allocated
 
 
 def _by_op_type(graph: ModelGraph, timeline: Timeline) -> tuple[OpTypeRow, ...]:
     rows: dict[str, list[int]] = {}
-    seen: set[int] = set()
+    weights, allocated = _per_op_bytes(graph, timeline, range(len(graph.ops)))
     for op in graph.ops:
         row = rows.setdefault(op.op_type, [0, 0, 0])
         row[0] += 1
-        row[1] += _weight_bytes_read(graph, op.index, seen)
-        row[2] += _allocated_bytes(graph, timeline, op.index)
+        row[1] += weights[op.index]
+        row[2] += allocated[op.index]
     ordered = sorted(rows.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
     return tuple(OpTypeRow(k, v[0], v[1], v[2]) for k, v in ordered)
 
 
 def _by_layer(graph: ModelGraph, timeline: Timeline) -> tuple[LayerRow, ...]:
     rows: dict[str, list[int]] = {}
-    seen: set[int] = set()
+    weights, allocated = _per_op_bytes(graph, timeline, timeline.order)
+    live = timeline.live_bytes
     for step, op_index in enumerate(timeline.order):
-        op = graph.ops[op_index]
-        row = rows.setdefault(op.layer or "(top level)", [0, 0, 0, 0])
+        layer = graph.ops[op_index].layer or "(top level)"
+        row = rows.get(layer)
+        if row is None:
+            row = rows[layer] = [0, 0, 0, 0]
         row[0] += 1
-        row[1] += _weight_bytes_read(graph, op_index, seen)
-        row[2] += _allocated_bytes(graph, timeline, op_index)
-        row[3] = max(row[3], timeline.live_bytes[step])
+        row[1] += weights[op_index]
+        row[2] += allocated[op_index]
+        if live[step] > row[3]:
+            row[3] = live[step]
     return tuple(LayerRow(k, *v) for k, v in rows.items())
 
 

@@ -134,12 +134,14 @@ class _Builder:
         index: dict[str, int] = {}
         warnings: list[Warning] = []
 
+        types_get = self.types.get
+
         def add(name: str, kind: str) -> int:
-            dtype, shape, nbytes = self._size(name)
-            t = Tensor(len(tensors), name, dtype, shape, nbytes, kind)
-            tensors.append(t)
-            index[name] = t.index
-            return t.index
+            dtype, shape, nbytes = types_get(name, UNKNOWN_TYPE)
+            i = len(tensors)
+            tensors.append(Tensor(i, name, dtype, shape, nbytes, kind, None, []))
+            index[name] = i
+            return i
 
         for init in graph.initializer:
             add(init.name, WEIGHT)
@@ -159,10 +161,11 @@ class _Builder:
                 if not tname:
                     op_inputs.append(-1)
                     continue
-                if tname not in index:
+                found = index.get(tname)
+                if found is None:
                     # "?": resolved after the loop, as the file may list nodes out of order.
-                    add(tname, OUTER if tname in outer else "?")
-                op_inputs.append(index[tname])
+                    found = add(tname, OUTER if tname in outer else "?")
+                op_inputs.append(found)
             subgraphs: tuple[ModelGraph, ...] = ()
             implicit: list[int] = []
             if (op_type in _CONTROL_FLOW or domain not in _STANDARD_DOMAINS) and len(node.attribute):

@@ -94,7 +94,10 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     for t in tensors:
         if t.producer is None:
             continue
-        last_use = max((position[c] for c in t.consumers), default=position[t.producer])
+        last_use = position[t.producer]
+        for c in t.consumers:
+            if position[c] > last_use:
+                last_use = position[c]
         if t.kind == OUTPUT and count_graph_outputs:
             last_use = end
         root = find(t.index)
@@ -107,13 +110,20 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # buffer of its own. A freed buffer that a later output takes stays allocated until that output dies.
     shape_of = (lambda t: tensors[t].shape) if plan_shapes is None else plan_shapes.__getitem__
 
+    keys: dict[int, tuple[object, ...] | None] = {}
+
     def size_key(t: int) -> tuple[object, ...] | None:
         # onnxruntime's SameSize: the same element size and static shape, each dim an equal value or an equal
         # symbolic name; a dim with neither is never equal to anything.
+        if t in keys:
+            return keys[t]
         shape = shape_of(t)
         if shape is None or tensors[t].nbytes is None or None in shape:
-            return None
-        return (element_bits(tensors[t].dtype), *shape)
+            key = None
+        else:
+            key = (element_bits(tensors[t].dtype), *shape)
+        keys[t] = key
+        return key
 
     # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
     freed: dict[tuple[object, ...], list[int]] = {}

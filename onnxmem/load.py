@@ -59,11 +59,14 @@ def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
 
 def _missing_external_data(proto: onnx.ModelProto, base: Path) -> list[Warning]:
     missing: dict[str, int] = {}
+    present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
     for tensor in _all_initializers(proto.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if location and not (base / location).is_file():
+        if location and location not in present:
+            present[location] = (base / location).is_file()
+        if location and not present[location]:
             missing[location] = missing.get(location, 0) + 1
     return [
         Warning(
