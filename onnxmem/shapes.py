@@ -208,7 +208,7 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes)."""
-    return _infer(_constants_as_initializers(model), input_dims(model), {}, [], data_prop=False)
+    return _infer(_constants_as_initializers(model), input_dims(model), {}, [], data_prop=False, planner=True)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -250,7 +250,7 @@ def _constants_as_initializers(model: ModelProto) -> ModelProto:
 
 
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
-           warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
+           warnings: list[Warning], data_prop: bool = True, planner: bool = False) -> dict[str, TensorType]:
     light = _shape_only_copy(model)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
@@ -260,10 +260,64 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
                                                      data_prop=data_prop)
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
-        inferred = light
+        return _collect_types(light.graph, TypeDecoder())
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+        if planner:
+            return _infer_contrib_as_planner(light, inferred, warnings)
         inferred = _ort_symbolic_inference(inferred, warnings)
     return _collect_types(inferred.graph, TypeDecoder())
+
+
+_PLANNER_ROUNDS = 8
+
+
+def _infer_contrib_as_planner(light: ModelProto, inferred: ModelProto, warnings: list[Warning]) -> \
+        dict[str, TensorType]:
+    """Give the types onnxruntime's planner knows in a graph with contrib operators.
+
+    onnxruntime infers a contrib operator's outputs from its schema, from its inputs' shapes, and propagates no
+    shape values (measured: after a Reshape whose target is computed, it knows no shape). Its Python symbolic
+    inference knows the contrib operators but also propagates shape values symbolically, so it knows more than
+    the planner. So: its type for a contrib operator's output is taken only where every input of that operator
+    is known to ONNX's inference (no value propagation), and ONNX's inference runs again from there, until no
+    more is learned.
+    """
+    found = _ort_symbolic_inference(_copy(inferred), warnings)
+    if found is inferred:
+        return _collect_types(inferred.graph, TypeDecoder())
+    contrib = {v.name: v for v in found.graph.value_info}
+    contrib.update((v.name, v) for v in found.graph.output)
+    for _ in range(_PLANNER_ROUNDS):
+        types = _collect_types(inferred.graph, TypeDecoder())
+        learned: list[ValueInfoProto] = []
+        for node in inferred.graph.node:
+            if node.domain in ("", "ai.onnx"):
+                continue
+            if all(out in types and _known(types[out]) for out in node.output if out) or \
+                    not all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
+                continue
+            learned.extend(contrib[out] for out in node.output
+                           if out in contrib and not (out in types and _known(types[out])))
+        if not learned:
+            return types
+        light.graph.value_info.extend(learned)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=False)
+        except Exception:  # noqa: BLE001 - keep what the rounds before found
+            return types
+    return _collect_types(inferred.graph, TypeDecoder())
+
+
+def _known(t: TensorType) -> bool:
+    shape = t[1]
+    return shape is not None and all(isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__"))
+                                     for d in shape)
+
+
+def _copy(model: ModelProto) -> ModelProto:
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    return copy
 
 
 def bind_dims(free: list[InputDim], dims: Mapping[str, int],
