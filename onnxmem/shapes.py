@@ -14,7 +14,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .dtypes import tensor_bytes
 from .errors import DimError
 from .report import Warning
-from .rules.inference import SHAPE_AS
+from .rules.inference import PLANNER_KEEPS_DIM_AT_SCALE_ONE, SHAPE_AS
 
 # Integer initializers up to this many elements stay in the copy given to shape inference: they are the
 # shape, axes and index constants that data propagation needs. Everything else travels as a typed input.
@@ -261,9 +261,9 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         return _collect_types(light.graph, TypeDecoder())
+    if planner:
+        return _planner_rounds(light, inferred, warnings)
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
-        if planner:
-            return _infer_contrib_as_planner(light, inferred, warnings)
         inferred = _ort_symbolic_inference(inferred, warnings)
     return _collect_types(inferred.graph, TypeDecoder())
 
@@ -271,41 +271,77 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
 _PLANNER_ROUNDS = 8
 
 
-def _infer_contrib_as_planner(light: ModelProto, inferred: ModelProto, warnings: list[Warning]) -> \
-        dict[str, TensorType]:
-    """Give the types onnxruntime's planner knows in a graph with contrib operators.
+def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warning]) -> dict[str, TensorType]:
+    """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
+    knows besides, fed back into it until nothing more is learned.
 
-    onnxruntime infers a contrib operator's outputs from its schema, from its inputs' shapes, and propagates no
-    shape values (measured: after a Reshape whose target is computed, it knows no shape). Its Python symbolic
-    inference knows the contrib operators but also propagates shape values symbolically, so it knows more than
-    the planner. So: its type for a contrib operator's output is taken only where every input of that operator
-    is known to ONNX's inference (no value propagation), and ONNX's inference runs again from there, until no
-    more is learned.
+    Contrib operators: onnxruntime infers their outputs from their schemas, from their inputs' shapes, and
+    propagates no shape values (measured: after a Reshape whose target is computed, it knows no shape). Its
+    Python symbolic inference knows the contrib operators but also propagates shape values symbolically, so it
+    knows more than the planner: its type for a contrib operator's output is taken only where every input of
+    that operator is known. Resize with a scale of 1 keeps the input's symbolic dim
+    (rules.inference.PLANNER_KEEPS_DIM_AT_SCALE_ONE).
     """
-    found = _ort_symbolic_inference(_copy(inferred), warnings)
-    if found is inferred:
-        return _collect_types(inferred.graph, TypeDecoder())
-    contrib = {v.name: v for v in found.graph.value_info}
-    contrib.update((v.name, v) for v in found.graph.output)
+    contrib: dict[str, ValueInfoProto] = {}
+    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+        found = _ort_symbolic_inference(_copy(inferred), warnings)
+        if found is not inferred:
+            contrib = {v.name: v for v in found.graph.value_info}
+            contrib.update((v.name, v) for v in found.graph.output)
+    scales = {t.name: t for t in light.graph.initializer}
+    learned_before: set[str] = set()
+    types = _collect_types(inferred.graph, TypeDecoder())
     for _ in range(_PLANNER_ROUNDS):
-        types = _collect_types(inferred.graph, TypeDecoder())
         learned: list[ValueInfoProto] = []
         for node in inferred.graph.node:
-            if node.domain in ("", "ai.onnx"):
-                continue
-            if all(out in types and _known(types[out]) for out in node.output if out) or \
-                    not all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
-                continue
-            learned.extend(contrib[out] for out in node.output
-                           if out in contrib and not (out in types and _known(types[out])))
+            if node.domain not in ("", "ai.onnx"):
+                if contrib and not all(out in types and _known(types[out]) for out in node.output if out) \
+                        and all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
+                    learned.extend(contrib[out] for out in node.output if out in contrib
+                                   and out not in learned_before and not (out in types and _known(types[out])))
+            elif node.op_type in PLANNER_KEEPS_DIM_AT_SCALE_ONE and node.output[0] not in learned_before:
+                kept = _kept_dims(node, types, scales)
+                if kept is not None:
+                    learned.append(kept)
         if not learned:
             return types
+        learned_before.update(v.name for v in learned)
         light.graph.value_info.extend(learned)
         try:
             inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             return types
-    return _collect_types(inferred.graph, TypeDecoder())
+        types = _collect_types(inferred.graph, TypeDecoder())
+    return types
+
+
+def _kept_dims(node: onnx.NodeProto, types: Mapping[str, TensorType],
+               initializers: Mapping[str, TensorProto]) -> ValueInfoProto | None:
+    """Give the output type of a Resize whose symbolic dims at scale 1 ONNX's inference left unnamed, or None."""
+    slot = PLANNER_KEEPS_DIM_AT_SCALE_ONE[node.op_type]
+    out = node.output[0]
+    if len(node.input) <= slot or node.input[slot] not in initializers:
+        return None
+    dtype, shape, _ = types.get(node.input[0], UNKNOWN_TYPE)
+    _, current, _ = types.get(out, UNKNOWN_TYPE)
+    if shape is None or current is None or len(current) != len(shape):
+        return None
+    try:
+        values = [float(v) for v in onnx.numpy_helper.to_array(initializers[node.input[slot]]).reshape(-1)]
+    except Exception:  # noqa: BLE001 - an odd scales tensor: nothing learned
+        return None
+    if len(values) != len(shape):
+        return None
+    dims: list[int | str | None] = list(current)
+    changed = False
+    for axis, (scale, dim, now) in enumerate(zip(values, shape, current, strict=True)):
+        if scale == 1.0 and isinstance(dim, str) and not dim.startswith("unk__") and now != dim:
+            dims[axis] = dim
+            changed = True
+    if not changed:
+        return None
+    return onnx.helper.make_tensor_value_info(
+        out, dtype, [None if isinstance(d, str) and d.startswith("unk__") else d for d in dims])
 
 
 def _known(t: TensorType) -> bool:
@@ -510,7 +546,8 @@ def _slim_graph(source: GraphProto, target: GraphProto) -> None:
 
 
 def _is_shape_constant(tensor: TensorProto) -> bool:
-    if tensor.data_type not in _INT_TYPES or tensor.data_location == TensorProto.EXTERNAL:
+    # integer shape values (Reshape, Expand, ...) and small float ones (Resize's scales) that inference reads
+    if tensor.data_location == TensorProto.EXTERNAL:
         return False
     count = 1
     for d in tensor.dims:

@@ -21,7 +21,7 @@ import onnx
 
 from .analyze import analyze, analyze_loaded, size_warnings
 from .graph import WEIGHT, ModelGraph, build_graph
-from .liveness import liveness, pattern_block_bytes
+from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
@@ -109,14 +109,13 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     graph = build_graph(ran, ran_sized.types)
     order = ran_order(graph, measured.execution_order) if measured.execution_order else \
         execution_order(graph, "ort")
+    taken = take_ran_branches(graph, measured.execution_order)
     # The saved graph declares the shapes onnxruntime planned with (symbolic dims, empty where it knew none).
     plan_types = {**infer_symbolic(ran), **declared_types(ran)}
     plan = [runtime_view(plan_types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
     timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan)
     first = timeline.peak_bytes
-    # If/Loop bodies allocate outside the pattern, while their node runs.
-    steady = pattern_block_bytes(graph, timeline) + max(timeline.subgraph_bytes, default=0) + \
-        sum(graph.tensors[t].nbytes or 0 for t in graph.outputs if graph.tensors[t].producer is not None)
+    steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline)
     notes: tuple[str, ...]
     if provider == "cuda":
         # Device memory: every initializer is copied to the GPU when the session is created; each run copies
@@ -148,7 +147,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
-        notes=(*notes, *_control_flow_notes(graph)),
+        notes=(*notes, *_control_flow_notes(graph, taken)),
         warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
 
 
@@ -217,12 +216,48 @@ def _dims_of(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in dims.items() if k in names}
 
 
-def _control_flow_notes(graph: ModelGraph) -> tuple[str, ...]:
-    names = [op.name for op in graph.ops if op.op_type == "If"]
-    if not names:
-        return ()
-    return (f"If nodes ({', '.join(names[:5])}): the estimate counts the larger branch, the run takes the branch "
-            "its condition selects, so the estimate is an upper bound there",)
+def _outside_pattern_peak(graph: ModelGraph, timeline: Timeline) -> int:
+    """Give the most bytes allocated outside the memory-pattern block at once: graph outputs (from their producer
+    to the end) and, while their node runs, If/Loop bodies."""
+    produced_at = [0] * len(timeline.order)
+    position = {op: step for step, op in enumerate(timeline.order)}
+    for t in graph.outputs:
+        tensor = graph.tensors[t]
+        if tensor.producer is not None and tensor.producer in position:
+            produced_at[position[tensor.producer]] += tensor.nbytes or 0
+    peak = outputs = 0
+    for step, body in enumerate(timeline.subgraph_bytes):
+        outputs += produced_at[step]
+        peak = max(peak, outputs + body)
+    return peak
+
+
+def take_ran_branches(graph: ModelGraph, names: Sequence[str]) -> list[str]:
+    """Keep, for each If of the main graph, only the branch whose nodes the profile lists (`names`: the nodes
+    that ran); give the names of the If nodes so resolved. An If whose branch the profile does not tell apart
+    keeps both (the estimate counts the larger)."""
+    ran = set(names) - {op.name for op in graph.ops}
+    resolved = []
+    for op in graph.ops:
+        if op.op_type != "If" or len(op.subgraphs) != 2:
+            continue
+        hit = [sub for sub in op.subgraphs if any(inner.name in ran for inner in sub.ops)]
+        if len(hit) == 1:
+            op.subgraphs = (hit[0],)
+            resolved.append(op.name)
+    return resolved
+
+
+def _control_flow_notes(graph: ModelGraph, taken: Sequence[str]) -> tuple[str, ...]:
+    notes = []
+    if taken:
+        notes.append(f"If nodes ({', '.join(taken[:5])}): the estimate counts the branch onnxruntime ran (its "
+                     "profile names the branch's nodes); `onnxmem report` counts the larger branch")
+    unresolved = [op.name for op in graph.ops if op.op_type == "If" and op.name not in taken]
+    if unresolved:
+        notes.append(f"If nodes ({', '.join(unresolved[:5])}): the estimate counts the larger branch, the run takes "
+                     "the branch its condition selects, so the estimate is an upper bound there")
+    return tuple(notes)
 
 
 def _notes() -> tuple[str, ...]:
@@ -254,4 +289,4 @@ def _cuda_notes(measured: Any) -> tuple[str, ...]:
     return tuple(notes)
 
 
-__all__ = ["Figures", "RunValidation", "Validation", "analyze", "arena_weight_bytes", "validate"]
+__all__ = ["Figures", "RunValidation", "Validation", "analyze", "arena_weight_bytes", "take_ran_branches", "validate"]

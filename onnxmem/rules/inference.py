@@ -63,6 +63,11 @@ BODY_OUTPUTS_SEPARATE: set[str] = {"Loop", "Scan"}
 # Scalars a control-flow op allocates to feed its body: Loop's iteration counter (int64) and condition (bool).
 BODY_STATE_BYTES: dict[str, int] = {"Loop": 9}
 
+# Operators whose output keeps a symbolic input dim where the scale on that axis is 1, in onnxruntime's planner
+# (ONNX's inference leaves such a dim unnamed): op type -> index of its constant scales input. Measured on
+# fixtures/unet.onnx: after the decoder's Resize, onnxruntime reuses an encoder buffer of shape [batch, 8, 32, 32].
+PLANNER_KEEPS_DIM_AT_SCALE_ONE: dict[str, int] = {"Resize": 2, "Upsample": 1}
+
 # onnxruntime's fused operators (written into its optimized graphs) whose output shapes are those of a standard
 # operator: shape inference runs them as that operator, with their extra attributes and inputs dropped.
 # 'domain::OpType' -> (standard op type, inputs it keeps, attributes it drops)
