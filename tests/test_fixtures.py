@@ -83,3 +83,25 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
     if unknown and not any(n.op_type in ("If", "Loop") for n in model.graph.node):
         rest = shapes._infer_rest(model, known, unknown, whole.dims)
         assert rest is not None and set(rest) == unknown  # the part served: the whole graph was not inferred again
+
+
+@pytest.mark.parametrize(("scales", "expected"), [
+    ([1.0, 1.0, 2.0, 2.0], ("batch", 4, 16, 16)),  # scale 1 on the symbolic dim: onnxruntime's planner keeps it
+    ([2.0, 1.0, 2.0, 2.0], (None, 4, 16, 16)),  # scaled: unknown before the dims are bound
+])
+def test_planner_keeps_a_symbolic_dim_through_resize_at_scale_one(scales: list[float], expected: tuple) -> None:
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxmem.shapes import infer_symbolic, runtime_view
+
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array(scales, np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert runtime_view(infer_symbolic(model)["y"][1]) == expected
+    # sizes at a binding are right either way
+    sized = onnxmem.shapes.bind_and_infer(model, {"batch": 3}, symbolic=infer_symbolic(model))
+    assert sized.types["y"][1] == (3 * int(scales[0]), 4, 16, 16)
