@@ -140,7 +140,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                 if source != out and tensors[source].kind == ACTIVATION and last[source] == step \
                         and key is not None and key == size_key(op.inputs[0]):
                     target = source
-            if target < 0 and rules.reuse_freed and key is not None and len(key) > 1 and freed.get(key):
+            if target < 0 and key is not None and len(key) > 1 and freed.get(key) \
+                    and rules.may_take_freed(op.op_type, op.domain):
                 target = freed[key].pop()  # len(key) > 1: scalars are never reused
                 is_free.discard(target)
             if target >= 0:
@@ -156,6 +157,19 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                         freed.setdefault(key, []).append(root)
                         is_free.add(root)
 
+    # onnxruntime releases a buffer after the last node that reads any tensor stored in it; a buffer that no
+    # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
+    # tensor reused it) has no release action and stays allocated until the run ends (measured; its
+    # GenerateDeallocationPlan builds release actions from consumers only).
+    if rules.reuse_freed:
+        read = set()
+        for t in tensors:
+            if t.consumers:
+                read.add(find(t.index))
+        for t in tensors:
+            if t.producer is not None and find(t.index) == t.index and t.index not in read \
+                    and t.kind == ACTIVATION and first[t.index] >= 0:
+                last[t.index] = end
     buffer_of = [-1] * len(tensors)
     delta = [0] * (steps + 1)
     new_bytes = [0] * steps
@@ -218,8 +232,9 @@ def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 
     """Give the size of the one block onnxruntime's memory pattern allocates from the second run on.
 
     Its MemPatternPlanner replays the first run's allocations and frees of planned buffers (graph outputs apart),
-    each rounded up to `alignment` bytes, placing each at the best-fitting gap between the blocks in use (the
-    smallest gap that holds it, else the end); the block is the highest end reached.
+    each rounded up to `alignment` bytes, placing each at the best-fitting gap between the blocks in use or in the
+    free tail before the block's end (the smallest gap that holds it, else the end); the block is the highest end
+    reached.
     """
     starts: dict[int, list[int]] = {}
     ends: dict[int, list[int]] = {}
@@ -240,8 +255,11 @@ def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 
                 if gap >= size and (waste is None or gap - size < waste):
                     best, waste = (index, current), gap - size
                 current = max(current, offset + length)
+            # the free tail between the blocks in use and the block's end is a gap too
+            if block - current >= size and (waste is None or block - current - size < waste):
+                best = (len(placed), current)
             if best is None:
-                index, offset = len(placed), (placed[-1][0] + placed[-1][1] if placed else 0)
+                index, offset = len(placed), current
             else:
                 index, offset = best
             placed.insert(index, (offset, size, t))

@@ -113,7 +113,10 @@ def brute_force_live_bytes(graph: ModelGraph, order: list[int], rules: Inference
             tensor = graph.tensors[owner]
             if tensor.kind not in (ACTIVATION, OUTPUT) or tensor.producer is None:
                 continue
-            if step_of[tensor.producer] <= step <= max(last_read(m) for m in group):
+            held_to = max(last_read(m) for m in group)
+            if rules.reuse_freed and tensor.kind == ACTIVATION and not any(graph.tensors[m].consumers for m in group):
+                held_to = end  # no node reads the buffer: onnxruntime has no release action for it
+            if step_of[tensor.producer] <= step <= held_to:
                 total += tensor.nbytes or 0
         live.append(total)
     return live

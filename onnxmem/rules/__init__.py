@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .inference import ALIASES, IN_PLACE
+from .inference import ALIASES, IN_PLACE, TAKES_NO_FREED_BUFFER
 
 
 @dataclass(frozen=True)
@@ -14,10 +14,15 @@ class InferenceRules:
     aliases: dict[str, int]  # op type -> input index whose buffer output 0 always shares
     in_place: frozenset[str]  # op types whose output 0 may reuse input 0's buffer when input 0 dies there
     reuse_freed: bool = True  # a new output takes a freed buffer of its size, which stays held until then
+    no_freed_buffer: frozenset[str] = frozenset()  # op types whose outputs never take a freed buffer
 
     def alias_input(self, op_type: str, domain: str = "") -> int | None:
         """Give the input whose buffer the op's first output shares, or None."""
         return self.aliases.get(_key(op_type, domain))
+
+    def may_take_freed(self, op_type: str, domain: str = "") -> bool:
+        """Say whether the op's outputs may take a buffer that an earlier tensor freed."""
+        return self.reuse_freed and _key(op_type, domain) not in self.no_freed_buffer
 
     def may_run_in_place(self, op_type: str, domain: str = "") -> bool:
         """Say whether the op's first output may take its dying first input's buffer."""
@@ -28,5 +33,5 @@ def _key(op_type: str, domain: str) -> str:
     return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
 
 
-DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE))
+DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE), no_freed_buffer=TAKES_NO_FREED_BUFFER)
 NO_REUSE_RULES = InferenceRules({}, frozenset(), reuse_freed=False)

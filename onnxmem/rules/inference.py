@@ -63,6 +63,11 @@ BODY_OUTPUTS_SEPARATE: set[str] = {"Loop", "Scan"}
 # Scalars a control-flow op allocates to feed its body: Loop's iteration counter (int64) and condition (bool).
 BODY_STATE_BYTES: dict[str, int] = {"Loop": 9}
 
+# Operators whose outputs never take a buffer freed by an earlier tensor: each gets a buffer of its own.
+# Measured (onnxruntime 1.32 CPU): two stacked LSTM, GRU or RNN nodes with unread Y_h (and Y_c): the second
+# node's states do not take the first node's freed state buffers of the same shape, where a Slice does.
+TAKES_NO_FREED_BUFFER: frozenset[str] = frozenset({"LSTM", "GRU", "RNN"})
+
 # Operators whose output keeps a symbolic input dim where the scale on that axis is 1, in onnxruntime's planner
 # (ONNX's inference leaves such a dim unnamed): op type -> index of its constant scales input. Measured on
 # fixtures/unet.onnx: after the decoder's Resize, onnxruntime reuses an encoder buffer of shape [batch, 8, 32, 32].
