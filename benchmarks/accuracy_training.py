@@ -11,7 +11,8 @@ allocation and free of the c10 CPU allocator with its exact size; their running 
 first checks that on a Linear layer whose step is worked out by hand (it must match to the byte).
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
-Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32]
+Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out]
+(held-out: a ViT block, a ConvNeXt block, a GRU, ResNet basic blocks and the reference set, exported here.)
 """
 
 from __future__ import annotations
@@ -199,6 +200,84 @@ REFERENCE = [
 ]
 
 
+class ViTBlock(nn.Module):
+    """Patch embedding, one pre-norm encoder layer (nn.MultiheadAttention, GELU MLP), mean-pool head."""
+
+    def __init__(self, dim: int = 96, heads: int = 4) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, kernel_size=4, stride=4)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x.mean(dim=1))
+
+
+class ConvNeXtBlock(nn.Module):
+    """Stem, a ConvNeXt block (depthwise 7x7, channels-last LayerNorm, GELU MLP, residual), pooled head."""
+
+    def __init__(self, dim: int = 48) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, kernel_size=2, stride=2)
+        self.dw = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.pw1, self.pw2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.pw2(F.gelu(self.pw1(self.norm(h)))).permute(0, 3, 1, 2)
+        return self.head((x + h).mean(dim=(2, 3)))
+
+
+class GRUClassifier(nn.Module):
+    """A two-layer GRU over a sequence of 24 features, the last step classified."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(24, 64, num_layers=2, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gru(x)[0][:, -1])
+
+
+class ResNetBasic(nn.Module):
+    """Two ResNet basic blocks (Conv-BN-ReLU x2 + shortcut, the second strided with a 1x1 projection)."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.a1, self.b1 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.a2, self.b2 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.c1, self.d1 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * width)
+        self.c2, self.d2 = nn.Conv2d(2 * width, 2 * width, 3, padding=1, bias=False), nn.BatchNorm2d(2 * width)
+        self.proj = nn.Sequential(nn.Conv2d(width, 2 * width, 1, stride=2, bias=False), nn.BatchNorm2d(2 * width))
+        self.head = nn.Linear(2 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = F.relu(x + self.b2(self.a2(F.relu(self.b1(self.a1(x))))))
+        x = F.relu(self.proj(x) + self.d2(self.c2(F.relu(self.d1(self.c1(x))))))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+# Held out: never used to write or tune the rules (exported here with the dynamo exporter, not the fixtures' own).
+HELD_OUT = [
+    Case("vit_block", ViTBlock, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
+    Case("convnext_block", ConvNeXtBlock, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
+    Case("gru_classifier", GRUClassifier, lambda b: (torch.randn(b, 16, 24),), _classes),
+    Case("resnet_basic", ResNetBasic, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
+]
+
+
 def fixture_cases() -> list[Case] | None:
     """Give the fixture registry's models as cases, or None when fixtures/models.py is not there."""
     if not (ROOT / "fixtures" / "models.py").exists():
@@ -315,14 +394,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated model names (default: all)")
     parser.add_argument("--batches", default="8,32")
+    parser.add_argument("--set", choices=("fixtures", "held-out"), default="fixtures",
+                        help="the fixtures' models, or models the rules were never tuned on")
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.perf_counter()
     checked = check_measurement()
     print(f"measurement check: Linear(1000, 500), batch 64, sgd: {checked:,} B measured = {checked:,} B by hand")
-    cases = fixture_cases()
-    source = "fixtures/models.py" if cases is not None else "the reference set in this script (no fixtures yet)"
-    cases = cases if cases is not None else REFERENCE
+    if args.set == "held-out":
+        cases: list[Case] | None = HELD_OUT + REFERENCE
+        source = "held out: models defined in this script, never used to tune the rules"
+    else:
+        cases = fixture_cases()
+        source = "fixtures/models.py" if cases is not None else "the reference set in this script (no fixtures yet)"
+        cases = cases if cases is not None else REFERENCE
     wanted = set(filter(None, args.models.split(",")))
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[Row] = []

@@ -84,6 +84,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Pad": NOTHING,
     "Resize": NOTHING,
     "Cast": NOTHING,
+    "CastLike": NOTHING,  # a cast to the dtype of input 1 (its values are not read)
     "ReduceSum": NOTHING,
     "ReduceMean": NOTHING,
     "GlobalAveragePool": NOTHING,  # adaptive_avg_pool2d to 1x1 is a mean in PyTorch
