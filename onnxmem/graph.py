@@ -52,6 +52,9 @@ class Op:
     implicit_inputs: tuple[int, ...] = ()  # outer tensors that its subgraphs read
     subgraphs: tuple[ModelGraph, ...] = ()
     layer: str = ""
+    # the PyTorch op this node was exported from, "<aten target> <fx node> <argument tensors...>" (the dynamo
+    # exporter's pkg.torch.onnx.fx_node metadata), or "": nodes sharing it are one ATen op decomposed
+    origin: str = ""
 
 
 class ModelGraph:
@@ -203,7 +206,7 @@ class _Builder:
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
             ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
-                          subgraphs, _layer_of(node, name)))
+                          subgraphs, *_layer_and_origin(node, name)))
             if (domain, op_type) not in self.known:
                 self.known[(domain, op_type)] = self._lookup_known(node)
             if not self.known[(domain, op_type)]:
@@ -257,10 +260,29 @@ def _all_names(graph: GraphProto) -> set[str]:
     return names
 
 
-def _layer_of(node: onnx.NodeProto, name: str) -> str:
+def _layer_and_origin(node: onnx.NodeProto, name: str) -> tuple[str, str]:
+    layer = origin = ""
     for prop in node.metadata_props if len(node.metadata_props) else ():
-        if prop.key in ("pkg.torch.onnx.name_scopes", "namespace"):
-            return prop.value
-    if "/" in name.strip("/"):
-        return name.rsplit("/", 1)[0]
-    return ""
+        if prop.key in ("pkg.torch.onnx.name_scopes", "namespace") and not layer:
+            layer = prop.value
+        elif prop.key == "pkg.torch.onnx.fx_node":
+            origin = _fx_origin(prop.value)
+    if not layer and "/" in name.strip("/"):
+        layer = name.rsplit("/", 1)[0]
+    return layer, origin
+
+
+def _fx_origin(fx_node: str) -> str:
+    # '%sdpa : [num_users=1] = call_function[target=torch.ops.aten.scaled_dot_product_attention.default](args =
+    # (%view_5, %view_6, %view_7), kwargs = {})' -> 'torch.ops...default %sdpa view_5 view_6 view_7'
+    target = fx_node.partition("target=")[2].partition("]")[0]
+    if not target:
+        return ""
+    arguments = fx_node.partition("args = (")[2].partition("), kwargs")[0]
+    names = [a.strip()[1:] for a in arguments.split(",") if a.strip().startswith("%")]
+    return " ".join([target, fx_node.split(" ", 1)[0], *names])
+
+
+def fx_arguments(op: Op) -> list[str]:
+    """Give the names of the tensors the PyTorch op behind `op` took as arguments (see Op.origin), in order."""
+    return op.origin.split(" ")[2:]

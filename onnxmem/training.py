@@ -27,7 +27,7 @@ import onnx
 from onnx import TensorProto
 
 from .errors import OnnxMemError
-from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph
+from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
 from .report import (
     CheckpointWhatIf,
     PhaseRow,
@@ -39,6 +39,7 @@ from .report import (
     Warning,
 )
 from .rules.training import (
+    ATEN_AS,
     AUTOCAST_FP32,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
@@ -366,7 +367,9 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     for op_index in order:
         op = graph.ops[op_index]
         nodes.append(_Node(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+    nodes, grouped = _fuse_aten_groups(nodes, values, graph)
     nodes, hidden = _fuse_decomposed(nodes, values, set(graph.outputs))
+    hidden = grouped + hidden
     n_graph_nodes = len(nodes)
 
     # The loss: appended after the model's first float output, unless that output is already a scalar.
@@ -576,6 +579,52 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes, saved_by,
                   extras, cast_copies, weight_copies, new_grads, backward_temporaries, passthrough, unknown,
                   model_output, loss_value, n_graph_nodes, hidden)
+
+
+def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
+        tuple[list[_Node], list[int]]:
+    """Give the nodes with each group exported from one ATen op of rules.training.ATEN_AS (the nodes sharing the
+    dynamo exporter's fx node) replaced by that op, at the group's last node; and the group's intermediates."""
+    groups: dict[str, list[int]] = {}
+    for n, node in enumerate(nodes):
+        origin = graph.ops[node.graph_op].origin if node.graph_op is not None else ""
+        if origin and origin.split(" ", 1)[0] in ATEN_AS:
+            groups.setdefault(" ".join(origin.split(" ", 2)[:2]), []).append(n)
+    if not any(len(members) > 1 for members in groups.values()):
+        return nodes, []
+    readers: dict[int, list[int]] = {}
+    for n, node in enumerate(nodes):
+        for t in node.inputs:
+            if t >= 0:
+                readers.setdefault(t, []).append(n)
+    graph_outputs = set(graph.outputs)
+    fused: dict[int, _Node] = {}
+    removed: set[int] = set()
+    hidden: list[int] = []
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        made = {t for n in members for t in nodes[n].outputs if t >= 0}
+        inside = set(members)
+        last = members[-1]
+        exported = [t for t in made if t in graph_outputs or any(r not in inside for r in readers.get(t, ()))]
+        # one result, read only after the group's last node (where the op is placed)
+        if len(exported) != 1 or any(r not in inside and r < last for r in readers.get(exported[0], ())):
+            continue
+        external = [t for n in members for t in nodes[n].inputs
+                    if t >= 0 and t not in made and values[t].is_float and (values[t].numel or 0) > 1]
+        named = [graph.tensor_index[name] for name in fx_arguments(graph.ops[nodes[last].graph_op])  # type: ignore[index]
+                 if name in graph.tensor_index]
+        inputs = tuple(t for t in dict.fromkeys(named or external) if t in external)
+        if not inputs:
+            continue
+        fused[last] = _Node(ATEN_AS[key.split(" ", 1)[0]], "", nodes[last].name, nodes[members[0]].layer, inputs,
+                            (exported[0],), nodes[last].graph_op)
+        removed.update(members[:-1])
+        hidden.extend(t for t in made if t != exported[0])
+    if not fused:
+        return nodes, []
+    return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
 
 
 def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph_outputs: set[int]) -> \

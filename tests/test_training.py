@@ -371,3 +371,46 @@ def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_16() -> No
     t16 = train(conv_1x1(16), optimizer="sgd", device="cpu", loss="mse").training
     assert t16 is not None
     assert t16.peak_bytes == x + 16 * w + 3 * 32768 + 32768 + 16 * w
+
+
+def _attention(marked: bool) -> onnx.ModelProto:
+    """q, k, v [2, 4, 64, 16] -> softmax(q k^T * s) v, as the dynamo exporter writes F.scaled_dot_product_attention:
+    every node carries the fx node it came from (marked) or nothing (an attention written out by hand)."""
+    b, h, n, e = 2, 4, 64, 16
+    fx = ("%sdpa : [num_users=1] = call_function[target=torch.ops.aten.scaled_dot_product_attention.default]"
+          "(args = (%q, %k, %v), kwargs = {})")
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+             oh.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             oh.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
+             oh.make_node("Softmax", ["scaled"], ["probs"], name="softmax", axis=-1),
+             oh.make_node("MatMul", ["probs", "v"], ["out"], name="sdpa")]
+    if marked:
+        for node in nodes:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = "pkg.torch.onnx.fx_node", fx
+    # q, k, v are projections of x by weights, so that they need gradients
+    proj = [oh.make_node("MatMul", ["x", f"w{name}"], [f"{name}0"], name=f"proj_{name}") for name in "qkv"]
+    heads = [oh.make_node("Reshape", [f"{name}0", "heads"], [name], name=f"heads_{name}") for name in "qkv"]
+    weights = [oh.make_tensor(f"w{name}", TensorProto.FLOAT, [h * e, h * e], [0.0] * (h * e) ** 2) for name in "qkv"]
+    graph = oh.make_graph(
+        [*proj, *heads, *nodes], "attention",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [b, n, h * e])],
+        [oh.make_tensor_value_info("out", TensorProto.FLOAT, [b, h, n, e])],
+        initializer=[*weights, oh.make_tensor("scale", TensorProto.FLOAT, [], [0.25]),
+                     oh.make_tensor("heads", TensorProto.INT64, [4], [b, h, n, e])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_scaled_dot_product_attention_keeps_no_probabilities() -> None:
+    # Marked as one aten::scaled_dot_product_attention, the nodes are simulated as PyTorch's CPU flash
+    # attention: q, k, v, the output and one log-sum-exp per query row are kept, not the softmax probabilities.
+    options = TrainingOptions(optimizer="sgd", loss="none")
+    fused = onnxmem.analyze(_attention(True), training=options).training
+    by_hand = onnxmem.analyze(_attention(False), training=options).training
+    assert fused is not None and by_hand is not None
+    probabilities = 2 * 4 * 64 * 64 * 4
+    rows = 2 * 4 * 64 * 4  # log-sum-exp, float32
+    saved = dict(fused.saved_by_op_type)
+    assert saved["ScaledDotProductAttention"] == 4 * (2 * 4 * 64 * 16 * 4) + rows  # q, k, v, output
+    assert "Softmax" not in saved
+    assert dict(by_hand.saved_by_op_type)["Softmax"] == probabilities

@@ -141,6 +141,9 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "MeanSquaredError": Saves(inputs=(0,), input_sized_extra=1),  # mse_loss(input, target) keeps both
     # recurrent: aten::mkldnn_rnn_layer (CPU) keeps its input, initial states, outputs and a workspace
     "LSTM": Saves(inputs=(0, 5, 6), outputs=(0, 1, 2), recurrent="LSTM"),
+    # F.scaled_dot_product_attention on CPU runs flash attention: it keeps q, k, v, its output and one
+    # log-sum-exp per query row, never the [batch, heads, q_len, kv_len] probabilities (see ATEN_AS)
+    "ScaledDotProductAttention": Saves(inputs=(0, 1, 2), outputs=(0,), stats="rows", stats_values=1),
 }
 
 # oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
@@ -191,6 +194,14 @@ DECOMPOSED: tuple[Decomposed, ...] = (
     Decomposed("Gelu", ("Div", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),
     Decomposed("Gelu", ("Mul", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),  # x * (1 / sqrt(2))
 )
+
+# ATen ops that the dynamo exporter decomposes into several ONNX nodes, all marked with the op's fx node
+# (pkg.torch.onnx.fx_node): the nodes are simulated as the one op PyTorch runs, a key of SAVED_FOR_BACKWARD.
+# Its inputs are the fx node's tensor arguments, in order.
+ATEN_AS: dict[str, str] = {
+    "torch.ops.aten.scaled_dot_product_attention.default": "ScaledDotProductAttention",
+    "torch.ops.aten.gelu.default": "Gelu",
+}
 
 # An operator missing from the table: keep every float input and output; every gradient a new buffer.
 DEFAULT_SAVES = Saves(inputs=tuple(range(16)), outputs=tuple(range(8)))
