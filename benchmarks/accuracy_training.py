@@ -269,7 +269,7 @@ class ResNetBasic(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-# Held out: never used to write or tune the rules (exported here with the dynamo exporter, not the fixtures' own).
+# Held out: not the fixtures the rules were written on (exported here with the dynamo exporter).
 HELD_OUT = [
     Case("vit_block", ViTBlock, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
     Case("convnext_block", ConvNeXtBlock, lambda b: (torch.randn(b, 3, 32, 32),), _classes),
@@ -403,7 +403,7 @@ def main() -> None:
     print(f"measurement check: Linear(1000, 500), batch 64, sgd: {checked:,} B measured = {checked:,} B by hand")
     if args.set == "held-out":
         cases: list[Case] | None = HELD_OUT + REFERENCE
-        source = "held out: models defined in this script, never used to tune the rules"
+        source = "held out: models defined in this script, not the fixtures the rules were written on"
     else:
         cases = fixture_cases()
         source = "fixtures/models.py" if cases is not None else "the reference set in this script (no fixtures yet)"

@@ -719,20 +719,18 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
         t = sources[i] if i < len(sources) else -1
         return values[t].shape if t >= 0 else None
 
-    w, r = shape(1, node.inputs), shape(2, node.inputs)
     x = values[node.inputs[0]] if node.inputs and node.inputs[0] >= 0 else None
-    states = shape(1, node.outputs) or shape(5, node.inputs)
-    if w is None or r is None or x is None or x.numel is None or states is None or len(w) != 3 or len(r) != 3:
+    dims = _recurrent_dims(shape(1, node.inputs), shape(2, node.inputs), x,
+                           shape(1, node.outputs) or shape(5, node.inputs), shape(0, node.outputs))
+    if dims is None:
         return 0, 0
-    directions, features, hidden = w[0], w[2], r[2]
-    state_numel = _numel(states)
-    if not all(isinstance(d, int) and d > 0 for d in (directions, features, hidden)) or not state_numel:
-        return 0, 0
-    assert isinstance(directions, int) and isinstance(features, int) and isinstance(hidden, int)
-    batch = state_numel // (directions * hidden)
-    steps = x.numel // max(batch * features, 1)
+    steps, directions, batch, features, hidden = dims
     if device == "cuda":
         return 4 * directions * steps * batch * hidden * rule.cuda_values, 0
+    if rule.cpu_unrolled:
+        return 4 * directions * steps * batch * hidden * rule.cpu_unrolled, 0
+    if not features:
+        return 0, 0  # oneDNN's workspace needs the input's features
     gates = _onednn_ld(rule.gates * hidden)
     rows = steps * gates + rule.state_rows * (steps + 1) * _onednn_ld(max(features, hidden)) \
         + (rule.diff_rows * (steps + 1) - 1) * _onednn_ld(hidden)
@@ -741,6 +739,29 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
     # initial states' gradients
     scratch = 4 * gates * (features + hidden + steps * batch) + 4 * 4 * batch * hidden
     return directions * workspace, directions * scratch
+
+
+def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str | None, ...] | None,
+                    x: _Value | None, states: tuple[int | str | None, ...] | None,
+                    y: tuple[int | str | None, ...] | None) -> tuple[int, int, int, int, int] | None:
+    """Give (T steps, D directions, B batch, I features, H hidden) of a recurrent node: from its weights
+    W [D, gates x H, I] and R [D, gates x H, H] and its states [D, B, H] where those are known, else from its
+    output Y [T, D, B, H] (layout 0, the one exporters write) and input X [T, B, I] (weights the exporter
+    reorders at run time have no static shape)."""
+    if x is None:
+        return None
+    if x.numel is not None and w is not None and r is not None and states is not None and len(w) == 3 and len(r) == 3:
+        directions, features, hidden = w[0], w[2], r[2]
+        state_numel = _numel(states)
+        if all(isinstance(d, int) and d > 0 for d in (directions, features, hidden)) and state_numel:
+            assert isinstance(directions, int) and isinstance(features, int) and isinstance(hidden, int)
+            batch = state_numel // (directions * hidden)
+            return x.numel // max(batch * features, 1), directions, batch, features, hidden
+    if y is not None and len(y) == 4 and all(isinstance(d, int) and d > 0 for d in y):
+        steps, directions, batch, hidden = (int(d) for d in y)  # type: ignore[arg-type]
+        features = x.shape[2] if x.shape is not None and len(x.shape) == 3 else None
+        return steps, directions, batch, features if isinstance(features, int) else 0, hidden
+    return None
 
 
 def _stat_count(graph: ModelGraph, node: _Node, value: _Value, kind: str) -> int:

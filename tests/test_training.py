@@ -414,3 +414,22 @@ def test_scaled_dot_product_attention_keeps_no_probabilities() -> None:
     assert saved["ScaledDotProductAttention"] == 4 * (2 * 4 * 64 * 16 * 4) + rows  # q, k, v, output
     assert "Softmax" not in saved
     assert dict(by_hand.saved_by_op_type)["Softmax"] == probabilities
+
+
+def test_gru_on_cpu_keeps_the_unrolled_cells_values() -> None:
+    # PyTorch runs a CPU GRU as a loop of cells: 7 new values per step, batch row and hidden unit are kept for
+    # backward (measured with saved-tensor hooks), besides the layer's input.
+    steps, batch, features, hidden = 16, 8, 24, 64
+    w = oh.make_tensor("W", TensorProto.FLOAT, [1, 3 * hidden, features], [0.0] * (3 * hidden * features))
+    r = oh.make_tensor("R", TensorProto.FLOAT, [1, 3 * hidden, hidden], [0.0] * (3 * hidden * hidden))
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["x", "x"], ["a"], name="a"),
+         oh.make_node("GRU", ["a", "W", "R"], ["y", "h"], name="gru", hidden_size=hidden, linear_before_reset=1),
+         oh.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0)], "gru",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [steps, batch, features])],
+        [oh.make_tensor_value_info("loss", TensorProto.FLOAT, [])], initializer=[w, r])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    training = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", loss="none", device="cpu")).training
+    assert training is not None and "GRU" not in training.unknown_backward_ops
+    cells = 7 * 4 * steps * batch * hidden
+    assert dict(training.saved_by_op_type)["GRU"] == cells + 4 * steps * batch * features  # + its input a

@@ -141,6 +141,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "MeanSquaredError": Saves(inputs=(0,), input_sized_extra=1),  # mse_loss(input, target) keeps both
     # recurrent: aten::mkldnn_rnn_layer (CPU) keeps its input, initial states, outputs and a workspace
     "LSTM": Saves(inputs=(0, 5, 6), outputs=(0, 1, 2), recurrent="LSTM"),
+    "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
     # F.scaled_dot_product_attention on CPU runs flash attention: it keeps q, k, v, its output and one
     # log-sum-exp per query row, never the [batch, heads, q_len, kv_len] probabilities (see ATEN_AS)
     "ScaledDotProductAttention": Saves(inputs=(0, 1, 2), outputs=(0,), stats="rows", stats_values=1),
@@ -161,18 +162,25 @@ class Recurrent:
     state gradients (ld(H)). Its backward holds the weights reordered (I + H rows of ld(gates x H)) and the
     gates' scratch (T x B rows of ld(gates x H)) and four B x H state gradients for a moment.
     CUDA (cuDNN's reserve space): about cuda_values values per step, batch row and hidden unit.
+    CPU without oneDNN (cpu_unrolled > 0): PyTorch runs the op as a loop of cells whose autograd keeps
+    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views).
     """
 
     gates: int
     state_rows: int
     diff_rows: int
     cuda_values: int
+    cpu_unrolled: int = 0
 
 
 RECURRENT: dict[str, Recurrent] = {
     # oneDNN LSTM: states of the layer, iteration and cell (2 layers of T + 1 steps each); the gradients of
     # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
     "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6),
+    # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
+    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); cuDNN's
+    # reserve space for GRU is not measured: cuda_values as LSTM's
+    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7),
 }
 
 # Operators the TorchScript exporter writes as a chain of elementwise nodes although PyTorch runs (and saves for)
