@@ -77,11 +77,11 @@ class CpuMeasurement:
         return self.runs[-1]
 
 
-def _import_ort() -> Any:
+def _import_ort(package: str = "onnxruntime", extra: str = "cpu", purpose: str = "Validation on CPU") -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise require_extra("onnxruntime", "cpu", "Validation on CPU") from exc
+        raise require_extra(package, extra, purpose) from exc
     return onnxruntime
 
 
@@ -213,14 +213,55 @@ def _measure_run(index: int, events: list[dict[str, Any]], baseline: int) -> Run
                           peak_node=peak_node, start_bytes=start - baseline)
 
 
+def session_options(ort: Any, opt_level: str, mem_pattern: bool, workdir: Path,
+                    optimized_path: Path) -> tuple[Any, dict[str, str]]:
+    """Give onnxruntime session options with every setting that moves the peak pinned, and those settings
+    for printing: one thread each way, sequential, default order, memory reuse on, memory pattern `mem_pattern`,
+    fatal logs only, the profile in `workdir` and the graph onnxruntime runs saved at `optimized_path`."""
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    so = ort.SessionOptions()
+    so.graph_optimization_level = levels[opt_level]
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.execution_order = ort.ExecutionOrder.DEFAULT
+    so.enable_mem_reuse = True
+    so.enable_mem_pattern = bool(mem_pattern)
+    so.log_severity_level = 4  # fatal only: a failed load is reported through the exception, on one line
+    so.enable_profiling = True
+    so.profile_file_prefix = str(workdir / "ort_profile")
+    so.optimized_model_filepath = str(optimized_path)
+    # Big weights of the saved graph go to a side file (a single protobuf cannot exceed 2 GiB).
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                optimized_path.name + ".data")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    settings = {
+        "graph_optimization_level": str(levels[opt_level]).split(".")[-1],
+        "intra_op_num_threads": "1",
+        "inter_op_num_threads": "1",
+        "execution_mode": "ORT_SEQUENTIAL",
+        "execution_order": "DEFAULT",
+        "enable_mem_reuse": "True",
+        "enable_mem_pattern": str(bool(mem_pattern)),
+        "log_severity_level": "4",
+    }
+    return so, settings
+
+
 def measure_cpu(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[str, numpy.ndarray], *,
                 opt_level: str = "disable", runs: int = 2, mem_pattern: bool = True) -> CpuMeasurement:
     """Run the model `runs` times on onnxruntime's CPU provider with every memory-relevant setting pinned.
 
     Pinned: CPUExecutionProvider only, graph optimization level `opt_level`, intra-op and inter-op threads 1,
     sequential execution, default execution order, CPU arena on, memory reuse on, memory pattern `mem_pattern`,
-    log severity 3. The profile and the optimized model are written into a temporary directory that is always
-    removed; nothing is written next to the model. Raises RuntimeMeasurementError (onnxruntime's reason, one line)
+    fatal logs only (see session_options). The profile and the optimized model are written into a temporary
+    directory that is always removed; nothing is written next to the model. Raises RuntimeMeasurementError
+    (onnxruntime's reason, one line)
     when onnxruntime cannot load or run the model.
     """
     if opt_level not in OPT_LEVELS:
@@ -228,50 +269,16 @@ def measure_cpu(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[str
     if runs < 1:
         raise ValueError("runs must be at least 1")
     ort = _import_ort()
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
-    settings = {
-        "onnxruntime": str(ort.__version__),
-        "execution_provider": "CPUExecutionProvider",
-        "graph_optimization_level": str(levels[opt_level]).split(".")[-1],
-        "intra_op_num_threads": "1",
-        "inter_op_num_threads": "1",
-        "execution_mode": "ORT_SEQUENTIAL",
-        "execution_order": "DEFAULT",
-        "enable_cpu_mem_arena": "True",
-        "enable_mem_reuse": "True",
-        "enable_mem_pattern": str(bool(mem_pattern)),
-        "log_severity_level": "4",
-        "session.disable_prepacking": "0",
-        "runs": str(runs),
-    }
+    settings = {"onnxruntime": str(ort.__version__), "execution_provider": "CPUExecutionProvider"}
     with tempfile.TemporaryDirectory(prefix="onnxmem-ort-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)
         source = _session_source(model, workdir)
         optimized_path = workdir / "optimized.onnx"
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = levels[opt_level]
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.execution_order = ort.ExecutionOrder.DEFAULT
+        so, pinned = session_options(ort, opt_level, mem_pattern, workdir, optimized_path)
         so.enable_cpu_mem_arena = True
-        so.enable_mem_reuse = True
-        so.enable_mem_pattern = bool(mem_pattern)
-        so.log_severity_level = 4  # fatal only: a failed load is reported through the exception, on one line
         so.add_session_config_entry("session.disable_prepacking", "0")  # prepacked weights live in the arena
-        so.enable_profiling = True
-        so.profile_file_prefix = str(workdir / "ort_profile")
-        so.optimized_model_filepath = str(optimized_path)
-        # Big weights of the saved graph go to a side file (a single protobuf cannot exceed 2 GiB).
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                    optimized_path.name + ".data")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        settings.update(pinned)
+        settings.update({"enable_cpu_mem_arena": "True", "session.disable_prepacking": "0", "runs": str(runs)})
 
         sess = None
         try:

@@ -39,8 +39,17 @@ from typing import Any, Protocol
 import numpy
 import onnx
 
-from ..errors import MissingExtraError, RuntimeMeasurementError, require_extra
-from .cpu import OPT_LEVELS, _load_optimized, _node_name, _one_line, _session_source, _split_runs
+from ..errors import MissingExtraError, RuntimeMeasurementError
+from .cpu import (
+    OPT_LEVELS,
+    _import_ort,
+    _load_optimized,
+    _node_name,
+    _one_line,
+    _session_source,
+    _split_runs,
+    session_options,
+)
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
@@ -544,14 +553,6 @@ class CudaMeasurement:
         return self.runs[-1]
 
 
-def _import_ort_gpu() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise require_extra("onnxruntime-gpu", "gpu", "Validation on CUDA") from exc
-    return onnxruntime
-
-
 def _profile_order(events: list[dict[str, Any]], runs: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Node names of run 0 in execution order, and those of them that ran on the CPU provider."""
     try:
@@ -596,7 +597,7 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
         raise ValueError("runs must be at least 1")
     if device_id < 0:
         raise ValueError(f"device_id cannot be negative: {device_id}")
-    ort = _import_ort_gpu()
+    ort = _import_ort("onnxruntime-gpu", "gpu", "Validation on CUDA")
     if CUDA_PROVIDER not in ort.get_available_providers():
         raise MissingExtraError(_NO_CUDA_PROVIDER)
     preload = getattr(ort, "preload_dlls", None)
@@ -608,12 +609,6 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
     backend = _make_backend(device_id)
     context_bytes = backend.create_context()
 
-    levels = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
     cuda_options = {
         "device_id": str(device_id),
         "cudnn_conv_algo_search": "HEURISTIC",
@@ -625,17 +620,8 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
     settings = {
         "onnxruntime": str(ort.__version__),
         "execution_provider": CUDA_PROVIDER,
-        "graph_optimization_level": str(levels[opt_level]).split(".")[-1],
-        "intra_op_num_threads": "1",
-        "inter_op_num_threads": "1",
-        "execution_mode": "ORT_SEQUENTIAL",
-        "execution_order": "DEFAULT",
-        "enable_mem_reuse": "True",
-        "enable_mem_pattern": str(bool(mem_pattern)),
-        "log_severity_level": "4",
         **{f"cuda.{key}": value for key, value in cuda_options.items()},
         "cuda.gpu_external_alloc": "onnxmem counting allocator (cudaMalloc/cudaFree)",
-        "runs": str(runs),
     }
     counter = AllocationCounter("setup")
     hooks = AllocatorHooks(backend, counter)
@@ -646,22 +632,9 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
         workdir = Path(tmp)
         source = _session_source(model, workdir)
 
-        so = ort.SessionOptions()
-        so.graph_optimization_level = levels[opt_level]
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.execution_order = ort.ExecutionOrder.DEFAULT
-        so.enable_mem_reuse = True
-        so.enable_mem_pattern = bool(mem_pattern)
-        so.log_severity_level = 4  # fatal only: a failed load is reported through the exception, on one line
-        so.enable_profiling = True  # node events only; cheap, and the node order is worth having
-        so.profile_file_prefix = str(workdir / "ort_profile")
-        optimized_path = workdir / "optimized.onnx"
-        so.optimized_model_filepath = str(optimized_path)
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                    optimized_path.name + ".data")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        so, pinned = session_options(ort, opt_level, mem_pattern, workdir, workdir / "optimized.onnx")
+        settings.update(pinned)
+        settings["runs"] = str(runs)
 
         sess = None
         events: list[dict[str, Any]] = []
@@ -692,7 +665,7 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
             del sess  # frees the session's device memory (seen by the counter) and its profile file handle
         if failure:
             raise RuntimeMeasurementError(failure)
-        optimized = _load_optimized(optimized_path)
+        optimized = _load_optimized(workdir / "optimized.onnx")
 
     summary = counter.summary()
     order, on_cpu = _profile_order(events, runs)
