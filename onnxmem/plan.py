@@ -406,7 +406,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
         answer_at = family.report(at) if training is not None else None
         groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-        what_ifs = _what_ifs(loaded, family.graph(at), {**family.header(at)[1]}, groups, needs[at], "", 0, order,
+        what_ifs = _what_ifs(loaded, family.graph(at), family.header(at)[1], groups, needs[at], "", 0, order,
                              default_dim, training, gpus, shard)
     return FitResult(
         model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},

@@ -16,8 +16,8 @@ from .errors import DimError
 from .report import Warning
 from .rules.inference import PLANNER_KEEPS_DIM_AT_SCALE_ONE, SHAPE_AS
 
-# Integer initializers up to this many elements stay in the copy given to shape inference: they are the
-# shape, axes and index constants that data propagation needs. Everything else travels as a typed input.
+# Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
+# constants that data propagation needs, and Resize's scales. Everything else travels as a typed input.
 _KEEP_INT_VALUES_UP_TO = 4096
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _DIM_NAME = re.compile(r"^[^=\s]+$")
@@ -288,7 +288,7 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
-    scales = {t.name: t for t in light.graph.initializer}
+    initializers = {t.name: t for t in light.graph.initializer}
     learned_before: set[str] = set()
     types = _collect_types(inferred.graph, TypeDecoder())
     for _ in range(_PLANNER_ROUNDS):
@@ -300,7 +300,7 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
                     learned.extend(contrib[out] for out in node.output if out in contrib
                                    and out not in learned_before and not (out in types and _known(types[out])))
             elif node.op_type in PLANNER_KEEPS_DIM_AT_SCALE_ONE and node.output[0] not in learned_before:
-                kept = _kept_dims(node, types, scales)
+                kept = _kept_dims(node, types, initializers)
                 if kept is not None:
                     learned.append(kept)
         if not learned:

@@ -110,7 +110,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     order = ran_order(graph, measured.execution_order) if measured.execution_order else \
         execution_order(graph, "ort")
     taken = take_ran_branches(graph, measured.execution_order)
-    # The saved graph declares the shapes onnxruntime planned with (symbolic dims, empty where it knew none).
+    # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
+    # declares in value_info, which it loads and the saved graph carries.
     plan_types = {**infer_symbolic(ran), **declared_types(ran)}
     plan = [runtime_view(plan_types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
     timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan)
