@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import numpy
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
@@ -170,19 +172,49 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
                     value_source(name) or graph.node[producer[name]].op_type == "Constant"):
                 stack.append(producer[name])
     initializers = {t.name: t for t in graph.initializer}
-    made = {out for i in chosen for out in graph.node[i].output}
+    nodes = [graph.node[i] for i in sorted(chosen)]
+    # Shape values computed here reach where ONNX's data propagation does not; those that depend on a size the
+    # part infers are computed after it, and the part inferred again with them (a few rounds at most).
+    sizes: dict[str, TensorType] = dict(known)
+    folded: dict[str, TensorProto] = {}
+    for _ in range(_REST_ROUNDS):
+        found = _infer_part(model, nodes, folded, initializers, known, unknown, bound)
+        if found is None:
+            return None
+        rest = {name: found[name] for name in unknown if name in found and found[name][2] is not None}
+        if len(rest) == len(unknown):
+            return rest
+        sizes.update((name, t) for name, t in found.items() if t[2] is not None)
+        more = _shape_values(nodes, initializers, sizes)
+        if more.keys() <= folded.keys():
+            return None
+        folded = more
+    return None
+
+
+_REST_ROUNDS = 3
+
+
+def _infer_part(model: ModelProto, nodes: list[onnx.NodeProto], folded: Mapping[str, TensorProto],
+                initializers: Mapping[str, TensorProto], known: Mapping[str, TensorType], unknown: set[str],
+                bound: Mapping[str, int]) -> dict[str, TensorType] | None:
+    """Give the types inference finds on `nodes` alone, the `folded` shape values as constants and the `known`
+    tensors they read as inputs; None where an input is of unknown type or inference fails."""
+    made = {out for node in nodes for out in node.output}
     part = _without_initializers(model)
-    declared = {v.name: v for v in graph.value_info}
-    for i in sorted(chosen):
-        node = graph.node[i]
+    declared = {v.name: v for v in model.graph.value_info}
+    part.graph.initializer.extend(folded.values())
+    for node in nodes:
+        if node.output and all(out in folded for out in node.output if out):
+            continue
         part.graph.node.add().CopyFrom(node)
         for out in node.output:
             if out in declared and out in unknown:
                 part.graph.value_info.add().CopyFrom(declared[out])
     entered: set[str] = set()
-    for i in sorted(chosen):
-        for name in graph.node[i].input:
-            if not name or name in made or name in entered:
+    for node in nodes:
+        for name in node.input:
+            if not name or name in made or name in entered or name in folded:
                 continue
             entered.add(name)
             if name in initializers:
@@ -200,15 +232,13 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
         inferred = onnx.shape_inference.infer_shapes(part, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
         return None
-    found = _collect_types(inferred.graph, TypeDecoder())
-    rest = {name: found[name] for name in unknown if name in found and found[name][2] is not None}
-    return rest if len(rest) == len(unknown) else None
+    return _collect_types(inferred.graph, TypeDecoder())
 
 
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes)."""
-    return _infer(_constants_as_initializers(model), input_dims(model), {}, [], data_prop=False, planner=True)
+    return _infer(model, input_dims(model), {}, [], data_prop=False, planner=True)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -225,33 +255,54 @@ def runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
     return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
 
 
-def _constants_as_initializers(model: ModelProto) -> ModelProto:
-    # onnxruntime turns Constant nodes into initializers before it infers shapes, so their values reach
-    # inference (a Resize's scales, a Reshape's target) where ONNX alone, without data propagation, sees none.
-    constants = [n for n in model.graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
-                 and len(n.attribute) == 1 and n.attribute[0].name == "value"]
-    if not constants:
-        return model
-    copy = ModelProto()
-    copy.CopyFrom(_without_initializers(model))
-    copy.graph.input.extend(model.graph.input)
-    copy.graph.output.extend(model.graph.output)
-    copy.graph.value_info.extend(model.graph.value_info)
-    copy.graph.initializer.extend(model.graph.initializer)
-    skip = {id(n) for n in constants}
-    for node in model.graph.node:
-        if id(node) in skip:
-            tensor = copy.graph.initializer.add()
-            tensor.CopyFrom(node.attribute[0].t)
-            tensor.name = node.output[0]
-        else:
-            copy.graph.node.add().CopyFrom(node)
-    return copy
+def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
+    """Give a Constant node's value as an initializer named after its output, or None (a string, a sparse
+    value, another domain). onnxruntime turns Constant nodes into initializers before it infers shapes, so
+    their values reach inference (a Resize's scales, a Slice's bounds, a Reshape's target)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1 \
+            or not node.output:
+        return None
+    attr = node.attribute[0]
+    name = node.output[0]
+    if attr.name == "value":
+        tensor = TensorProto()
+        tensor.CopyFrom(attr.t)
+        tensor.name = name
+        return tensor
+    if attr.name == "value_int":
+        return onnx.helper.make_tensor(name, TensorProto.INT64, [], [attr.i])
+    if attr.name == "value_ints":
+        return onnx.helper.make_tensor(name, TensorProto.INT64, [len(attr.ints)], list(attr.ints))
+    if attr.name == "value_float":
+        return onnx.helper.make_tensor(name, TensorProto.FLOAT, [], [attr.f])
+    if attr.name == "value_floats":
+        return onnx.helper.make_tensor(name, TensorProto.FLOAT, [len(attr.floats)], list(attr.floats))
+    return None
+
+
+def _fold_constant_nodes(graph: GraphProto) -> None:
+    """Turn the graph's Constant nodes into initializers, in place (the copy given to inference only)."""
+    values = [(i, _constant_value(n)) for i, n in enumerate(graph.node) if n.op_type == "Constant"]
+    folded = {i: tensor for i, tensor in values if tensor is not None}
+    if not folded:
+        return
+    kept = [n for i, n in enumerate(graph.node) if i not in folded]
+    graph.initializer.extend(folded.values())
+    del graph.node[:]
+    graph.node.extend(kept)
+    # an initializer's own type is exact; a declaration of the same name (exporters declare Constant outputs,
+    # often with no shape) would override it in inference
+    names = {tensor.name for tensor in folded.values()}
+    if any(v.name in names for v in graph.value_info):
+        declared = [v for v in graph.value_info if v.name not in names]
+        del graph.value_info[:]
+        graph.value_info.extend(declared)
 
 
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
            warnings: list[Warning], data_prop: bool = True, planner: bool = False) -> dict[str, TensorType]:
     light = _shape_only_copy(model)
+    _fold_constant_nodes(light.graph)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
     _substitute(light.graph, bound)
@@ -265,10 +316,159 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
         return _planner_rounds(light, inferred, warnings)
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
-    return _collect_types(inferred.graph, TypeDecoder())
+        return _collect_types(inferred.graph, TypeDecoder())
+    types = _collect_types(inferred.graph, TypeDecoder())
+    if data_prop and _has_unknown_outputs(inferred.graph):
+        # shape values ONNX's data propagation does not carry (see _shape_values), computed and given back
+        for _ in range(_REST_ROUNDS):
+            initializers = {t.name: t for t in light.graph.initializer}
+            folded = _shape_values(list(light.graph.node), initializers, types)
+            fresh = [t for name, t in folded.items() if name not in initializers]
+            if not fresh:
+                break
+            light.graph.initializer.extend(fresh)
+            try:
+                inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
+                                                             data_prop=True)
+            except Exception:  # noqa: BLE001 - keep what the first inference found
+                break
+            types = _collect_types(inferred.graph, TypeDecoder())
+            if not _has_unknown_outputs(inferred.graph):
+                break
+    return types
 
 
 _PLANNER_ROUNDS = 8
+
+
+def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, TensorProto],
+                  known: Mapping[str, TensorType]) -> dict[str, TensorProto]:
+    """Give the values of the small integer tensors these nodes compute from constants and from the sizes of
+    tensors whose shapes are `known` (Shape of a known tensor, then Gather, Concat, Mul, ...), as initializers.
+
+    ONNX's data propagation carries such values to Reshape and Expand but not to Slice's bounds, and not through
+    Reshape or Identity (the dynamo exporter writes a symbolic size as Reshape(size, [-1]) and slices an RNN's
+    weights by it); computing them here sizes what they shape.
+    """
+    values: dict[str, numpy.ndarray] = {}
+
+    def value(name: str) -> numpy.ndarray | None:
+        if name in values:
+            return values[name]
+        tensor = initializers.get(name)
+        if tensor is None or tensor.data_type not in _INT_TYPES or tensor.data_location == TensorProto.EXTERNAL:
+            return None
+        array = onnx.numpy_helper.to_array(tensor)
+        return array if array.size <= _KEEP_INT_VALUES_UP_TO else None
+
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or node.op_type not in SHAPE_VALUE_OPS:
+            continue
+        constant = _constant_value(node)
+        if constant is not None:
+            if constant.data_type in _INT_TYPES:
+                values[node.output[0]] = onnx.numpy_helper.to_array(constant)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Shape":
+            shape = known.get(node.input[0], UNKNOWN_TYPE)[1]
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                continue
+            start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+            values[node.output[0]] = numpy.array(shape[start:end] if end else shape[start:0], dtype=numpy.int64)
+            continue
+        arguments = [value(name) if name else None for name in node.input]
+        compute = SHAPE_VALUE_OPS[node.op_type]
+        if not arguments or arguments[0] is None or compute is None:
+            continue
+        try:
+            result = compute(arguments, attrs)
+        except Exception:  # noqa: BLE001 - an unexpected form: leave the node to inference
+            continue
+        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and result.dtype.kind in "iu":
+            values[node.output[0]] = result
+    return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()}
+
+
+Values = list["numpy.ndarray | None"]
+
+
+def _axes(a: Values, k: Mapping[str, Any]) -> tuple[int, ...] | None:
+    if len(a) > 1 and a[1] is not None:
+        return tuple(int(x) for x in a[1].reshape(-1))
+    return tuple(int(x) for x in k["axes"]) if "axes" in k else None
+
+
+def _unsqueeze(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    axes = _axes(a, k)
+    return None if axes is None or a[0] is None else numpy.expand_dims(a[0], axes)
+
+
+def _squeeze(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    axes = _axes(a, k)
+    return None if a[0] is None else numpy.squeeze(a[0], axis=axes)
+
+
+def _reshape(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None or a[1] is None or 0 in a[1]:
+        return None  # a 0 copies the input's dim (allowzero 0): left to inference
+    return a[0].reshape([int(d) for d in a[1]])
+
+
+def _concat(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if any(x is None for x in a):
+        return None
+    return numpy.concatenate([x.reshape(-1) if x.ndim == 0 else x for x in a if x is not None], int(k.get("axis", 0)))
+
+
+def _gather(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    return None if a[0] is None or a[1] is None else numpy.take(a[0], a[1], axis=int(k.get("axis", 0)))
+
+
+def _slice(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if len(a) < 3 or a[0] is None or a[1] is None or a[2] is None or a[0].ndim != 1 or len(a[1]) != 1:
+        return None
+    if len(a) > 3 and a[3] is not None and int(a[3][0]) not in (0, -1):
+        return None
+    step = int(a[4][0]) if len(a) > 4 and a[4] is not None else 1
+    return a[0][int(a[1][0]):int(a[2][0]):step]
+
+
+def _arithmetic(function: Callable[[numpy.ndarray, numpy.ndarray], numpy.ndarray]) -> \
+        Callable[[Values, Mapping[str, Any]], numpy.ndarray | None]:
+    def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+        return None if len(a) < 2 or a[0] is None or a[1] is None else function(a[0], a[1])
+    return apply
+
+
+def _divide(x: numpy.ndarray, y: numpy.ndarray) -> numpy.ndarray:
+    return numpy.trunc(x / y).astype(numpy.result_type(x, y))  # ONNX integer division truncates
+
+
+def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    return None if a[0] is None or k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+
+
+# How each operator computes a small integer value from its inputs' values (None where unknown) and its
+# attributes: the shape arithmetic exporters write. None leaves the node to inference. Constant and Shape are
+# computed in _shape_values (from the node's value, from its input's known shape).
+SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray | None] | None] = {
+    "Constant": None,
+    "Shape": None,
+    "Identity": lambda a, k: a[0],
+    "Cast": _cast,
+    "Reshape": _reshape,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": _concat,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Add": _arithmetic(numpy.add),
+    "Sub": _arithmetic(numpy.subtract),
+    "Mul": _arithmetic(numpy.multiply),
+    "Div": _arithmetic(_divide),
+    "Expand": lambda a, k: None if a[0] is None or a[1] is None else a[0] * numpy.ones(a[1], dtype=a[0].dtype),
+}
 
 
 def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warning]) -> dict[str, TensorType]:

@@ -105,3 +105,42 @@ def test_planner_keeps_a_symbolic_dim_through_resize_at_scale_one(scales: list[f
     # sizes at a binding are right either way
     sized = onnxmem.shapes.bind_and_infer(model, {"batch": 3}, symbolic=infer_symbolic(model))
     assert sized.types["y"][1] == (3 * int(scales[0]), 4, 16, 16)
+
+
+def _shape_arithmetic_model() -> onnx.ModelProto:
+    """What the dynamo exporter writes for a GRU's weights and dynamic sizes: a Slice bounded by a Shape, and a
+    symbolic size turned into a shape piece with Reshape(size, [-1]); ONNX's data propagation stops at both."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", ["state"], ["hidden"], start=2, end=3),  # [64]
+        helper.make_node("Constant", [], ["zero"], value_ints=[0]),
+        helper.make_node("Slice", ["w", "zero", "hidden", "zero"], ["w_part"]),  # [64, 24]
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Gather", ["x_shape", "index0"], ["batch_size"], axis=0),  # scalar
+        helper.make_node("Reshape", ["batch_size", "minus_one"], ["batch_1d"]),  # [batch]
+        helper.make_node("Concat", ["batch_1d", "hidden"], ["expand_to"], axis=0),
+        helper.make_node("Expand", ["one", "expand_to"], ["ones"]),  # [batch, 64]
+    ]
+    graph = helper.make_graph(
+        nodes, "shape_arithmetic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 24]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 64])],
+        [helper.make_tensor_value_info("w_part", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("ones", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.zeros((192, 24), np.float32), "w"),
+                     numpy_helper.from_array(np.array(0, np.int64), "index0"),
+                     numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+                     numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_shape_values_data_propagation_misses_are_computed() -> None:
+    from onnxmem import shapes
+
+    model = _shape_arithmetic_model()
+    for symbolic in (None, shapes.infer_symbolic(model)):  # the whole graph, and only the part left unknown
+        types = shapes.bind_and_infer(model, {"batch": 3}, symbolic=symbolic).types
+        assert types["w_part"][1:] == ((64, 24), 64 * 24 * 4)
+        assert types["ones"][1:] == ((3, 64), 3 * 64 * 4)
