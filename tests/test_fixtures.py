@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
