@@ -228,12 +228,13 @@ def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = 
     return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs, loop_body=loop_body).peak_bytes
 
 
-def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 64) -> int:
+def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 256) -> int:
     """Give the size of the one block onnxruntime's memory pattern allocates from the second run on.
 
     Its MemPatternPlanner replays the first run's allocations and frees of planned buffers (graph outputs apart),
-    each rounded up to `alignment` bytes, placing each at the best-fitting gap between the blocks in use or in the
-    free tail before the block's end (the smallest gap that holds it, else the end); the block is the highest end
+    each rounded up to `alignment` bytes (onnxruntime's kAllocAlignment, 256; with 64 the small shape tensors
+    came out 192 bytes short each), placing each at the best-fitting gap between the blocks in use or in the free
+    tail before the block's end (the smallest gap that holds it, else the end); the block is the highest end
     reached.
     """
     starts: dict[int, list[int]] = {}

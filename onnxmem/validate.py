@@ -266,7 +266,7 @@ def _notes() -> tuple[str, ...]:
         "measured: onnxruntime's profiler allocator statistics (mem_bytes_requested_in_use), exact on CPU; "
         "scratch memory a kernel allocates and frees inside itself is not seen",
         "estimated on the graph onnxruntime ran, in the order it ran it; steady runs: the memory-pattern block "
-        "(best-fit replay of the first run's planned buffers, 64-byte aligned) plus graph outputs",
+        "(best-fit replay of the first run's planned buffers, 256-byte aligned) plus graph outputs",
         "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns) and initializers under "
         "128 bytes; larger initializers are used in place from the model and are not measured",
     )
