@@ -16,7 +16,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .dtypes import tensor_bytes
 from .errors import DimError
 from .report import Warning
-from .rules.inference import PLANNER_KEEPS_DIM_AT_SCALE_ONE, SHAPE_AS
+from .rules.inference import PLANNER_MERGES_DIMS, SHAPE_AS
 
 # Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
 # constants that data propagation needs, and Resize's scales. Everything else travels as a typed input.
@@ -479,8 +479,8 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
     propagates no shape values (measured: after a Reshape whose target is computed, it knows no shape). Its
     Python symbolic inference knows the contrib operators but also propagates shape values symbolically, so it
     knows more than the planner: its type for a contrib operator's output is taken only where every input of
-    that operator is known. Resize with a scale of 1 keeps the input's symbolic dim
-    (rules.inference.PLANNER_KEEPS_DIM_AT_SCALE_ONE).
+    that operator is known. Concat merges each dim from all its inputs, where ONNX's 'unk__N' names would win
+    (rules.inference.PLANNER_MERGES_DIMS).
     """
     contrib: dict[str, ValueInfoProto] = {}
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
@@ -488,7 +488,6 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
-    initializers = {t.name: t for t in light.graph.initializer}
     learned_before: set[str] = set()
     types = _collect_types(inferred.graph, TypeDecoder())
     for _ in range(_PLANNER_ROUNDS):
@@ -499,10 +498,10 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
                         and all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
                     learned.extend(contrib[out] for out in node.output if out in contrib
                                    and out not in learned_before and not (out in types and _known(types[out])))
-            elif node.op_type in PLANNER_KEEPS_DIM_AT_SCALE_ONE and node.output[0] not in learned_before:
-                kept = _kept_dims(node, types, initializers)
-                if kept is not None:
-                    learned.append(kept)
+            elif node.op_type in PLANNER_MERGES_DIMS and node.output and node.output[0] not in learned_before:
+                merged = _merged_dims(node, types)
+                if merged is not None:
+                    learned.append(merged)
         if not learned:
             return types
         learned_before.update(v.name for v in learned)
@@ -515,33 +514,27 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
     return types
 
 
-def _kept_dims(node: onnx.NodeProto, types: Mapping[str, TensorType],
-               initializers: Mapping[str, TensorProto]) -> ValueInfoProto | None:
-    """Give the output type of a Resize whose symbolic dims at scale 1 ONNX's inference left unnamed, or None."""
-    slot = PLANNER_KEEPS_DIM_AT_SCALE_ONE[node.op_type]
-    out = node.output[0]
-    if len(node.input) <= slot or node.input[slot] not in initializers:
+def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> ValueInfoProto | None:
+    """Give the output type of a Concat with each dim merged as onnxruntime does (the first input dim with a
+    value or a name; 'unk__N' is no name), where that names a dim ONNX's inference left 'unk__N'; else None."""
+    dtype, current, _ = types.get(node.output[0], UNKNOWN_TYPE)
+    if current is None:
         return None
-    dtype, shape, _ = types.get(node.input[0], UNKNOWN_TYPE)
-    _, current, _ = types.get(out, UNKNOWN_TYPE)
-    if shape is None or current is None or len(current) != len(shape):
-        return None
-    try:
-        values = [float(v) for v in onnx.numpy_helper.to_array(initializers[node.input[slot]]).reshape(-1)]
-    except Exception:  # noqa: BLE001 - an odd scales tensor: nothing learned
-        return None
-    if len(values) != len(shape):
-        return None
-    dims: list[int | str | None] = list(current)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), PLANNER_MERGES_DIMS[node.op_type])
+    axis %= max(len(current), 1)
+    shapes = [types.get(name, UNKNOWN_TYPE)[1] for name in node.input if name]
+    dims: list[int | str | None] = [None if isinstance(d, str) and d.startswith("unk__") else d for d in current]
     changed = False
-    for axis, (scale, dim, now) in enumerate(zip(values, shape, current, strict=True)):
-        if scale == 1.0 and isinstance(dim, str) and not dim.startswith("unk__") and now != dim:
-            dims[axis] = dim
-            changed = True
-    if not changed:
-        return None
-    return onnx.helper.make_tensor_value_info(
-        out, dtype, [None if isinstance(d, str) and d.startswith("unk__") else d for d in dims])
+    for j, now in enumerate(current):
+        if j == axis or not (now is None or (isinstance(now, str) and now.startswith("unk__"))):
+            continue
+        for shape in shapes:
+            d = shape[j] if shape is not None and len(shape) == len(current) else None
+            if isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__")):
+                dims[j] = d
+                changed = True
+                break
+    return onnx.helper.make_tensor_value_info(node.output[0], dtype, dims) if changed else None
 
 
 def _known(t: TensorType) -> bool:

@@ -68,10 +68,12 @@ BODY_STATE_BYTES: dict[str, int] = {"Loop": 9}
 # node's states do not take the first node's freed state buffers of the same shape, where a Slice does.
 TAKES_NO_FREED_BUFFER: frozenset[str] = frozenset({"LSTM", "GRU", "RNN"})
 
-# Operators whose output keeps a symbolic input dim where the scale on that axis is 1, in onnxruntime's planner
-# (ONNX's inference leaves such a dim unnamed): op type -> index of its constant scales input. Measured on
-# fixtures/unet.onnx: after the decoder's Resize, onnxruntime reuses an encoder buffer of shape [batch, 8, 32, 32].
-PLANNER_KEEPS_DIM_AT_SCALE_ONE: dict[str, int] = {"Resize": 2, "Upsample": 1}
+# Operators whose output dims onnxruntime's inference merges from all inputs, the first known one winning (ONNX's
+# mergeInDimensionInfo): op type -> the axis attribute's default, the one axis not merged. ONNX's Python
+# inference names a dim it cannot infer 'unk__N' and that name wins the merge where onnxruntime's empty dim
+# loses. Measured on fixtures/unet.onnx: the decoder's Concat of an upsampled tensor (batch unknown after
+# Resize) with a skip connection [batch, 8, 32, 32] is [batch, 16, 32, 32] for onnxruntime's planner.
+PLANNER_MERGES_DIMS: dict[str, int] = {"Concat": 0}
 
 # onnxruntime's fused operators (written into its optimized graphs) whose output shapes are those of a standard
 # operator: shape inference runs them as that operator, with their extra attributes and inputs dropped.
