@@ -67,7 +67,14 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
     """Give, per tensor of the graph, its shape as the planner sees it (see planner_types)."""
     if symbolic is None:
         return None
-    return [runtime_view(symbolic.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
+    views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
+    shapes = []
+    for t in graph.tensors:
+        shape = symbolic.get(t.name, UNKNOWN_TYPE)[1]
+        if shape not in views:
+            views[shape] = runtime_view(shape)
+        shapes.append(views[shape])
+    return shapes
 
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,

@@ -112,26 +112,37 @@ def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int])
     values: dict[str, int | None] = dict(bound)
     types: dict[str, TensorType] = {}
     unknown: set[str] = set()
-    for name, (dtype, shape, _) in symbolic.items():
-        if shape is None:
-            unknown.add(name)
-            continue
-        sizes = []
-        for d in shape:
-            if isinstance(d, str):
-                if d not in values:
-                    values[d] = _evaluate_dim(d, bound) if not d.startswith("unk__") else None
-                d = values[d]
-            if d is None:
-                unknown.add(name)
-                break
-            sizes.append(d)
+    evaluated: dict[TensorType, TensorType | None] = {}  # layers repeat their types: evaluate each one once
+    for name, symbolic_type in symbolic.items():
+        if symbolic_type in evaluated:
+            result = evaluated[symbolic_type]
         else:
-            count = 1
-            for size in sizes:
-                count *= size
-            types[name] = (dtype, tuple(sizes), tensor_bytes(dtype, count))
+            result = evaluated[symbolic_type] = _evaluate_type(symbolic_type, values, bound)
+        if result is None:
+            unknown.add(name)
+        else:
+            types[name] = result
     return types, unknown
+
+
+def _evaluate_type(symbolic_type: TensorType, values: dict[str, int | None],
+                   bound: Mapping[str, int]) -> TensorType | None:
+    dtype, shape, _ = symbolic_type
+    if shape is None:
+        return None
+    sizes = []
+    for d in shape:
+        if isinstance(d, str):
+            if d not in values:
+                values[d] = _evaluate_dim(d, bound) if not d.startswith("unk__") else None
+            d = values[d]
+        if d is None:
+            return None
+        sizes.append(d)
+    count = 1
+    for size in sizes:
+        count *= size
+    return dtype, tuple(sizes), tensor_bytes(dtype, count)
 
 
 def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set[str],
