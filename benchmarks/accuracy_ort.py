@@ -1,6 +1,7 @@
 """`onnxmem validate` on every fixture: the estimate on onnxruntime's graph and order against its allocations.
 
     python benchmarks/accuracy_ort.py [--batches 1 8 32] [--levels disable basic extended] [--set fixtures|held-out]
+                                      [--provider cpu|cuda]
 
 For each fixture, batch and optimization level: onnxruntime CPU runs the model twice (first run: tensor by
 tensor; second run: the memory pattern), activations measured to the byte by the profiler's allocator statistics;
@@ -18,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
-from onnxmem import OnnxMemError  # noqa: E402
+from onnxmem import MissingExtraError, OnnxMemError  # noqa: E402
 from onnxmem.validate import validate  # noqa: E402
 
 
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--levels", nargs="+", default=["disable", "basic", "extended"])
     parser.add_argument("--set", choices=("fixtures", "held-out"), default="fixtures",
                         help="the fixtures, or models outside them exported here (needs torch 2.13.0)")
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: onnxruntime-gpu on an NVIDIA GPU (pip install '.[gpu]')")
     args = parser.parse_args()
     rows: list[tuple[str, ...]] = []
     misses: list[str] = []
@@ -40,7 +43,10 @@ def main() -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     total = 2 * sum(1 for r in rows if r[3] != "-")  # two runs per measured row
     exact = total - len(misses)
-    print("onnxruntime CPU, 1 thread, sequential, arena on, memory pattern on; activations in bytes")
+    print("onnxruntime CPU, 1 thread, sequential, arena on, memory pattern on; activations in bytes"
+          if args.provider == "cpu" else
+          "onnxruntime CUDA, counting allocator (arena bypassed), memory pattern on; device bytes; run columns: "
+          "activations + inputs copied in; weights column: every initializer against what the session holds")
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
@@ -71,7 +77,9 @@ def run_model(path: Path, args: argparse.Namespace, rows: list[tuple[str, ...]],
         for batch in args.batches:
             dims = dims_for(path, batch)
             try:
-                result = validate(path, dims, opt_level=level, runs=2)
+                result = validate(path, dims, opt_level=level, runs=2, provider=args.provider)
+            except MissingExtraError as exc:
+                raise SystemExit(f"accuracy_ort: {exc}") from None
             except OnnxMemError as exc:
                 rows.append((path.stem, level, str(batch), "-", "-", "-", "-", "-", str(exc)[:50]))
                 continue
