@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -456,6 +457,15 @@ def _divide(x: numpy.ndarray, y: numpy.ndarray) -> numpy.ndarray:
     return numpy.trunc(x / y).astype(numpy.result_type(x, y))  # ONNX integer division truncates
 
 
+def _expand(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None or len(a) < 2 or a[1] is None:
+        return None
+    shape = numpy.broadcast_shapes(a[0].shape, tuple(int(d) for d in a[1]))
+    if math.prod(shape) > _KEEP_INT_VALUES_UP_TO:
+        return None  # a shape value is small; this one is not (and is not built)
+    return numpy.broadcast_to(a[0], shape).copy()
+
+
 def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
     return None if a[0] is None or k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
 
@@ -478,7 +488,7 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Sub": _arithmetic(numpy.subtract),
     "Mul": _arithmetic(numpy.multiply),
     "Div": _arithmetic(_divide),
-    "Expand": lambda a, k: None if a[0] is None or a[1] is None else a[0] * numpy.ones(a[1], dtype=a[0].dtype),
+    "Expand": _expand,
 }
 
 

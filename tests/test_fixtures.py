@@ -147,3 +147,17 @@ def test_shape_values_data_propagation_misses_are_computed() -> None:
         types = shapes.bind_and_infer(model, {"batch": 3}, symbolic=symbolic).types
         assert types["w_part"][1:] == ((64, 24), 64 * 24 * 4)
         assert types["ones"][1:] == ((3, 64), 3 * 64 * 4)
+
+
+def test_shape_values_stay_small() -> None:
+    # An Expand of a constant to an activation's shape is no shape value: it is neither computed nor built.
+    import numpy as np
+
+    from onnxmem.shapes import SHAPE_VALUE_OPS
+
+    expand = SHAPE_VALUE_OPS["Expand"]
+    assert expand is not None
+    assert expand([np.array(3), np.array([8, 2048, 2048])], {}) is None
+    assert expand([np.array([2]), np.array([3])], {}).tolist() == [2, 2, 2]
+    divide = SHAPE_VALUE_OPS["Div"]
+    assert divide is not None and divide([np.array([-7]), np.array([2])], {}).tolist() == [-3]  # truncates
