@@ -6,7 +6,7 @@ import ast
 import math
 import operator
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,12 +101,6 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
 
 
-def evaluate_types(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> dict[str, TensorType] | None:
-    """Give the types with every named dim evaluated at `bound`, or None where any dim stays unknown."""
-    types, unknown = evaluate_known(symbolic, bound)
-    return None if unknown else types
-
-
 def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> \
         tuple[dict[str, TensorType], set[str]]:
     """Give the types whose every dim evaluates at `bound`, and the names of the others."""
@@ -165,12 +159,7 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
         if name not in known:
             return True  # its producer is in the part anyway
         dtype, shape, _ = known[name]
-        if dtype not in _INT_TYPES or shape is None:
-            return False
-        count = 1
-        for d in shape:
-            count *= int(d)  # type: ignore[arg-type]
-        return count <= _KEEP_INT_VALUES_UP_TO
+        return dtype in _INT_TYPES and shape is not None and _is_small(shape)
 
     chosen: set[int] = set()
     stack = wanted
@@ -368,10 +357,9 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
         if name in values:
             return values[name]
         tensor = initializers.get(name)
-        if tensor is None or tensor.data_type not in _INT_TYPES or tensor.data_location == TensorProto.EXTERNAL:
-            return None
-        array = onnx.numpy_helper.to_array(tensor)
-        return array if array.size <= _KEEP_INT_VALUES_UP_TO else None
+        if tensor is None or tensor.data_type not in _INT_TYPES or not _is_shape_constant(tensor):
+            return None  # sized from its header before any data is decoded
+        return onnx.numpy_helper.to_array(tensor)
 
     for node in nodes:
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or node.op_type not in SHAPE_VALUE_OPS:
@@ -761,11 +749,14 @@ def _slim_graph(source: GraphProto, target: GraphProto) -> None:
 
 def _is_shape_constant(tensor: TensorProto) -> bool:
     # integer shape values (Reshape, Expand, ...) and small float ones (Resize's scales) that inference reads
-    if tensor.data_location == TensorProto.EXTERNAL:
-        return False
+    return tensor.data_location != TensorProto.EXTERNAL and _is_small(tensor.dims)
+
+
+def _is_small(dims: Iterable[Dim]) -> bool:
+    """Say whether a tensor of these (known) dims has few enough elements to be a shape value."""
     count = 1
-    for d in tensor.dims:
-        count *= d
+    for d in dims:
+        count *= int(d)  # type: ignore[arg-type]
     return count <= _KEEP_INT_VALUES_UP_TO
 
 
