@@ -15,7 +15,7 @@ from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, TensorType, bind_and_infer, infer_symbolic, input_dims, runtime_view
+from .shapes import UNKNOWN_TYPE, Dim, SizedModel, TensorType, bind_and_infer, infer_symbolic, input_dims, runtime_view
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -38,8 +38,7 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
     symbolic = planner_types(loaded.proto, rules)
-    sized = bind_and_infer(loaded.proto, dims or {}, default_dim, symbolic=symbolic)
-    graph = build_graph(loaded.proto, sized.types)
+    graph, sized = sized_graph(loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic))
     if training is None:
@@ -50,6 +49,15 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
         graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic).types)
     result = training_memory(graph, execution_order(graph, order), training)
     return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
+
+
+def sized_graph(model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
+                symbolic: Mapping[str, TensorType] | None) -> tuple[ModelGraph, SizedModel]:
+    """Give the model's graph sized at the dims (see bind_and_infer), and the sizing's bound dims and warnings."""
+    graph = build_graph(model)
+    sized = bind_and_infer(model, dims, default_dim, symbolic=symbolic, graph=graph)
+    graph.set_types(sized.types)
+    return graph, sized
 
 
 def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, TensorType] | None:

@@ -22,9 +22,17 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze_loaded, model_name, planner_shapes, planner_types, report_graph, size_warnings
+from .analyze import (
+    analyze_loaded,
+    model_name,
+    planner_shapes,
+    planner_types,
+    report_graph,
+    size_warnings,
+    sized_graph,
+)
 from .dtypes import element_bits, tensor_bytes
-from .graph import INPUT, WEIGHT, ModelGraph, build_graph
+from .graph import INPUT, WEIGHT, ModelGraph
 from .liveness import Timeline, liveness
 from .load import load_model
 from .report import Report, Warning
@@ -135,13 +143,13 @@ class ModelFamily:
         default_dim = self.options.get("default_dim")
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
         symbolic = self._symbolic(rules)
-        first = bind_and_infer(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic=symbolic)
-        graph = build_graph(self.loaded.proto, first.types)
+        graph, first = sized_graph(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
         for probe in probes[1:]:
-            types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim, symbolic=symbolic).types
+            types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim, symbolic=symbolic,
+                                   graph=graph).types
             shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
         dims: list[Affine | None] = []
         for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
@@ -176,9 +184,8 @@ class ModelFamily:
         if template is not None and template.plan_holds(value):
             return self._sized_graph(template, value)
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        sized = bind_and_infer(self.loaded.proto, self._binding(value), self.options.get("default_dim"),
-                               symbolic=self._symbolic(rules))
-        return build_graph(self.loaded.proto, sized.types)
+        return sized_graph(self.loaded.proto, self._binding(value), self.options.get("default_dim"),
+                           self._symbolic(rules))[0]
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the

@@ -11,13 +11,12 @@ from onnx import AttributeProto, GraphProto
 
 from .errors import ModelFileError
 from .report import Warning
-from .shapes import UNKNOWN_TYPE, Dim, TensorType
+from .shapes import CONTROL_FLOW, UNKNOWN_TYPE, Dim, TensorType
 
 if TYPE_CHECKING:
     import networkx as nx
 
 WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "output", "outer"
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # standard ops whose attributes hold graphs
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 # Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
 _RUNTIME_DOMAINS = (
@@ -103,6 +102,15 @@ class ModelGraph:
                    for t, shape, size in zip(self.tensors, shapes, nbytes, strict=True)]
         return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings)
 
+    def set_types(self, types: Mapping[str, TensorType]) -> None:
+        """Size every tensor, subgraphs' included, from `types` (tensor name -> inferred type), in place."""
+        get = types.get
+        for t in self.tensors:
+            t.dtype, t.shape, t.nbytes = get(t.name, UNKNOWN_TYPE)
+        for op in self.ops:
+            for sub in op.subgraphs:
+                sub.set_types(types)
+
     def op_node(self, op: int) -> int:
         """Give the networkx node id of op `op`."""
         return op
@@ -116,8 +124,10 @@ class ModelGraph:
         return [t for t in self.tensors if t.kind in kinds]
 
 
-def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType]) -> ModelGraph:
-    """Give the sized graph of a model, given the type of each tensor that inference found."""
+def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType] | None = None) -> ModelGraph:
+    """Give the graph of a model, sized by the type of each tensor that inference found (unsized without
+    `types`: the wiring alone, to size later with ModelGraph.set_types)."""
+    types = {} if types is None else types
     known_ops = _known_functions(model)
     return _Builder(types, known_ops).build(model.graph, outer=frozenset())
 
@@ -171,7 +181,7 @@ class _Builder:
                 op_inputs.append(found)
             subgraphs: tuple[ModelGraph, ...] = ()
             implicit: list[int] = []
-            if (op_type in _CONTROL_FLOW or domain not in _STANDARD_DOMAINS) and len(node.attribute):
+            if (op_type in CONTROL_FLOW or domain not in _STANDARD_DOMAINS) and len(node.attribute):
                 subgraph_protos = _subgraph_protos(node)
                 if subgraph_protos and scope is None:
                     scope = outer | _all_names(graph)

@@ -8,7 +8,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy
 import onnx
@@ -19,11 +19,15 @@ from .errors import DimError
 from .report import Warning
 from .rules.inference import PLANNER_MERGES_DIMS, SHAPE_AS
 
+if TYPE_CHECKING:
+    from .graph import ModelGraph
+
 # Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
 # constants that data propagation needs, and Resize's scales. Everything else travels as a typed input.
 _KEEP_INT_VALUES_UP_TO = 4096
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _DIM_NAME = re.compile(r"^[^=\s]+$")
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
 
 Dim = int | str | None  # a size, a symbolic name, or unknown
 TensorType = tuple[int, tuple[Dim, ...] | None, int | None]  # dtype, shape (None: rank unknown), bytes
@@ -82,11 +86,13 @@ def input_dims(model: ModelProto) -> list[InputDim]:
 
 
 def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None,
-                   symbolic: Mapping[str, TensorType] | None = None) -> SizedModel:
+                   symbolic: Mapping[str, TensorType] | None = None, graph: ModelGraph | None = None) -> SizedModel:
     """Give the type of every tensor with the user's dims bound.
 
     Where `symbolic` (infer_symbolic's types) names every dim of every tensor, the bound types are those names
-    evaluated, and inference does not run again; otherwise inference runs on a copy with the dims bound.
+    evaluated, and inference does not run again; otherwise inference runs on a copy with the dims bound, on the
+    nodes the names leave unknown only where it can. `graph`, the model's graph (sized or not), saves reading
+    its wiring from the model again.
     """
     free = input_dims(model)
     bound, bound_warnings = bind_dims(free, dims, default_dim)
@@ -95,7 +101,7 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
         types, unknown = evaluate_known(symbolic, bound)
         if not unknown:
             return SizedModel(model, types, bound, tuple(warnings))
-        rest = _infer_rest(model, types, unknown, bound)
+        rest = _infer_rest(model, types, unknown, bound, graph)
         if rest is not None:
             return SizedModel(model, {**types, **rest}, bound, tuple(warnings))
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
@@ -141,18 +147,21 @@ def _evaluate_type(symbolic_type: TensorType, values: dict[str, int | None],
 
 
 def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set[str],
-                bound: Mapping[str, int]) -> dict[str, TensorType] | None:
+                bound: Mapping[str, int], wiring: ModelGraph | None) -> dict[str, TensorType] | None:
     """Give the types of the `unknown` tensors by inferring, with data propagation, only the nodes that make them
     and the small integer tensors (shape values) they read; the tensors already `known` enter as inputs of that
     part. None where the part cannot stand alone (control flow, custom operators, an input of unknown type) or
     leaves a tensor unknown: the caller infers the whole graph then, so the result is always the whole graph's.
     """
-    graph = model.graph
-    if any(n.domain not in ("", "ai.onnx") or n.op_type in ("If", "Loop", "Scan") for n in graph.node):
+    if wiring is None:
+        from .graph import build_graph  # imported here: the graph module reads this one's types
+
+        wiring = build_graph(model)
+    ops, tensors, index = wiring.ops, wiring.tensors, wiring.tensor_index
+    if any(op.domain not in ("", "ai.onnx") or op.op_type in CONTROL_FLOW for op in ops):
         return None
-    producer = {out: i for i, n in enumerate(graph.node) for out in n.output if out}
-    wanted = [producer[name] for name in unknown if name in producer]
-    if len(wanted) != len(unknown):
+    wanted = [tensors[index[name]].producer for name in unknown if name in index]
+    if len(wanted) != len(unknown) or None in wanted:
         return None  # an unknown input or initializer: nothing to infer it from
 
     def value_source(name: str) -> bool:  # a shape value: an integer tensor of a few elements, or a Constant
@@ -162,24 +171,26 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
         return dtype in _INT_TYPES and shape is not None and _is_small(shape)
 
     chosen: set[int] = set()
-    stack = wanted
+    stack: list[int] = wanted  # type: ignore[assignment]  # checked above: no None
     while stack:
         i = stack.pop()
         if i in chosen:
             continue
         chosen.add(i)
-        for name in graph.node[i].input:
-            if name in producer and producer[name] not in chosen and (
-                    value_source(name) or graph.node[producer[name]].op_type == "Constant"):
-                stack.append(producer[name])
-    initializers = {t.name: t for t in graph.initializer}
-    nodes = [graph.node[i] for i in sorted(chosen)]
+        for j in ops[i].inputs:
+            producer = tensors[j].producer if j >= 0 else None
+            if producer is not None and producer not in chosen and (
+                    value_source(tensors[j].name) or ops[producer].op_type == "Constant"):
+                stack.append(producer)
+    initializers = {t.name: t for t in model.graph.initializer}
+    part = sorted(chosen)
+    nodes = [model.graph.node[i] for i in part]
     # Shape values computed here reach where ONNX's data propagation does not; those that depend on a size the
     # part infers are computed after it, and the part inferred again with them (a few rounds at most).
     sizes: dict[str, TensorType] = dict(known)
     folded: dict[str, TensorProto] = {}
     for _ in range(_REST_ROUNDS):
-        found = _infer_part(model, nodes, folded, initializers, known, unknown, bound)
+        found = _infer_part(model, wiring, part, folded, initializers, known, unknown, bound)
         if found is None:
             return None
         rest = {name: found[name] for name in unknown if name in found and found[name][2] is not None}
@@ -196,41 +207,51 @@ def _infer_rest(model: ModelProto, known: Mapping[str, TensorType], unknown: set
 _REST_ROUNDS = 3
 
 
-def _infer_part(model: ModelProto, nodes: list[onnx.NodeProto], folded: Mapping[str, TensorProto],
+def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: Mapping[str, TensorProto],
                 initializers: Mapping[str, TensorProto], known: Mapping[str, TensorType], unknown: set[str],
                 bound: Mapping[str, int]) -> dict[str, TensorType] | None:
-    """Give the types inference finds on `nodes` alone, the `folded` shape values as constants and the `known`
-    tensors they read as inputs; None where an input is of unknown type or inference fails."""
-    made = {out for node in nodes for out in node.output}
-    part = _without_initializers(model)
-    declared = {v.name: v for v in model.graph.value_info}
-    part.graph.initializer.extend(folded.values())
-    for node in nodes:
-        if node.output and all(out in folded for out in node.output if out):
-            continue
-        part.graph.node.add().CopyFrom(node)
-        for out in node.output:
-            if out in declared and out in unknown:
-                part.graph.value_info.add().CopyFrom(declared[out])
+    """Give the types inference finds on the nodes `part` (op indices) alone, the `folded` shape values as
+    constants and the `known` tensors they read as inputs; None where an input is of unknown type or inference
+    fails."""
+    ops, tensors = wiring.ops, wiring.tensors
+    sub = _without_initializers(model)
+    graph = sub.graph
+    graph.initializer.extend(folded.values())
+    made: set[str] = set()
+    nodes = []
+    for i in part:
+        outputs = [tensors[j].name for j in ops[i].outputs if j >= 0]
+        made.update(outputs)
+        if not outputs or not all(out in folded for out in outputs):
+            nodes.append(model.graph.node[i])
+    graph.node.extend(nodes)
+    declared = [v for v in model.graph.value_info if v.name in made and v.name in unknown]
+    if declared:
+        graph.value_info.extend(declared)
+        _substitute(graph, bound)  # the inputs below are sized already
     entered: set[str] = set()
-    for node in nodes:
-        for name in node.input:
+    type_protos: dict[TensorType, onnx.TypeProto] = {}  # layers repeat their types: make each one once
+    inputs = []
+    for i in part:
+        for j in ops[i].inputs:
+            name = tensors[j].name if j >= 0 else ""
             if not name or name in made or name in entered or name in folded:
                 continue
             entered.add(name)
-            if name in initializers:
-                tensor = initializers[name]
-                if tensor.data_location == TensorProto.EXTERNAL or _is_shape_constant(tensor):
-                    part.graph.initializer.append(tensor)
-                    continue
-            dtype, shape, _ = known.get(name, UNKNOWN_TYPE)
-            if shape is None:
+            tensor = initializers.get(name)
+            if tensor is not None and (tensor.data_location == TensorProto.EXTERNAL or _is_shape_constant(tensor)):
+                graph.initializer.append(tensor)
+                continue
+            sized = known.get(name, UNKNOWN_TYPE)
+            if sized[1] is None:
                 return None
-            part.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, list(shape)))
-    part.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in sorted(unknown))
-    _substitute(part.graph, bound)
+            type_proto = type_protos.get(sized)
+            if type_proto is None:
+                type_proto = type_protos[sized] = onnx.helper.make_tensor_type_proto(sized[0], list(sized[1]))
+            inputs.append(ValueInfoProto(name=name, type=type_proto))
+    graph.input.extend(inputs)
     try:
-        inferred = onnx.shape_inference.infer_shapes(part, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(sub, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
         return None
     return _collect_types(inferred.graph, TypeDecoder())
@@ -598,6 +619,8 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder,
             count *= size
         types[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, count))
     for node in graph.node:
+        if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
                 _collect_types(attr.g, decode, types)

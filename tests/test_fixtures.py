@@ -82,7 +82,7 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
     assert {name: fast.types.get(name) for name in sized} == sized
     known, unknown = shapes.evaluate_known(symbolic, whole.dims)
     if unknown and not any(n.op_type in ("If", "Loop") for n in model.graph.node):
-        rest = shapes._infer_rest(model, known, unknown, whole.dims)
+        rest = shapes._infer_rest(model, known, unknown, whole.dims, None)
         assert rest is not None and set(rest) == unknown  # the part served: the whole graph was not inferred again
 
 
