@@ -15,7 +15,17 @@ from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, SizedModel, TensorType, bind_and_infer, infer_symbolic, input_dims, runtime_view
+from .shapes import (
+    UNKNOWN_TYPE,
+    Dim,
+    SizedModel,
+    TensorType,
+    bind_and_infer,
+    infer_symbolic,
+    input_dims,
+    runtime_view,
+    start_infer_symbolic,
+)
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -37,8 +47,8 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
-    symbolic = planner_types(loaded.proto, rules)
-    graph, sized = sized_graph(loaded.proto, dims or {}, default_dim, symbolic)
+    graph, symbolic = wiring_and_planner_types(loaded.proto, rules)
+    sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic))
     if training is None:
@@ -55,9 +65,15 @@ def sized_graph(model: onnx.ModelProto, dims: Mapping[str, int], default_dim: in
                 symbolic: Mapping[str, TensorType] | None) -> tuple[ModelGraph, SizedModel]:
     """Give the model's graph sized at the dims (see bind_and_infer), and the sizing's bound dims and warnings."""
     graph = build_graph(model)
+    return graph, size_graph(graph, model, dims, default_dim, symbolic)
+
+
+def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
+               symbolic: Mapping[str, TensorType] | None) -> SizedModel:
+    """Size the model's graph in place at the dims (see bind_and_infer); give the bound dims and warnings."""
     sized = bind_and_infer(model, dims, default_dim, symbolic=symbolic, graph=graph)
     graph.set_types(sized.types)
-    return graph, sized
+    return sized
 
 
 def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, TensorType] | None:
@@ -66,9 +82,26 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
 
     The same types, evaluated at the bound dims, size the tensors without a second inference where they name
     every dim (see bind_and_infer)."""
-    if not (rules.in_place or rules.reuse_freed) or not input_dims(model):
-        return None
-    return infer_symbolic(model)
+    return infer_symbolic(model) if _compares_planner_shapes(model, rules) else None
+
+
+def wiring_and_planner_types(model: onnx.ModelProto, rules: InferenceRules) -> \
+        tuple[ModelGraph, dict[str, TensorType] | None]:
+    """Give the model's graph, unsized, and planner_types: the graph is built while onnx infers the types
+    (in a child process where it can, see shapes.start_infer_symbolic)."""
+    if not _compares_planner_shapes(model, rules):
+        return build_graph(model), None
+    inference = start_infer_symbolic(model)
+    try:
+        graph = build_graph(model)
+    except BaseException:
+        inference.cancel()
+        raise
+    return graph, inference.result()
+
+
+def _compares_planner_shapes(model: onnx.ModelProto, rules: InferenceRules) -> bool:
+    return bool((rules.in_place or rules.reuse_freed) and input_dims(model))
 
 
 def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None) -> list[tuple[Dim, ...] | None] | None:

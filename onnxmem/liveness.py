@@ -89,6 +89,15 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
             t = owner[t]
         return t
 
+    # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
+    in_place: dict[tuple[str, str], bool] = {}
+    take_freed: dict[tuple[str, str], bool] = {}
+    for op in graph.ops:
+        kind = (op.op_type, op.domain)
+        if kind not in in_place:
+            in_place[kind] = rules.may_run_in_place(*kind)
+            take_freed[kind] = rules.may_take_freed(*kind)
+
     first = [-1] * len(tensors)
     last = [-1] * len(tensors)
     for t in tensors:
@@ -100,10 +109,11 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                 last_use = position[c]
         if t.kind == OUTPUT and count_graph_outputs:
             last_use = end
-        root = find(t.index)
+        root = t.index if owner[t.index] == t.index else find(t.index)
         if root == t.index:
             first[root] = position[t.producer]
-        last[root] = max(last[root], last_use)
+        if last_use > last[root]:
+            last[root] = last_use
 
     # The buffer plan, step by step as onnxruntime's planner makes it: each new output takes its dying first
     # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
@@ -128,30 +138,33 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
     freed: dict[tuple[object, ...], list[int]] = {}
     is_free: set[int] = set()
+    reuse_freed = rules.reuse_freed
     for step, op_index in enumerate(order):
         op = graph.ops[op_index]
+        kind = (op.op_type, op.domain)
         for slot, out in enumerate(op.outputs):
-            if out < 0 or find(out) != out or tensors[out].kind != ACTIVATION:
+            if out < 0 or owner[out] != out or tensors[out].kind != ACTIVATION:
                 continue  # a view, a graph output (its own buffer) or a Constant's value
             key = size_key(out)
             target = -1
-            if slot == 0 and op.inputs and op.inputs[0] >= 0 and rules.may_run_in_place(op.op_type, op.domain):
+            if slot == 0 and op.inputs and op.inputs[0] >= 0 and in_place[kind]:
                 source = find(op.inputs[0])
                 if source != out and tensors[source].kind == ACTIVATION and last[source] == step \
                         and key is not None and key == size_key(op.inputs[0]):
                     target = source
-            if target < 0 and key is not None and len(key) > 1 and freed.get(key) \
-                    and rules.may_take_freed(op.op_type, op.domain):
+            if target < 0 and key is not None and len(key) > 1 and freed.get(key) and take_freed[kind]:
                 target = freed[key].pop()  # len(key) > 1: scalars are never reused
                 is_free.discard(target)
             if target >= 0:
                 owner[out] = target
                 last[target] = max(last[target], last[out])
                 first[out] = last[out] = -1
-        if rules.reuse_freed:
+        if reuse_freed:
             for tensor_id in (*op.inputs, *op.implicit_inputs, *op.outputs):  # inputs first, then unread outputs
-                root = find(tensor_id) if tensor_id >= 0 else -1
-                if root >= 0 and last[root] == step and tensors[root].kind == ACTIVATION and root not in is_free:
+                if tensor_id < 0:
+                    continue
+                root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
+                if last[root] == step and tensors[root].kind == ACTIVATION and root not in is_free:
                     key = size_key(root)
                     if key is not None:
                         freed.setdefault(key, []).append(root)
@@ -161,13 +174,11 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
     # tensor reused it) has no release action and stays allocated until the run ends (measured; its
     # GenerateDeallocationPlan builds release actions from consumers only).
+    root_of = [find(t) for t in range(len(tensors))]  # the buffers are planned: each tensor's is final
     if rules.reuse_freed:
-        read = set()
+        read = {root_of[t.index] for t in tensors if t.consumers}
         for t in tensors:
-            if t.consumers:
-                read.add(find(t.index))
-        for t in tensors:
-            if t.producer is not None and find(t.index) == t.index and t.index not in read \
+            if t.producer is not None and root_of[t.index] == t.index and t.index not in read \
                     and t.kind == ACTIVATION and first[t.index] >= 0:
                 last[t.index] = end
     buffer_of = [-1] * len(tensors)
@@ -175,7 +186,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     new_bytes = [0] * steps
     unsized = []
     for t in tensors:
-        root = find(t.index)
+        root = root_of[t.index]
         if tensors[root].kind not in _OWNS_BUFFER or tensors[root].producer is None:
             continue
         if tensors[root].kind == OUTPUT and not count_graph_outputs:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import os
 import re
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -260,7 +264,95 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes)."""
-    return _infer(model, input_dims(model), {}, [], data_prop=False, planner=True)
+    return start_infer_symbolic(model).result()
+
+
+class SymbolicInference:
+    """infer_symbolic under way: onnx's inference runs in a child process (see _ChildJob) while the caller
+    goes on; result() gives the types."""
+
+    def __init__(self, model: ModelProto) -> None:
+        self._light: ModelProto | None = None
+        self._model, self._free = model, input_dims(model)
+        self._job = _ChildJob(lambda: _inferred(self.light(), data_prop=False).SerializeToString(),
+                              fork=len(model.graph.node) >= _FORK_FROM_NODES)
+
+    def light(self) -> ModelProto:
+        """The copy of the model that inference reads (made at first use: in the child, where it runs)."""
+        if self._light is None:
+            self._light = _prepared(self._model, self._free, {})
+        return self._light
+
+    def result(self) -> dict[str, TensorType]:
+        warnings: list[Warning] = []
+        try:
+            inferred = onnx.load_from_string(self._job.result())
+        except Exception as exc:  # onnx raises several types here; any of them means "no inference"
+            warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
+            return _collect_types(self.light().graph, TypeDecoder())
+        return _planner_rounds(self.light, inferred, warnings)
+
+    def cancel(self) -> None:
+        """Stop the inference (its result is not wanted)."""
+        self._job.cancel()
+
+
+def start_infer_symbolic(model: ModelProto) -> SymbolicInference:
+    """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
+    (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile."""
+    return SymbolicInference(model)
+
+
+# A child process costs milliseconds to start and to send its result back; below this many nodes the work it
+# overlaps (building the graph, about 7 us per node) is smaller than that.
+_FORK_FROM_NODES = 5000
+
+
+class _ChildJob:
+    """`work` (which gives bytes) run in a forked child while the caller goes on, where the platform allows it
+    and the process has one thread (forking a threaded process is unsafe); elsewhere, and where the child fails
+    (its exit status is not 0), result() runs `work` here, so its errors surface here as they would anyway."""
+
+    def __init__(self, work: Callable[[], bytes], fork: bool = True) -> None:
+        self._work = work
+        self._pid: int | None = None
+        if not fork or sys.platform != "linux" or threading.active_count() != 1:
+            return
+        read, write = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return
+        if pid == 0:  # the child: give the bytes, or exit 1; never return into the caller's code
+            status = 1
+            try:
+                os.close(read)
+                data = memoryview(work())
+                while data:
+                    data = data[os.write(write, data):]
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        self._pid, self._read = pid, read
+
+    def result(self) -> bytes:
+        if self._pid is None:
+            return self._work()
+        with os.fdopen(self._read, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = None
+        return data if status == 0 else self._work()
+
+    def cancel(self) -> None:
+        if self._pid is not None:
+            os.kill(self._pid, signal.SIGKILL)
+            os.close(self._read)
+            os.waitpid(self._pid, 0)
+            self._pid = None
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -321,21 +413,29 @@ def _fold_constant_nodes(graph: GraphProto) -> None:
         graph.value_info.extend(declared)
 
 
-def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
-           warnings: list[Warning], data_prop: bool = True, planner: bool = False) -> dict[str, TensorType]:
+def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
+    """Give the copy of the model that inference reads: Constant nodes as initializers, fused operators as their
+    standard forms, every free input dim named, and the `bound` ones substituted."""
     light = _shape_only_copy(model)
     _fold_constant_nodes(light.graph)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
     _substitute(light.graph, bound)
+    return light
+
+
+def _inferred(light: ModelProto, data_prop: bool) -> ModelProto:
+    return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
+
+
+def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
+           warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
+    light = _prepared(model, free, bound)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
-                                                     data_prop=data_prop)
+        inferred = _inferred(light, data_prop)
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         return _collect_types(light.graph, TypeDecoder())
-    if planner:
-        return _planner_rounds(light, inferred, warnings)
     if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)
         return _collect_types(inferred.graph, TypeDecoder())
@@ -501,7 +601,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 }
 
 
-def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warning]) -> dict[str, TensorType]:
+def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
+                    warnings: list[Warning]) -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -535,9 +636,9 @@ def _planner_rounds(light: ModelProto, inferred: ModelProto, warnings: list[Warn
         if not learned:
             return types
         learned_before.update(v.name for v in learned)
-        light.graph.value_info.extend(learned)
+        light().graph.value_info.extend(learned)
         try:
-            inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=False)
+            inferred = _inferred(light(), data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             return types
         types = _collect_types(inferred.graph, TypeDecoder())

@@ -1,0 +1,136 @@
+"""The large-graph path: LLM-shaped graphs whose weight data must never be read, and the child process that
+runs onnx's shape inference while the graph is built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+import onnxmem
+from benchmarks.llm_graphs import LlamaShape, make_llama
+from onnxmem import shapes
+
+# The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
+SEVEN_B_TWO_LAYERS = LlamaShape(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
+# Small layers, enough of them (about 5,400 nodes) that onnx's inference runs in a child process.
+MANY_LAYERS = LlamaShape(layers=100, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+DIMS = {"batch": 2, "seq": 16, "past": 3}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parameters(s: LlamaShape) -> int:
+    head_dim = s.hidden // s.heads
+    kv = s.kv_heads * head_dim
+    layer = 2 * s.hidden + 2 * s.hidden * s.hidden + 2 * s.hidden * kv + 3 * s.hidden * s.ffn
+    return s.vocab * s.hidden + s.layers * layer + s.hidden + s.hidden * s.vocab + 2  # + eps and scale
+
+
+def save_without_weights(shape: LlamaShape, folder: Path, weights: str = "absent") -> Path:
+    """Save the model; its weight file is absent, or a FIFO that blocks whoever opens it for reading."""
+    path = folder / "model.onnx"
+    onnx.save(make_llama(shape, data_file="weights.bin"), str(path))
+    if weights == "fifo":
+        os.mkfifo(folder / "weights.bin")
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # A reader of the FIFO would block forever: the timeout turns that into a failure.
+    return subprocess.run([sys.executable, "-m", "onnxmem", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+@pytest.mark.parametrize("weights", ["absent", "fifo"])
+def test_seven_b_layers_are_sized_from_headers_without_reading_weights(tmp_path: Path, weights: str) -> None:
+    model = save_without_weights(SEVEN_B_TWO_LAYERS, tmp_path, weights)
+    dims = [a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")]
+    done = run_cli("report", str(model), *dims, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["inference"]["weights_by_dtype"]["FLOAT16"] == 2 * parameters(SEVEN_B_TWO_LAYERS)
+    assert data["inference"]["unsized_tensors"] == 0
+    assert any(w["code"] == "missing-external-data" for w in data["warnings"])
+
+
+def test_many_layers_through_the_child_process_equal_the_analysis_in_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = save_without_weights(MANY_LAYERS, tmp_path, "fifo")
+    assert len(onnx.load(str(model), load_external_data=False).graph.node) >= shapes._FORK_FROM_NODES
+    done = run_cli("report", str(model), *[a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")],
+                   "--format", "json")
+    assert done.returncode == 0, done.stderr
+    forked = onnxmem.analyze(model, DIMS)
+    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 10**9)  # the same analysis, inference in this process
+    here = onnxmem.analyze(model, DIMS)
+    assert forked.inference == here.inference
+    assert forked.inference.weights_by_dtype["FLOAT16"] == 2 * parameters(MANY_LAYERS)
+    assert forked.inference.peak_activation_bytes > 0 and forked.inference.unsized_tensors == 0
+
+
+def test_symbolic_types_from_the_child_equal_those_inferred_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
+    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 0)
+    inference = shapes.start_infer_symbolic(model)
+    assert inference._job._pid is not None  # a child runs it
+    forked = inference.result()
+    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 10**9)
+    inference = shapes.start_infer_symbolic(model)
+    assert inference._job._pid is None
+    assert inference.result() == forked
+    assert any(isinstance(d, str) and not d.startswith("unk__") for _, shape, _ in forked.values() if shape
+               for d in shape)  # symbolic names survive the trip through the pipe
+
+
+def test_child_job_gives_the_childs_bytes() -> None:
+    parent = os.getpid()
+    job = shapes._ChildJob(lambda: str(os.getpid()).encode() + b"x" * 1_000_000)  # larger than a pipe's buffer
+    data = job.result()
+    assert data.endswith(b"x" * 1_000_000) and int(data[:-1_000_000]) != parent
+
+
+def test_a_failing_child_leaves_the_work_to_the_caller() -> None:
+    parent = os.getpid()
+
+    def work() -> bytes:
+        if os.getpid() != parent:
+            raise RuntimeError("fails in the child only")
+        return b"done here"
+
+    assert shapes._ChildJob(work).result() == b"done here"
+
+    def always_fails() -> bytes:
+        raise ValueError("bad model")
+
+    with pytest.raises(ValueError, match="bad model"):  # the error surfaces in the caller, as without a child
+        shapes._ChildJob(always_fails).result()
+
+
+def test_a_cancelled_child_is_gone() -> None:
+    import time
+
+    job = shapes._ChildJob(lambda: time.sleep(60) or b"")
+    pid = job._pid
+    assert pid is not None
+    job.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped: no such child any more
+
+
+def test_no_child_where_the_process_has_threads() -> None:
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        job = shapes._ChildJob(lambda: b"here")
+        assert job._pid is None and job.result() == b"here"
+    finally:
+        stop.set()
+        thread.join()
