@@ -143,6 +143,7 @@ def model_name(loaded: LoadedModel) -> str:
 
 def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
     """Give the inference part of a report from the graph and its timeline."""
+    per_op = _per_op_bytes(graph, timeline, timeline.order)  # a weight counts at the first op to run that reads it
     weights = graph.tensors_of_kind(WEIGHT)
     by_dtype: dict[str, int] = {}
     for t in weights:
@@ -168,8 +169,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         peak_step=step,
         sum_activation_bytes=sum(t.nbytes or 0 for t in computed),
         live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
-        by_op_type=_by_op_type(graph, timeline),
-        by_layer=_by_layer(graph, timeline),
+        by_op_type=_by_op_type(graph, per_op),
+        by_layer=_by_layer(graph, timeline, per_op),
         unsized_tensors=len(timeline.unsized),
     )
 
@@ -207,9 +208,9 @@ def _per_op_bytes(graph: ModelGraph, timeline: Timeline, order: Sequence[int]) -
     return weights, allocated
 
 
-def _by_op_type(graph: ModelGraph, timeline: Timeline) -> tuple[OpTypeRow, ...]:
+def _by_op_type(graph: ModelGraph, per_op: tuple[list[int], list[int]]) -> tuple[OpTypeRow, ...]:
     rows: dict[str, list[int]] = {}
-    weights, allocated = _per_op_bytes(graph, timeline, range(len(graph.ops)))
+    weights, allocated = per_op
     for op in graph.ops:
         row = rows.setdefault(op.op_type, [0, 0, 0])
         row[0] += 1
@@ -219,9 +220,9 @@ def _by_op_type(graph: ModelGraph, timeline: Timeline) -> tuple[OpTypeRow, ...]:
     return tuple(OpTypeRow(k, v[0], v[1], v[2]) for k, v in ordered)
 
 
-def _by_layer(graph: ModelGraph, timeline: Timeline) -> tuple[LayerRow, ...]:
+def _by_layer(graph: ModelGraph, timeline: Timeline, per_op: tuple[list[int], list[int]]) -> tuple[LayerRow, ...]:
     rows: dict[str, list[int]] = {}
-    weights, allocated = _per_op_bytes(graph, timeline, timeline.order)
+    weights, allocated = per_op
     live = timeline.live_bytes
     for step, op_index in enumerate(timeline.order):
         layer = graph.ops[op_index].layer or "(top level)"

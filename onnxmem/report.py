@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,13 +194,23 @@ class Report:
 
 
 def plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     return value
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """Give a dataclass's field names (None for any other type), once per class: a report of a deep model has
+    tens of thousands of rows."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
 
 
 # --- Plan: fit and check (onnxmem/plan.py) ---------------------------------------------------------------------

@@ -274,8 +274,9 @@ class SymbolicInference:
     def __init__(self, model: ModelProto) -> None:
         self._light: ModelProto | None = None
         self._model, self._free = model, input_dims(model)
-        self._job = _ChildJob(lambda: _inferred(self.light(), data_prop=False).SerializeToString(),
-                              fork=len(model.graph.node) >= _FORK_FROM_NODES)
+        # the child owns its copy of the model: it prepares that in place
+        self._job = _ChildJob(lambda: _inferred(_prepared(model, self._free, {}, in_place=True), data_prop=False)
+                              .SerializeToString(), fork=len(model.graph.node) >= _FORK_FROM_NODES)
 
     def light(self) -> ModelProto:
         """The copy of the model that inference reads (made at first use: in the child, where it runs)."""
@@ -413,10 +414,11 @@ def _fold_constant_nodes(graph: GraphProto) -> None:
         graph.value_info.extend(declared)
 
 
-def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
+def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int], in_place: bool = False) -> ModelProto:
     """Give the copy of the model that inference reads: Constant nodes as initializers, fused operators as their
-    standard forms, every free input dim named, and the `bound` ones substituted."""
-    light = _shape_only_copy(model)
+    standard forms, every free input dim named, and the `bound` ones substituted (`in_place`: the model itself,
+    changed so, where it is a child process's own copy)."""
+    light = model if in_place else _shape_only_copy(model)
     _fold_constant_nodes(light.graph)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
@@ -613,8 +615,10 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
     that operator is known. Concat merges each dim from all its inputs, where ONNX's 'unk__N' names would win
     (rules.inference.PLANNER_MERGES_DIMS).
     """
+    # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
+    nodes = [n for n in inferred.graph.node if n.op_type in PLANNER_MERGES_DIMS or n.domain not in ("", "ai.onnx")]
     contrib: dict[str, ValueInfoProto] = {}
-    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+    if any(n.domain not in ("", "ai.onnx") for n in nodes) and _has_unknown_outputs(inferred.graph):
         found = _ort_symbolic_inference(_copy(inferred), warnings)
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
@@ -623,7 +627,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
     types = _collect_types(inferred.graph, TypeDecoder())
     for _ in range(_PLANNER_ROUNDS):
         learned: list[ValueInfoProto] = []
-        for node in inferred.graph.node:
+        for node in nodes:
             if node.domain not in ("", "ai.onnx"):
                 if contrib and not all(out in types and _known(types[out]) for out in node.output if out) \
                         and all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
@@ -823,6 +827,8 @@ def _shape_only_copy(model: ModelProto) -> ModelProto:
 def _standardize_fused_ops(graph: GraphProto) -> None:
     # The copy given to inference only: the graph the passes read keeps every node as it is.
     for node in graph.node:
+        if node.domain in ("", "ai.onnx"):
+            continue  # the fused operators are all in onnxruntime's domains
         rule = SHAPE_AS.get(f"{node.domain}::{node.op_type}")
         if rule is None:
             continue
