@@ -196,7 +196,7 @@ class Report:
 def plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
-    names = _field_names(type(value))
+    names = _field_names(type(value))  # type: ignore[arg-type]  # classes are hashable
     if names is not None:
         return {name: plain(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):

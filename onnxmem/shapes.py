@@ -274,9 +274,10 @@ class SymbolicInference:
     def __init__(self, model: ModelProto) -> None:
         self._light: ModelProto | None = None
         self._model, self._free = model, input_dims(model)
-        # the child owns its copy of the model: it prepares that in place
-        self._job = _ChildJob(lambda: _inferred(_prepared(model, self._free, {}, in_place=True), data_prop=False)
-                              .SerializeToString(), fork=len(model.graph.node) >= _FORK_FROM_NODES)
+        # a child owns its copy of the model: it prepares that in place
+        self._job = _ChildJob(lambda in_child: _inferred(_prepared(model, self._free, {}, in_place=in_child),
+                                                         data_prop=False).SerializeToString(),
+                              fork=len(model.graph.node) >= _FORK_FROM_NODES)
 
     def light(self) -> ModelProto:
         """The copy of the model that inference reads (made at first use: in the child, where it runs)."""
@@ -312,9 +313,10 @@ _FORK_FROM_NODES = 5000
 class _ChildJob:
     """`work` (which gives bytes) run in a forked child while the caller goes on, where the platform allows it
     and the process has one thread (forking a threaded process is unsafe); elsewhere, and where the child fails
-    (its exit status is not 0), result() runs `work` here, so its errors surface here as they would anyway."""
+    (its exit status is not 0), result() runs `work` here, so its errors surface here as they would anyway.
+    `work` is told whether it runs in the child (where it may change the objects it reads: they are its own)."""
 
-    def __init__(self, work: Callable[[], bytes], fork: bool = True) -> None:
+    def __init__(self, work: Callable[[bool], bytes], fork: bool = True) -> None:
         self._work = work
         self._pid: int | None = None
         if not fork or sys.platform != "linux" or threading.active_count() != 1:
@@ -330,7 +332,7 @@ class _ChildJob:
             status = 1
             try:
                 os.close(read)
-                data = memoryview(work())
+                data = memoryview(work(True))
                 while data:
                     data = data[os.write(write, data):]
                 status = 0
@@ -341,12 +343,12 @@ class _ChildJob:
 
     def result(self) -> bytes:
         if self._pid is None:
-            return self._work()
+            return self._work(False)
         with os.fdopen(self._read, "rb") as pipe:
             data = pipe.read()
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
-        return data if status == 0 else self._work()
+        return data if status == 0 else self._work(False)
 
     def cancel(self) -> None:
         if self._pid is not None:

@@ -89,22 +89,25 @@ def test_symbolic_types_from_the_child_equal_those_inferred_here(monkeypatch: py
 
 def test_child_job_gives_the_childs_bytes() -> None:
     parent = os.getpid()
-    job = shapes._ChildJob(lambda: str(os.getpid()).encode() + b"x" * 1_000_000)  # larger than a pipe's buffer
+    job = shapes._ChildJob(lambda in_child: f"{os.getpid()} {in_child}".encode() + b"x" * 1_000_000)  # > a pipe
     data = job.result()
-    assert data.endswith(b"x" * 1_000_000) and int(data[:-1_000_000]) != parent
+    assert data.endswith(b"x" * 1_000_000)
+    pid, in_child = data[:-1_000_000].decode().split()
+    assert int(pid) != parent and in_child == "True"
 
 
 def test_a_failing_child_leaves_the_work_to_the_caller() -> None:
     parent = os.getpid()
 
-    def work() -> bytes:
+    def work(in_child: bool) -> bytes:
         if os.getpid() != parent:
             raise RuntimeError("fails in the child only")
+        assert not in_child
         return b"done here"
 
     assert shapes._ChildJob(work).result() == b"done here"
 
-    def always_fails() -> bytes:
+    def always_fails(in_child: bool) -> bytes:
         raise ValueError("bad model")
 
     with pytest.raises(ValueError, match="bad model"):  # the error surfaces in the caller, as without a child
@@ -114,7 +117,7 @@ def test_a_failing_child_leaves_the_work_to_the_caller() -> None:
 def test_a_cancelled_child_is_gone() -> None:
     import time
 
-    job = shapes._ChildJob(lambda: time.sleep(60) or b"")
+    job = shapes._ChildJob(lambda in_child: time.sleep(60) or b"")
     pid = job._pid
     assert pid is not None
     job.cancel()
@@ -129,8 +132,19 @@ def test_no_child_where_the_process_has_threads() -> None:
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        job = shapes._ChildJob(lambda: b"here")
+        job = shapes._ChildJob(lambda in_child: b"child" if in_child else b"here")
         assert job._pid is None and job.result() == b"here"
     finally:
         stop.set()
         thread.join()
+
+
+@pytest.mark.parametrize("fork_from", [0, 10**9])
+def test_the_callers_model_is_left_untouched(monkeypatch: pytest.MonkeyPatch, fork_from: int) -> None:
+    # Inference reads a prepared model (Constant nodes folded, dims named): a copy, or the child's own.
+    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", fork_from)
+    for model in (onnx.load(str(ROOT / "fixtures" / "gpt_decoder.onnx")), make_llama(MANY_LAYERS)):
+        before = model.SerializeToString()
+        names = [d.name for d in shapes.input_dims(model)]
+        onnxmem.analyze(model, {name: 3 for name in names})
+        assert model.SerializeToString() == before
