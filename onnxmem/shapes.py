@@ -6,13 +6,14 @@ import ast
 import math
 import operator
 import os
+import pickle
 import re
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy
 import onnx
@@ -33,6 +34,7 @@ _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _DIM_NAME = re.compile(r"^[^=\s]+$")
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
 
+_T = TypeVar("_T")
 Dim = int | str | None  # a size, a symbolic name, or unknown
 TensorType = tuple[int, tuple[Dim, ...] | None, int | None]  # dtype, shape (None: rank unknown), bytes
 UNKNOWN_TYPE: TensorType = (0, None, None)
@@ -268,31 +270,30 @@ def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
 
 
 class SymbolicInference:
-    """infer_symbolic under way: onnx's inference runs in a child process (see _ChildJob) while the caller
-    goes on; result() gives the types."""
+    """infer_symbolic under way: it runs in a child process (see _ChildJob) while the caller goes on; result()
+    gives the types."""
 
     def __init__(self, model: ModelProto) -> None:
-        self._light: ModelProto | None = None
         self._model, self._free = model, input_dims(model)
-        # a child owns its copy of the model: it prepares that in place
-        self._job = _ChildJob(lambda in_child: _inferred(_prepared(model, self._free, {}, in_place=in_child),
-                                                         data_prop=False).SerializeToString(),
-                              fork=len(model.graph.node) >= _FORK_FROM_NODES)
+        self._job: _ChildJob[dict[str, TensorType]] = _ChildJob(self._types,
+                                                                fork=len(model.graph.node) >= _FORK_FROM_NODES)
 
-    def light(self) -> ModelProto:
-        """The copy of the model that inference reads (made at first use: in the child, where it runs)."""
-        if self._light is None:
-            self._light = _prepared(self._model, self._free, {})
-        return self._light
+    def _types(self, in_child: bool) -> dict[str, TensorType]:
+        light: list[ModelProto] = []
+
+        def prepared() -> ModelProto:  # made at first use; a child owns its model and prepares it in place
+            if not light:
+                light.append(_prepared(self._model, self._free, {}, in_place=in_child))
+            return light[0]
+
+        try:
+            inferred = _inferred(prepared(), data_prop=False)
+        except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+            return _collect_types(prepared().graph, TypeDecoder())
+        return _planner_rounds(prepared, inferred, [])
 
     def result(self) -> dict[str, TensorType]:
-        warnings: list[Warning] = []
-        try:
-            inferred = onnx.load_from_string(self._job.result())
-        except Exception as exc:  # onnx raises several types here; any of them means "no inference"
-            warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
-            return _collect_types(self.light().graph, TypeDecoder())
-        return _planner_rounds(self.light, inferred, warnings)
+        return self._job.result()
 
     def cancel(self) -> None:
         """Stop the inference (its result is not wanted)."""
@@ -310,13 +311,14 @@ def start_infer_symbolic(model: ModelProto) -> SymbolicInference:
 _FORK_FROM_NODES = 5000
 
 
-class _ChildJob:
-    """`work` (which gives bytes) run in a forked child while the caller goes on, where the platform allows it
-    and the process has one thread (forking a threaded process is unsafe); elsewhere, and where the child fails
-    (its exit status is not 0), result() runs `work` here, so its errors surface here as they would anyway.
-    `work` is told whether it runs in the child (where it may change the objects it reads: they are its own)."""
+class _ChildJob(Generic[_T]):
+    """`work` run in a forked child while the caller goes on, its result sent back pickled, where the platform
+    allows it and the process has one thread (forking a threaded process is unsafe); elsewhere, and where the
+    child fails (its exit status is not 0), result() runs `work` here, so its errors surface here as they would
+    anyway. `work` is told whether it runs in the child (where it may change the objects it reads: they are its
+    own)."""
 
-    def __init__(self, work: Callable[[bool], bytes], fork: bool = True) -> None:
+    def __init__(self, work: Callable[[bool], _T], fork: bool = True) -> None:
         self._work = work
         self._pid: int | None = None
         if not fork or sys.platform != "linux" or threading.active_count() != 1:
@@ -328,11 +330,11 @@ class _ChildJob:
             os.close(read)
             os.close(write)
             return
-        if pid == 0:  # the child: give the bytes, or exit 1; never return into the caller's code
+        if pid == 0:  # the child: send the result, or exit 1; never return into the caller's code
             status = 1
             try:
                 os.close(read)
-                data = memoryview(work(True))
+                data = memoryview(pickle.dumps(work(True), protocol=pickle.HIGHEST_PROTOCOL))
                 while data:
                     data = data[os.write(write, data):]
                 status = 0
@@ -341,14 +343,14 @@ class _ChildJob:
         os.close(write)
         self._pid, self._read = pid, read
 
-    def result(self) -> bytes:
+    def result(self) -> _T:
         if self._pid is None:
             return self._work(False)
         with os.fdopen(self._read, "rb") as pipe:
             data = pipe.read()
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
-        return data if status == 0 else self._work(False)
+        return pickle.loads(data) if status == 0 else self._work(False)
 
     def cancel(self) -> None:
         if self._pid is not None:
