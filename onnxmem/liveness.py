@@ -118,23 +118,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # The buffer plan, step by step as onnxruntime's planner makes it: each new output takes its dying first
     # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
     # buffer of its own. A freed buffer that a later output takes stays allocated until that output dies.
-    shape_of = (lambda t: tensors[t].shape) if plan_shapes is None else plan_shapes.__getitem__
-
-    keys: dict[int, tuple[object, ...] | None] = {}
-
-    def size_key(t: int) -> tuple[object, ...] | None:
-        # onnxruntime's SameSize: the same element size and static shape, each dim an equal value or an equal
-        # symbolic name; a dim with neither is never equal to anything.
-        if t in keys:
-            return keys[t]
-        shape = shape_of(t)
-        if shape is None or tensors[t].nbytes is None or None in shape:
-            key = None
-        else:
-            key = (element_bits(tensors[t].dtype), *shape)
-        keys[t] = key
-        return key
-
+    keys = _size_keys(graph, plan_shapes)
+    activation = [t.kind == ACTIVATION for t in tensors]
     # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
     freed: dict[tuple[object, ...], list[int]] = {}
     is_free: set[int] = set()
@@ -143,14 +128,14 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         op = graph.ops[op_index]
         kind = (op.op_type, op.domain)
         for slot, out in enumerate(op.outputs):
-            if out < 0 or owner[out] != out or tensors[out].kind != ACTIVATION:
+            if out < 0 or owner[out] != out or not activation[out]:
                 continue  # a view, a graph output (its own buffer) or a Constant's value
-            key = size_key(out)
+            key = keys[out]
             target = -1
             if slot == 0 and op.inputs and op.inputs[0] >= 0 and in_place[kind]:
                 source = find(op.inputs[0])
-                if source != out and tensors[source].kind == ACTIVATION and last[source] == step \
-                        and key is not None and key == size_key(op.inputs[0]):
+                if source != out and activation[source] and last[source] == step \
+                        and key is not None and key == keys[op.inputs[0]]:
                     target = source
             if target < 0 and key is not None and len(key) > 1 and freed.get(key) and take_freed[kind]:
                 target = freed[key].pop()  # len(key) > 1: scalars are never reused
@@ -160,15 +145,16 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                 last[target] = max(last[target], last[out])
                 first[out] = last[out] = -1
         if reuse_freed:
-            for tensor_id in (*op.inputs, *op.implicit_inputs, *op.outputs):  # inputs first, then unread outputs
-                if tensor_id < 0:
-                    continue
-                root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
-                if last[root] == step and tensors[root].kind == ACTIVATION and root not in is_free:
-                    key = size_key(root)
-                    if key is not None:
-                        freed.setdefault(key, []).append(root)
-                        is_free.add(root)
+            for ids in (op.inputs, op.implicit_inputs, op.outputs):  # inputs first, then unread outputs
+                for tensor_id in ids:
+                    if tensor_id < 0:
+                        continue
+                    root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
+                    if last[root] == step and activation[root] and root not in is_free:
+                        key = keys[root]
+                        if key is not None:
+                            freed.setdefault(key, []).append(root)
+                            is_free.add(root)
 
     # onnxruntime releases a buffer after the last node that reads any tensor stored in it; a buffer that no
     # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
@@ -227,6 +213,25 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         last_step=tuple(last), unsized=tuple(unsized),
         peak_bytes=live[peak_step] if steps else 0, peak_step=peak_step,
     )
+
+
+def _size_keys(graph: ModelGraph,
+               plan_shapes: Sequence[tuple[Dim, ...] | None] | None) -> list[tuple[object, ...] | None]:
+    """Give, per tensor, what onnxruntime's SameSize compares: the element size and the static shape, each dim an
+    equal value or an equal symbolic name (the planner's shapes where given); None where a dim has neither, or
+    the size is unknown: such a buffer is never equal to another."""
+    made: dict[tuple[int, tuple[Dim, ...]], tuple[object, ...]] = {}  # shapes repeat: make each key once
+    keys: list[tuple[object, ...] | None] = []
+    for t in graph.tensors:
+        shape = t.shape if plan_shapes is None else plan_shapes[t.index]
+        if shape is None or t.nbytes is None or None in shape:
+            keys.append(None)
+            continue
+        key = made.get((t.dtype, shape))
+        if key is None:
+            key = made[(t.dtype, shape)] = (element_bits(t.dtype), *shape)
+        keys.append(key)
+    return keys
 
 
 def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False, loop_body: bool = False) -> int:
