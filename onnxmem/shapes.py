@@ -260,7 +260,11 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
         inferred = onnx.shape_inference.infer_shapes(sub, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
         return None
-    return _collect_types(inferred.graph, TypeDecoder())
+    found: dict[str, TensorType] = {}
+    decode = TypeDecoder()
+    for value in inferred.graph.value_info:  # what the part made (its inputs were given sized)
+        found[value.name] = decode(value.type)
+    return found
 
 
 def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
@@ -903,6 +907,8 @@ def _name_unnamed_dims(graph: GraphProto, free: list[InputDim]) -> None:
 
 
 def _substitute(graph: GraphProto, bound: Mapping[str, int]) -> None:
+    if not bound:
+        return
     for value in _value_infos(graph):
         if not value.type.HasField("tensor_type"):
             continue
