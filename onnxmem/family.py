@@ -28,8 +28,10 @@ from .analyze import (
     planner_shapes,
     planner_types,
     report_graph,
+    size_graph,
     size_warnings,
     sized_graph,
+    wiring_and_planner_types,
 )
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph
@@ -142,8 +144,13 @@ class ModelFamily:
         shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        symbolic = self._symbolic(rules)
-        graph, first = sized_graph(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
+        if self._symbolic_types is False:  # the first template: build the graph while the types are inferred
+            graph, self._symbolic_types = wiring_and_planner_types(self.loaded.proto, rules)
+            symbolic = self._symbolic_types
+            first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
+        else:
+            symbolic = self._symbolic(rules)
+            graph, first = sized_graph(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
