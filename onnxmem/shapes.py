@@ -5,20 +5,16 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import os
-import pickle
 import re
-import signal
-import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
+from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
 from .report import Warning
@@ -34,7 +30,6 @@ _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _DIM_NAME = re.compile(r"^[^=\s]+$")
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
 
-_T = TypeVar("_T")
 Dim = int | str | None  # a size, a symbolic name, or unknown
 TensorType = tuple[int, tuple[Dim, ...] | None, int | None]  # dtype, shape (None: rank unknown), bytes
 UNKNOWN_TYPE: TensorType = (0, None, None)
@@ -274,13 +269,12 @@ def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
 
 
 class SymbolicInference:
-    """infer_symbolic under way: it runs in a child process (see _ChildJob) while the caller goes on; result()
+    """infer_symbolic under way: it runs in a child process (see ChildJob) while the caller goes on; result()
     gives the types."""
 
     def __init__(self, model: ModelProto) -> None:
         self._model, self._free = model, input_dims(model)
-        self._job: _ChildJob[dict[str, TensorType]] = _ChildJob(self._types,
-                                                                fork=len(model.graph.node) >= _FORK_FROM_NODES)
+        self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
         light: list[ModelProto] = []
@@ -308,60 +302,6 @@ def start_infer_symbolic(model: ModelProto) -> SymbolicInference:
     """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
     (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile."""
     return SymbolicInference(model)
-
-
-# A child process costs milliseconds to start and to send its result back; below this many nodes the work it
-# overlaps (building the graph, about 7 us per node) is smaller than that.
-_FORK_FROM_NODES = 5000
-
-
-class _ChildJob(Generic[_T]):
-    """`work` run in a forked child while the caller goes on, its result sent back pickled, where the platform
-    allows it and the process has one thread (forking a threaded process is unsafe); elsewhere, and where the
-    child fails (its exit status is not 0), result() runs `work` here, so its errors surface here as they would
-    anyway. `work` is told whether it runs in the child (where it may change the objects it reads: they are its
-    own)."""
-
-    def __init__(self, work: Callable[[bool], _T], fork: bool = True) -> None:
-        self._work = work
-        self._pid: int | None = None
-        if not fork or sys.platform != "linux" or threading.active_count() != 1:
-            return
-        read, write = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(read)
-            os.close(write)
-            return
-        if pid == 0:  # the child: send the result, or exit 1; never return into the caller's code
-            status = 1
-            try:
-                os.close(read)
-                data = memoryview(pickle.dumps(work(True), protocol=pickle.HIGHEST_PROTOCOL))
-                while data:
-                    data = data[os.write(write, data):]
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write)
-        self._pid, self._read = pid, read
-
-    def result(self) -> _T:
-        if self._pid is None:
-            return self._work(False)
-        with os.fdopen(self._read, "rb") as pipe:
-            data = pipe.read()
-        _, status = os.waitpid(self._pid, 0)
-        self._pid = None
-        return pickle.loads(data) if status == 0 else self._work(False)
-
-    def cancel(self) -> None:
-        if self._pid is not None:
-            os.kill(self._pid, signal.SIGKILL)
-            os.close(self._read)
-            os.waitpid(self._pid, 0)
-            self._pid = None
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:

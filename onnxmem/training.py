@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto
 
+from .child import ChildJob
 from .errors import OnnxMemError
 from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
 from .report import (
@@ -238,8 +239,11 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     _check_options(options)
     rule = options.optimizer_rule()
     model = _build_model(graph, order, options)
-    first = _simulate(model, options, rule, first_step=True)
-    later = _simulate(model, options, rule, first_step=False)
+    # the what-if simulates the step twice more: in a child process meanwhile, where one can be forked
+    with ChildJob(lambda in_child: _recompute_what_if(model, options, rule), nodes=len(model.nodes)) as recompute:
+        first = _simulate(model, options, rule, first_step=True)
+        later = _simulate(model, options, rule, first_step=False)
+        recompute_rows, recompute_peak = recompute.result()
     worst = first if first.peak >= later.peak else later
     weights_bytes = sum(v.nbytes for v in model.values if v.kind == WEIGHT)
     input_bytes = sum(v.nbytes for v in model.values if v.kind == INPUT)
@@ -247,8 +251,6 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     state_bytes = _optimizer_state_bytes(model, rule, options)
     saved_bytes = first.saved_at_backward_start
     hand = _hand_formula(model, options, rule, weights_bytes, input_bytes, gradient_bytes)
-    recompute_rows, recompute_peak = _recompute_what_if(model, options, rule, later.peak if later.peak >= first.peak
-                                                        else first.peak)
     checkpoint = _checkpoint_what_if(model, options, rule, max(first.peak, later.peak))
     return TrainingReport(
         optimizer=resolve_optimizer(options.optimizer),
@@ -275,7 +277,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         parameter_groups=_parameter_groups(model),
         unknown_backward_ops=tuple(sorted(model.unknown)),
         recompute=recompute_rows,
-        recompute_peak_bytes=recompute_peak,
+        recompute_peak_bytes=max(first.peak, later.peak) if recompute_peak is None else recompute_peak,
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
         assumptions=_assumptions(graph, options, rule),
@@ -1154,9 +1156,10 @@ def _parameter_groups(model: _Model) -> tuple[TrainingParameterGroup, ...]:
     return tuple(TrainingParameterGroup(k, v[0], v[1], v[2]) for k, v in groups.items())
 
 
-def _recompute_what_if(model: _Model, options: TrainingOptions, rule: OptimizerRule,
-                       peak: int) -> tuple[tuple[RecomputeRow, ...], int]:
-    """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then."""
+def _recompute_what_if(model: _Model, options: TrainingOptions,
+                       rule: OptimizerRule) -> tuple[tuple[RecomputeRow, ...], int | None]:
+    """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then (None
+    where there is none: the peak stays)."""
     kept = set(model.saved_by)
     candidates: list[RecomputeRow] = []
     roots: set[int] = set()
@@ -1175,7 +1178,7 @@ def _recompute_what_if(model: _Model, options: TrainingOptions, rule: OptimizerR
         candidates.append(RecomputeRow(node.name, node.op_type, model.values[out].name, model.values[out].nbytes,
                                        model.values[out].numel or 0))
     if not candidates:
-        return (), peak
+        return (), None
     first = _simulate(model, options, rule, True, recomputed=frozenset(roots))
     later = _simulate(model, options, rule, False, recomputed=frozenset(roots))
     candidates.sort(key=lambda r: -r.saved_bytes)

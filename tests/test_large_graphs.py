@@ -14,7 +14,7 @@ import pytest
 
 import onnxmem
 from benchmarks.llm_graphs import LlamaShape, make_llama
-from onnxmem import shapes
+from onnxmem import child, shapes
 
 # The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
 SEVEN_B_TWO_LAYERS = LlamaShape(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
@@ -61,12 +61,12 @@ def test_seven_b_layers_are_sized_from_headers_without_reading_weights(tmp_path:
 def test_many_layers_through_the_child_process_equal_the_analysis_in_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = save_without_weights(MANY_LAYERS, tmp_path, "fifo")
-    assert len(onnx.load(str(model), load_external_data=False).graph.node) >= shapes._FORK_FROM_NODES
+    assert len(onnx.load(str(model), load_external_data=False).graph.node) >= child.FORK_FROM_NODES
     done = run_cli("report", str(model), *[a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")],
                    "--format", "json")
     assert done.returncode == 0, done.stderr
     forked = onnxmem.analyze(model, DIMS)
-    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 10**9)  # the same analysis, inference in this process
+    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same analysis, inference in this process
     here = onnxmem.analyze(model, DIMS)
     assert forked.inference == here.inference
     assert forked.inference.weights_by_dtype["FLOAT16"] == 2 * parameters(MANY_LAYERS)
@@ -75,11 +75,11 @@ def test_many_layers_through_the_child_process_equal_the_analysis_in_process(
 
 def test_symbolic_types_from_the_child_equal_those_inferred_here(monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
-    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 0)
+    monkeypatch.setattr(child, "FORK_FROM_NODES", 0)
     inference = shapes.start_infer_symbolic(model)
     assert inference._job._pid is not None  # a child runs it
     forked = inference.result()
-    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", 10**9)
+    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)
     inference = shapes.start_infer_symbolic(model)
     assert inference._job._pid is None
     assert inference.result() == forked
@@ -89,7 +89,7 @@ def test_symbolic_types_from_the_child_equal_those_inferred_here(monkeypatch: py
 
 def test_child_job_gives_the_childs_result() -> None:
     parent = os.getpid()
-    job = shapes._ChildJob(lambda in_child: (os.getpid(), in_child, b"x" * 1_000_000))  # more than a pipe holds
+    job = child.ChildJob(lambda in_child: (os.getpid(), in_child, b"x" * 1_000_000))  # more than a pipe holds
     pid, in_child, data = job.result()
     assert data == b"x" * 1_000_000 and pid != parent and in_child is True
 
@@ -103,19 +103,19 @@ def test_a_failing_child_leaves_the_work_to_the_caller() -> None:
         assert not in_child
         return b"done here"
 
-    assert shapes._ChildJob(work).result() == b"done here"
+    assert child.ChildJob(work).result() == b"done here"
 
     def always_fails(in_child: bool) -> bytes:
         raise ValueError("bad model")
 
     with pytest.raises(ValueError, match="bad model"):  # the error surfaces in the caller, as without a child
-        shapes._ChildJob(always_fails).result()
+        child.ChildJob(always_fails).result()
 
 
 def test_a_cancelled_child_is_gone() -> None:
     import time
 
-    job = shapes._ChildJob(lambda in_child: time.sleep(60) or b"")
+    job = child.ChildJob(lambda in_child: time.sleep(60) or b"")
     pid = job._pid
     assert pid is not None
     job.cancel()
@@ -130,7 +130,7 @@ def test_no_child_where_the_process_has_threads() -> None:
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        job = shapes._ChildJob(lambda in_child: b"child" if in_child else b"here")
+        job = child.ChildJob(lambda in_child: b"child" if in_child else b"here")
         assert job._pid is None and job.result() == b"here"
     finally:
         stop.set()
@@ -140,7 +140,7 @@ def test_no_child_where_the_process_has_threads() -> None:
 @pytest.mark.parametrize("fork_from", [0, 10**9])
 def test_the_callers_model_is_left_untouched(monkeypatch: pytest.MonkeyPatch, fork_from: int) -> None:
     # Inference reads a prepared model (Constant nodes folded, dims named): a copy, or the child's own.
-    monkeypatch.setattr(shapes, "_FORK_FROM_NODES", fork_from)
+    monkeypatch.setattr(child, "FORK_FROM_NODES", fork_from)
     for model in (onnx.load(str(ROOT / "fixtures" / "gpt_decoder.onnx")), make_llama(MANY_LAYERS)):
         before = model.SerializeToString()
         names = [d.name for d in shapes.input_dims(model)]
