@@ -18,7 +18,7 @@ from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
 from .report import Warning
-from .rules.inference import PLANNER_MERGES_DIMS, SHAPE_AS
+from .rules.inference import DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
 if TYPE_CHECKING:
     from .graph import ModelGraph
@@ -100,6 +100,8 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     warnings = list(bound_warnings)
     if symbolic is not None:
         types, unknown = evaluate_known(symbolic, bound)
+        if unknown and graph is not None:
+            unknown = _size_from_inputs(model, graph, symbolic, types, unknown, bound)
         if not unknown:
             return SizedModel(model, types, bound, tuple(warnings))
         rest = _infer_rest(model, types, unknown, bound, graph)
@@ -125,6 +127,68 @@ def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int])
         else:
             types[name] = result
     return types, unknown
+
+
+def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[str, TensorType],
+                      types: dict[str, TensorType], unknown: set[str], bound: Mapping[str, int]) -> set[str]:
+    """Size, into `types`, the unknown tensors whose unnamed dims follow from their inputs' sizes by a rule
+    (rules.inference.DIM_FROM_INPUTS), and the tensors that carry those dims on; give the names still unknown.
+
+    In node order, each dim so learned sizes every later tensor that carries its name (ONNX gives one unknown
+    dim one name). A name that would take two sizes leaves everything to inference, as if no rule had run.
+    """
+    tensors, index, nodes = wiring.tensors, wiring.tensor_index, model.graph.node
+    producer: dict[str, int] = {}
+    for name in unknown:
+        position = index.get(name)
+        made_by = tensors[position].producer if position is not None else None
+        if made_by is None:
+            return unknown  # an input or initializer: nothing to size it from
+        producer[name] = made_by
+    values: dict[str, int | None] = dict(bound)
+    sized: dict[str, TensorType] = {}
+    for name in sorted(unknown, key=producer.__getitem__):
+        found = _evaluate_type(symbolic[name], values, bound)
+        op = wiring.ops[producer[name]]
+        rule = DIM_FROM_INPUTS.get(op.op_type) if op.domain in ("", "ai.onnx") else None
+        shape = symbolic[name][1]
+        if found is None and rule is not None and shape is not None:
+            inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
+                      (tensors[j].name for j in op.inputs if j >= 0)]
+            if all(s is not None for s in inputs):
+                axis = next((a.i for a in nodes[op.index].attribute if a.name == "axis"), 0)
+                sizes = _dims_by_rule(rule, len(shape), inputs, axis)  # type: ignore[arg-type]
+                for d, size in zip(shape, sizes, strict=True):
+                    if isinstance(d, str) and size is not None:
+                        if values.get(d) not in (None, size):
+                            return unknown  # the rule disagrees with a size learned before: infer instead
+                        values[d] = size
+                found = _evaluate_type(symbolic[name], values, bound)
+        if found is not None:
+            sized[name] = found
+    types.update(sized)
+    return unknown - sized.keys()
+
+
+def _dims_by_rule(rule: str, rank: int, inputs: list[tuple[Dim, ...]], axis: int) -> list[int | None]:
+    """Give each output dim's size by the rule from the input shapes (None where it does not follow)."""
+    sizes: list[int | None] = []
+    for position in range(rank):
+        if rule == "concat":
+            column = [shape[position] if len(shape) == rank else None for shape in inputs]
+        else:  # broadcast: the shapes aligned on their last dims
+            column = [shape[position - rank + len(shape)] for shape in inputs if position - rank + len(shape) >= 0]
+        known = [d for d in column if isinstance(d, int)]
+        if len(known) != len(column):
+            sizes.append(None)
+        elif rule == "concat" and position == axis % rank:
+            sizes.append(sum(known))
+        elif rule == "concat":
+            sizes.append(known[0])
+        else:
+            widest = max(known, default=1)
+            sizes.append(widest if all(d in (1, widest) for d in known) else None)
+    return sizes
 
 
 def _evaluate_type(symbolic_type: TensorType, values: dict[str, int | None],

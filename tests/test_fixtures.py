@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import onnxmem
 from onnxmem.cli import main
+from onnxmem.graph import build_graph
 from onnxmem.shapes import input_dims
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -77,9 +78,10 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
     dims = {name: DIMS[name] for name in names}
     whole = shapes.bind_and_infer(model, dims)
     symbolic = shapes.infer_symbolic(model)
-    fast = shapes.bind_and_infer(model, dims, symbolic=symbolic)
     sized = {name: t for name, t in whole.types.items() if t[2] is not None}
-    assert {name: fast.types.get(name) for name in sized} == sized
+    for graph in (None, build_graph(model)):  # with the graph, the sizing rules run first (_size_from_inputs)
+        fast = shapes.bind_and_infer(model, dims, symbolic=symbolic, graph=graph)
+        assert {name: fast.types.get(name) for name in sized} == sized
     known, unknown = shapes.evaluate_known(symbolic, whole.dims)
     if unknown and not any(n.op_type in ("If", "Loop") for n in model.graph.node):
         rest = shapes._infer_rest(model, known, unknown, whole.dims, None)

@@ -146,3 +146,36 @@ def test_the_callers_model_is_left_untouched(monkeypatch: pytest.MonkeyPatch, fo
         names = [d.name for d in shapes.input_dims(model)]
         onnxmem.analyze(model, {name: 3 for name in names})
         assert model.SerializeToString() == before
+
+
+def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ONNX names the Concat of past and new keys 'unk__N' (it adds no symbols); the rule sums the axis, and the
+    # attention scores, softmax and context that carry the name are sized with it: nothing is inferred again.
+    from onnxmem.graph import build_graph
+
+    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=256))  # no GQA repeat
+    symbolic = shapes.infer_symbolic(model)
+    _, unknown = shapes.evaluate_known(symbolic, DIMS)
+    assert len(unknown) >= 3 * 5  # per layer: the two Concats and what carries their dims
+    whole = shapes.bind_and_infer(model, DIMS)
+
+    def no_inference(*args: object) -> None:
+        raise AssertionError("inferred again")
+
+    monkeypatch.setattr(shapes, "_infer_rest", no_inference)
+    fast = shapes.bind_and_infer(model, DIMS, symbolic=symbolic, graph=build_graph(model))
+    assert fast.types == {name: t for name, t in whole.types.items() if name in fast.types}
+    present = [v.name for v in model.graph.output][1:]  # the KV cache's Concats, after the logits
+    assert len(present) == 6 and all(fast.types[name][1][2] == DIMS["past"] + DIMS["seq"] for name in present)
+
+
+@pytest.mark.parametrize(("rule", "rank", "inputs", "axis", "sizes"), [
+    ("concat", 4, [(2, 2, 3, 16), (2, 2, 16, 16)], 2, [2, 2, 19, 16]),
+    ("concat", 2, [(2, 3), (2, "unk__1")], 1, [2, None]),  # an input dim not known: no size
+    ("broadcast", 4, [(2, 4, 16, 19), (2, 1, 16, 19)], 0, [2, 4, 16, 19]),
+    ("broadcast", 3, [(5, 1, 7), (3, 1)], 0, [5, 3, 7]),  # aligned on the last dims
+    ("broadcast", 2, [(4, 3), (5, 3)], 0, [None, 3]),  # 4 and 5 do not broadcast
+])
+def test_dims_by_rule(rule: str, rank: int, inputs: list[tuple[object, ...]], axis: int,
+                      sizes: list[int | None]) -> None:
+    assert shapes._dims_by_rule(rule, rank, inputs, axis) == sizes  # type: ignore[arg-type]
