@@ -143,11 +143,10 @@ def model_name(loaded: LoadedModel) -> str:
 
 def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
     """Give the inference part of a report from the graph and its timeline."""
-    per_op = _per_op_bytes(graph, timeline, timeline.order)  # a weight counts at the first op to run that reads it
-    weights = graph.tensors_of_kind(WEIGHT)
-    by_dtype: dict[str, int] = {}
-    for t in weights:
-        by_dtype[dtype_name(t.dtype)] = by_dtype.get(dtype_name(t.dtype), 0) + (t.nbytes or 0)
+    by_op_type, by_layer = _op_rows(graph, timeline)
+    by_dtype: dict[int, int] = {}
+    for t in graph.tensors_of_kind(WEIGHT):
+        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
     weights_bytes = sum(by_dtype.values())
     input_bytes = sum(t.nbytes or 0 for t in graph.tensors_of_kind(INPUT))
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
@@ -159,7 +158,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
                 and timeline.view_of[t.index] == t.index]
     return InferenceReport(
         weights_bytes=weights_bytes,
-        weights_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
+        weights_by_dtype={dtype_name(k): v for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1])},
         input_bytes=input_bytes,
         output_bytes=output_bytes,
         peak_activation_bytes=timeline.peak_bytes,
@@ -169,8 +168,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         peak_step=step,
         sum_activation_bytes=sum(t.nbytes or 0 for t in computed),
         live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
-        by_op_type=_by_op_type(graph, per_op),
-        by_layer=_by_layer(graph, timeline, per_op),
+        by_op_type=by_op_type,
+        by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
     )
 
@@ -184,57 +183,40 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
     )
 
 
-def _per_op_bytes(graph: ModelGraph, timeline: Timeline, order: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Give, per op, the weight bytes it is the first in `order` to read, and the bytes of the buffers its
-    outputs own."""
-    tensors = graph.tensors
-    buffer_of = timeline.buffer_of
-    weights = [0] * len(graph.ops)
-    allocated = [0] * len(graph.ops)
-    seen: set[int] = set()
-    for op_index in order:
+def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
+    """Give the rows by op type (the most bytes first) and by layer (in order of execution): nodes, the weight
+    bytes they are the first to read, the bytes their outputs' buffers own, and (layers) the highest live bytes."""
+    tensors, buffer_of, live = graph.tensors, timeline.buffer_of, timeline.live_bytes
+    read: set[int] = set()
+    types: dict[str, list[int]] = {}
+    layers: dict[str, list[int]] = {}
+    for step, op_index in enumerate(timeline.order):
         op = graph.ops[op_index]
-        total = 0
+        weights = allocated = 0
         for t in op.inputs:
-            if t >= 0 and t not in seen and tensors[t].kind == WEIGHT:
-                seen.add(t)
-                total += tensors[t].nbytes or 0
-        weights[op_index] = total
-        total = 0
+            if t >= 0 and t not in read and tensors[t].kind == WEIGHT:
+                read.add(t)
+                weights += tensors[t].nbytes or 0
         for t in op.outputs:
             if t >= 0 and buffer_of[t] == t:
-                total += tensors[t].nbytes or 0
-        allocated[op_index] = total
-    return weights, allocated
-
-
-def _by_op_type(graph: ModelGraph, per_op: tuple[list[int], list[int]]) -> tuple[OpTypeRow, ...]:
-    rows: dict[str, list[int]] = {}
-    weights, allocated = per_op
-    for op in graph.ops:
-        row = rows.setdefault(op.op_type, [0, 0, 0])
-        row[0] += 1
-        row[1] += weights[op.index]
-        row[2] += allocated[op.index]
-    ordered = sorted(rows.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
-    return tuple(OpTypeRow(k, v[0], v[1], v[2]) for k, v in ordered)
-
-
-def _by_layer(graph: ModelGraph, timeline: Timeline, per_op: tuple[list[int], list[int]]) -> tuple[LayerRow, ...]:
-    rows: dict[str, list[int]] = {}
-    weights, allocated = per_op
-    live = timeline.live_bytes
-    for step, op_index in enumerate(timeline.order):
-        layer = graph.ops[op_index].layer or "(top level)"
-        row = rows.get(layer)
+                allocated += tensors[t].nbytes or 0
+        row = types.get(op.op_type)
         if row is None:
-            row = rows[layer] = [0, 0, 0, 0]
+            row = types[op.op_type] = [0, 0, 0]
         row[0] += 1
-        row[1] += weights[op_index]
-        row[2] += allocated[op_index]
+        row[1] += weights
+        row[2] += allocated
+        layer = op.layer or "(top level)"
+        row = layers.get(layer)
+        if row is None:
+            row = layers[layer] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += weights
+        row[2] += allocated
         if live[step] > row[3]:
             row[3] = live[step]
-    return tuple(LayerRow(k, *v) for k, v in rows.items())
+    ordered = sorted(types.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
+    return tuple(OpTypeRow(k, *v) for k, v in ordered), tuple(LayerRow(k, *v) for k, v in layers.items())
 
 
 def size_warnings(graph: ModelGraph, timeline: Timeline) -> list[Warning]:
