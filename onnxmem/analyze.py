@@ -47,7 +47,7 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
-    graph, symbolic = wiring_and_planner_types(loaded.proto, rules)
+    graph, symbolic = wiring_and_planner_types(loaded, rules)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic))
@@ -85,13 +85,14 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
     return infer_symbolic(model) if _compares_planner_shapes(model, rules) else None
 
 
-def wiring_and_planner_types(model: onnx.ModelProto, rules: InferenceRules) -> \
+def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules) -> \
         tuple[ModelGraph, dict[str, TensorType] | None]:
     """Give the model's graph, unsized, and planner_types: the graph is built while onnx infers the types
     (in a child process where it can, see shapes.start_infer_symbolic)."""
+    model = loaded.proto
     if not _compares_planner_shapes(model, rules):
         return build_graph(model), None
-    inference = start_infer_symbolic(model)
+    inference = start_infer_symbolic(model, loaded.path, loaded.op_kinds)
     try:
         graph = build_graph(model)
     except BaseException:

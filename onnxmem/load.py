@@ -22,6 +22,8 @@ class LoadedModel:
     proto: onnx.ModelProto
     path: Path | None
     warnings: tuple[Warning, ...]
+    # (domain, op type) of every node of the main graph, where loading read them (a file); None otherwise
+    op_kinds: frozenset[tuple[str, str]] | None = None
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
@@ -44,7 +46,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelFileError(f"{path}: could not be read as ONNX: {_one_line(exc)}") from None
     _check_is_model(proto, str(path))
-    return LoadedModel(proto, path, tuple(_missing_external_data(proto, path.parent)))
+    kinds: set[tuple[str, str]] = set()
+    warnings = _missing_external_data(proto, path.parent, kinds)
+    return LoadedModel(proto, path, tuple(warnings), frozenset(kinds))
 
 
 def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
@@ -58,10 +62,12 @@ def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
         )
 
 
-def _missing_external_data(proto: onnx.ModelProto, base: Path) -> list[Warning]:
+def _missing_external_data(proto: onnx.ModelProto, base: Path, kinds: set[tuple[str, str]]) -> list[Warning]:
+    """Give a warning per external data file that is missing; put the main graph's node kinds into `kinds`
+    (the walk reads them anyway)."""
     missing: dict[str, int] = {}
     present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
-    for tensor in _all_initializers(proto.graph):
+    for tensor in _all_initializers(proto.graph, kinds):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -79,10 +85,13 @@ def _missing_external_data(proto: onnx.ModelProto, base: Path) -> list[Warning]:
     ]
 
 
-def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+def _all_initializers(graph: onnx.GraphProto, kinds: set[tuple[str, str]] | None = None) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
-        if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+        domain, op_type = node.domain, node.op_type
+        if kinds is not None:
+            kinds.add((domain, op_type))
+        if op_type not in CONTROL_FLOW and domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:

@@ -8,6 +8,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy
@@ -336,8 +337,12 @@ class SymbolicInference:
     """infer_symbolic under way: it runs in a child process (see ChildJob) while the caller goes on; result()
     gives the types."""
 
-    def __init__(self, model: ModelProto) -> None:
+    def __init__(self, model: ModelProto, file: Path | None = None,
+                 op_kinds: frozenset[tuple[str, str]] | None = None) -> None:
         self._model, self._free = model, input_dims(model)
+        # the model's own file serves as inference's input where it needs no preparation (no serialization)
+        self._file = file if file is not None and op_kinds is not None and _as_is(model, op_kinds) and \
+            file.stat().st_size <= _EMBEDDED_BYTES_TO_COPY else None
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -349,7 +354,7 @@ class SymbolicInference:
             return light[0]
 
         try:
-            inferred = _inferred(prepared(), data_prop=False)
+            inferred = _inferred(self._file.read_bytes() if self._file is not None else prepared(), data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
             return _collect_types(prepared().graph, TypeDecoder())
         return _planner_rounds(prepared, inferred, [])
@@ -362,10 +367,24 @@ class SymbolicInference:
         self._job.cancel()
 
 
-def start_infer_symbolic(model: ModelProto) -> SymbolicInference:
+def start_infer_symbolic(model: ModelProto, file: Path | None = None,
+                         op_kinds: frozenset[tuple[str, str]] | None = None) -> SymbolicInference:
     """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
-    (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile."""
-    return SymbolicInference(model)
+    (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile.
+    `file` (the model's file) and `op_kinds` (its nodes' kinds) let inference read the file where the model
+    needs no preparation."""
+    return SymbolicInference(model, file, op_kinds)
+
+
+def _as_is(model: ModelProto, op_kinds: frozenset[tuple[str, str]]) -> bool:
+    """Say whether inference can read the model as it is: no Constant node to fold, no fused operator to
+    standardize, every free input dim named (see _prepared)."""
+    if any(op == "Constant" or f"{domain}::{op}" in SHAPE_AS for domain, op in op_kinds):
+        return False
+    initializers = {t.name for t in model.graph.initializer}
+    return all(d.HasField("dim_value") and d.dim_value > 0 or (d.HasField("dim_param") and d.dim_param)
+               for v in model.graph.input if v.name not in initializers and v.type.HasField("tensor_type")
+               for d in v.type.tensor_type.shape.dim)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -438,7 +457,7 @@ def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     return light
 
 
-def _inferred(light: ModelProto, data_prop: bool) -> ModelProto:
+def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
 
 

@@ -179,3 +179,15 @@ def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypa
 def test_dims_by_rule(rule: str, rank: int, inputs: list[tuple[object, ...]], axis: int,
                       sizes: list[int | None]) -> None:
     assert shapes._dims_by_rule(rule, rank, inputs, axis) == sizes  # type: ignore[arg-type]
+
+
+def test_inference_reads_the_models_own_file_where_it_needs_no_preparation(tmp_path: Path) -> None:
+    from onnxmem.load import load_model
+
+    llama = load_model(save_without_weights(MANY_LAYERS, tmp_path))
+    as_is = shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)
+    assert as_is._file == llama.path  # no Constant node, no fused operator, every dim named
+    assert as_is.result() == shapes.start_infer_symbolic(llama.proto).result()
+    decoder = load_model(ROOT / "fixtures" / "gpt_decoder.onnx")  # Constant nodes: inference reads a prepared copy
+    assert ("", "Constant") in (decoder.op_kinds or ())
+    assert shapes.start_infer_symbolic(decoder.proto, decoder.path, decoder.op_kinds)._file is None
