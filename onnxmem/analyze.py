@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import onnx
 
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
-from .liveness import Timeline, liveness
+from .liveness import Timeline, Wiring, liveness, liveness_wiring
 from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
@@ -28,6 +29,7 @@ from .shapes import (
 )
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
+_T = TypeVar("_T")
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
 
@@ -47,10 +49,10 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
-    graph, symbolic = wiring_and_planner_types(loaded, rules)
+    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: schedule(g, order, rules))
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
-                          plan_shapes=planner_shapes(graph, symbolic))
+                          plan_shapes=planner_shapes(graph, symbolic), scheduled=scheduled)
     if training is None:
         return report
     # Gradient accumulation: a micro-step's activations are those of the micro-batch.
@@ -85,20 +87,33 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
     return infer_symbolic(model) if _compares_planner_shapes(model, rules) else None
 
 
-def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules) -> \
-        tuple[ModelGraph, dict[str, TensorType] | None]:
-    """Give the model's graph, unsized, and planner_types: the graph is built while onnx infers the types
-    (in a child process where it can, see shapes.start_infer_symbolic)."""
+def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T]) \
+        -> tuple[ModelGraph, dict[str, TensorType] | None, _T]:
+    """Give the model's graph, unsized, planner_types, and what `meanwhile` makes of the unsized graph: the graph
+    is built, and `meanwhile` run, while onnx infers the types (in a child process where it can, see
+    shapes.start_infer_symbolic)."""
     model = loaded.proto
     if not _compares_planner_shapes(model, rules):
-        return build_graph(model), None
+        graph = build_graph(model)
+        return graph, None, meanwhile(graph)
     inference = start_infer_symbolic(model, loaded.path, loaded.op_kinds)
     try:
         graph = build_graph(model)
+        made = meanwhile(graph)
     except BaseException:
         inference.cancel()
         raise
-    return graph, inference.result()
+    return graph, inference.result(), made
+
+
+def schedule(graph: ModelGraph, order: str | Sequence[str], rules: InferenceRules) -> \
+        tuple[list[int], Wiring] | None:
+    """Give the execution order and the size-free part of liveness (liveness_wiring) of an unsized graph; None
+    for the memory-aware order, which reads the sizes."""
+    if order == "memory":
+        return None
+    steps = execution_order(graph, order)
+    return steps, liveness_wiring(graph, steps, rules)
 
 
 def _compares_planner_shapes(model: onnx.ModelProto, rules: InferenceRules) -> bool:
@@ -121,10 +136,12 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
 
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
                  order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-                 plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None) -> Report:
-    """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing)."""
-    steps = execution_order(graph, order)
-    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
+                 plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None,
+                 scheduled: tuple[list[int], Wiring] | None = None) -> Report:
+    """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing).
+    `scheduled`: schedule() of the same graph, order and rules, made beforehand."""
+    steps, wiring = scheduled if scheduled is not None else (execution_order(graph, order), None)
+    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, wiring=wiring)
     return Report(
         model=model_name(loaded),
         dims=dict(dims),

@@ -145,7 +145,7 @@ class ModelFamily:
         default_dim = self.options.get("default_dim")
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
         if self._symbolic_types is False:  # the first template: build the graph while the types are inferred
-            graph, self._symbolic_types = wiring_and_planner_types(self.loaded, rules)
+            graph, self._symbolic_types, _ = wiring_and_planner_types(self.loaded, rules, lambda g: None)
             symbolic = self._symbolic_types
             first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
         else:

@@ -65,30 +65,29 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
     return root
 
 
-def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
-             plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False) -> Timeline:
-    """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
+@dataclass(frozen=True)
+class Wiring:
+    """What liveness reads from the wiring and the order alone, before any size is known (so it can be made
+    while shapes are still being inferred): each tensor's alias root, each buffer's first and
+    last step, and the rules' answers per operator kind."""
 
-    `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
-    are bound, on symbolic shapes); by default the tensors' own shapes.
-    """
+    owner: list[int]
+    first: list[int]
+    last: list[int]
+    in_place: dict[tuple[str, str], bool]
+    take_freed: dict[tuple[str, str], bool]
+
+
+def liveness_wiring(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
+                    loop_body: bool = False) -> Wiring:
+    """Give the size-free part of liveness (see Wiring) for the same arguments."""
     tensors = graph.tensors
-    steps = len(order)
-    end = steps - 1
+    end = len(order) - 1
     position = [0] * len(graph.ops)
     for step, op_index in enumerate(order):
         position[op_index] = step
-
-    # Buffer owners: views live in their input's buffer; in-place outputs join it below (union-find).
+    # Buffer owners: views live in their input's buffer; in-place outputs join it later (union-find).
     owner = alias_roots(graph, rules, loop_body)
-    view_of = tuple(owner)
-
-    def find(t: int) -> int:
-        while owner[t] != t:
-            owner[t] = owner[owner[t]]
-            t = owner[t]
-        return t
-
     # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
     in_place: dict[tuple[str, str], bool] = {}
     take_freed: dict[tuple[str, str], bool] = {}
@@ -97,7 +96,6 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         if kind not in in_place:
             in_place[kind] = rules.may_run_in_place(*kind)
             take_freed[kind] = rules.may_take_freed(*kind)
-
     first = [-1] * len(tensors)
     last = [-1] * len(tensors)
     for t in tensors:
@@ -109,11 +107,38 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                 last_use = position[c]
         if t.kind == OUTPUT and count_graph_outputs:
             last_use = end
-        root = t.index if owner[t.index] == t.index else find(t.index)
+        root = owner[t.index]  # alias roots are compressed: a root is its own owner
         if root == t.index:
             first[root] = position[t.producer]
         if last_use > last[root]:
             last[root] = last_use
+    return Wiring(owner, first, last, in_place, take_freed)
+
+
+def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
+             plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False,
+             wiring: Wiring | None = None) -> Timeline:
+    """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
+
+    `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
+    are bound, on symbolic shapes); by default the tensors' own shapes. `wiring`: liveness_wiring of the same
+    arguments, made beforehand.
+    """
+    tensors = graph.tensors
+    steps = len(order)
+    end = steps - 1
+    if wiring is None:
+        wiring = liveness_wiring(graph, order, rules, count_graph_outputs, loop_body)
+    # copies: the plan below changes them
+    owner, first, last = list(wiring.owner), list(wiring.first), list(wiring.last)
+    in_place, take_freed = wiring.in_place, wiring.take_freed
+    view_of = tuple(owner)
+
+    def find(t: int) -> int:
+        while owner[t] != t:
+            owner[t] = owner[owner[t]]
+            t = owner[t]
+        return t
 
     # The buffer plan, step by step as onnxruntime's planner makes it: each new output takes its dying first
     # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
