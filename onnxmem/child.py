@@ -30,7 +30,7 @@ class ChildJob(Generic[T]):
         self._work = work
         self._pid: int | None = None
         small = nodes is not None and nodes < FORK_FROM_NODES
-        if small or sys.platform != "linux" or threading.active_count() != 1:
+        if small or sys.platform != "linux" or threading.active_count() != 1 or _native_threads():
             return
         read, write = os.pipe()
         try:
@@ -74,3 +74,9 @@ class ChildJob(Generic[T]):
             os.close(self._read)
             os.waitpid(self._pid, 0)
             self._pid = None
+
+
+def _native_threads() -> bool:
+    """Say whether a library that runs thread pools of its own, which threading does not count, is loaded
+    (onnxruntime after a session, torch): a child forked then could inherit a lock one of them holds."""
+    return any(name in sys.modules for name in ("onnxruntime", "torch"))

@@ -24,6 +24,13 @@ DIMS = {"batch": 2, "seq": 16, "past": 3}
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def forks_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other tests load onnxruntime into this process, where ChildJob then declines to fork (see the test of
+    # that below); these tests are about the child itself.
+    monkeypatch.setattr(child, "_native_threads", lambda: False)
+
+
 def parameters(s: LlamaShape) -> int:
     head_dim = s.hidden // s.heads
     kv = s.kv_heads * head_dim
@@ -135,6 +142,13 @@ def test_no_child_where_the_process_has_threads() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def test_no_child_where_a_library_with_thread_pools_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.undo()  # the real check
+    monkeypatch.setitem(sys.modules, "onnxruntime", sys)  # loaded (any module object stands for it)
+    job = child.ChildJob(lambda in_child: b"child" if in_child else b"here")
+    assert job._pid is None and job.result() == b"here"
 
 
 @pytest.mark.parametrize("fork_from", [0, 10**9])
