@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
 import onnx
@@ -36,8 +36,7 @@ TensorType = tuple[int, tuple[Dim, ...] | None, int | None]  # dtype, shape (Non
 UNKNOWN_TYPE: TensorType = (0, None, None)
 
 
-@dataclass(frozen=True)
-class InputDim:
+class InputDim(NamedTuple):
     """One dimension of a graph input that has no fixed size."""
 
     name: str  # the dim's symbolic name, or '<input>_dim<axis>' for an unnamed one
@@ -74,16 +73,16 @@ def parse_dims(items: list[str] | tuple[str, ...]) -> dict[str, int]:
 def input_dims(model: ModelProto) -> list[InputDim]:
     """Give every dim of the graph's inputs that has no fixed size, in input order."""
     initializers = {t.name for t in model.graph.initializer}
+    decode = TypeDecoder()  # the inputs of a KV cache repeat one type thousands of times: decode it once
     found: list[InputDim] = []
     for value in model.graph.input:
-        if value.name in initializers or not value.type.HasField("tensor_type"):
+        if value.name in initializers:
             continue
-        shape = value.type.tensor_type.shape
-        for axis, dim in enumerate(shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
+        shape = decode(value.type)[1]
+        for axis, dim in enumerate(shape or ()):
+            if isinstance(dim, int) and dim > 0:
                 continue
-            name = dim.dim_param if dim.HasField("dim_param") and dim.dim_param else f"{value.name}_dim{axis}"
-            found.append(InputDim(name, value.name, axis))
+            found.append(InputDim(dim if isinstance(dim, str) else f"{value.name}_dim{axis}", value.name, axis))
     return found
 
 
