@@ -205,3 +205,17 @@ def test_inference_reads_the_models_own_file_where_it_needs_no_preparation(tmp_p
     decoder = load_model(ROOT / "fixtures" / "gpt_decoder.onnx")  # Constant nodes: inference reads a prepared copy
     assert ("", "Constant") in (decoder.op_kinds or ())
     assert shapes.start_infer_symbolic(decoder.proto, decoder.path, decoder.op_kinds)._file is None
+
+
+@pytest.mark.parametrize("extra", [[], ["--training"], ["--format", "html"]])
+def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
+    # Start-up counts on every graph: report loads only what it needs (and a loaded onnxruntime would also stop
+    # the inference child, see ChildJob).
+    script = ("import sys, runpy; sys.argv = ['onnxmem', *sys.argv[1:]]\n"
+              "try:\n    runpy.run_module('onnxmem.cli', run_name='not_main').get('main')()\n"
+              "except SystemExit:\n    pass\n"
+              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('onnxruntime', 'matplotlib', 'torch', "
+              "'sympy', 'networkx'))\nprint('HEAVY', heavy, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script, "report", str(ROOT / "fixtures" / "gpt_decoder.onnx"),
+                           "--default-dim", "2", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "HEAVY []" in done.stderr, done.stderr[-2000:]
