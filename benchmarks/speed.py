@@ -2,12 +2,14 @@
 
     python benchmarks/speed.py [--repeat 3] [--quick]
 
-Every figure is a whole process (Python start and imports included), the median of --repeat runs. Peak RSS
-comes from one more run, sampled every 5 ms over the whole process tree (onnxmem runs onnx's shape inference in
-a forked child on large graphs: its memory counts). onnxmem's modules are compiled to bytecode first, as pip
-does when it installs a package (the floor's onnx is installed so). The floor is what any ONNX tool pays: onnx.load(load_external_data=False)
-plus ONNX shape inference. onnx-tool (pip install onnx-tool) profiles the same model where it can run: it
-reads weight data, so it cannot run where the weight file is absent (every generated LLM graph here).
+Every figure is a whole process (Python start and imports included), the median of --repeat rounds in which
+the commands take turns; a ratio is the median of the ratios within a round (the load of a shared machine
+drifts; each round sees the same). Peak RSS comes from one more run, sampled every 5 ms over the whole process
+tree (onnxmem runs onnx's shape inference in a forked child on large graphs: its memory counts). onnxmem's
+modules are compiled to bytecode first, as pip does when it installs a package (the floor's onnx is installed
+so). The floor is what any ONNX tool pays: onnx.load(load_external_data=False) plus ONNX shape inference.
+onnx-tool (pip install onnx-tool) profiles the same model where it can run: it reads weight data, so it cannot
+run where the weight file is absent (every generated LLM graph here).
 Prints one table; ratios compare figures taken in the same run.
 """
 
@@ -49,6 +51,7 @@ class Timing:
     seconds: float | None
     rss_mb: float | None
     note: str = ""
+    ratio: float | None = None  # to the floor (report, training) or to the report (fit): the median over rounds
 
 
 def argv(cmd: list[str]) -> list[str]:
@@ -89,19 +92,35 @@ def peak_rss_mb(cmd: list[str]) -> float | None:
     return peak / 1024 if peak else None
 
 
-def run(cmd: list[str], repeat: int) -> Timing:
-    """Give the median wall time of a command ('m' module or 'c' code, args) run `repeat` times, and its peak
-    RSS (peak_rss_mb)."""
-    times = []
+def run(cmds: dict[str, list[str]], repeat: int, bases: dict[str, str] | None = None) -> dict[str, Timing]:
+    """Give each command's ('m' module or 'c' code, args) median wall time over `repeat` rounds, the commands
+    taking turns within a round (load on a shared machine drifts: each round sees the same), its median ratio to
+    its base command (`bases`: name -> name) within a round, and its peak RSS (peak_rss_mb)."""
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    failed: dict[str, str] = {}
     for _ in range(repeat):
-        start = time.perf_counter()
-        proc = subprocess.run(argv(cmd), capture_output=True, text=True)
-        elapsed = time.perf_counter() - start
-        if proc.returncode not in (0, 1):  # fit/check exit 1 for "does not fit", which is an answer
-            last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-            return Timing(None, None, last[:60])
-        times.append(elapsed)
-    return Timing(statistics.median(times), peak_rss_mb(cmd))
+        for name, cmd in cmds.items():
+            if name in failed:
+                continue
+            start = time.perf_counter()
+            proc = subprocess.run(argv(cmd), capture_output=True, text=True)
+            elapsed = time.perf_counter() - start
+            if proc.returncode not in (0, 1):  # fit/check exit 1 for "does not fit", which is an answer
+                last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+                failed[name] = last[:60]
+                continue
+            times[name].append(elapsed)
+    result = {}
+    for name, cmd in cmds.items():
+        if name in failed:
+            result[name] = Timing(None, None, failed[name])
+            continue
+        base = (bases or {}).get(name)
+        ratios = [t / b for t, b in zip(times[name], times[base], strict=True)] \
+            if base is not None and base not in failed else []
+        result[name] = Timing(statistics.median(times[name]), peak_rss_mb(cmd),
+                              ratio=statistics.median(ratios) if ratios else None)
+    return result
 
 
 def help_text(*args: str) -> str | None:
@@ -163,18 +182,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases(Path(tmp), args.quick):
             nodes = len(onnx.load(str(case.path), load_external_data=False).graph.node)
-            floor = run(["c", FLOOR, str(case.path)], args.repeat)
-            report = run([*onnxmem_cmd, "report", str(case.path), *dim_args(case.dims), "--format", "json"],
-                         args.repeat)
-            train = run([*onnxmem_cmd, "report", str(case.path), *dim_args(case.dims), "--format", "json",
-                         "--training", "--optimizer", "adamw"], args.repeat) if training else Timing(None, None, "n/a")
+            report_cmd = [*onnxmem_cmd, "report", str(case.path), *dim_args(case.dims), "--format", "json"]
             fixed = {k: v for k, v in case.dims.items() if k != case.search}
-            fitted = run([*onnxmem_cmd, "fit", str(case.path), *dim_args(fixed), "--memory", "80GiB",
-                          "--format", "json"], args.repeat) if fit else Timing(None, None, "n/a")
+            cmds = {"floor": ["c", FLOOR, str(case.path)], "report": report_cmd}
+            if training:
+                cmds["train"] = [*report_cmd, "--training", "--optimizer", "adamw"]
+            if fit:
+                cmds["fit"] = [*onnxmem_cmd, "fit", str(case.path), *dim_args(fixed), "--memory", "80GiB",
+                               "--format", "json"]
+            timed = run(cmds, args.repeat, {"report": "floor", "train": "floor", "fit": "report"})
+            floor, report = timed["floor"], timed["report"]
+            train = timed.get("train", Timing(None, None, "n/a"))
+            fitted = timed.get("fit", Timing(None, None, "n/a"))
             if tool and case.onnx_tool_shapes:
                 import json
 
-                other = run(["c", ONNX_TOOL, str(case.path), json.dumps(case.onnx_tool_shapes)], 1)
+                other = run({"tool": ["c", ONNX_TOOL, str(case.path), json.dumps(case.onnx_tool_shapes)]}, 1)["tool"]
             else:
                 other = Timing(None, None, "weights absent" if tool else "not installed")
             rows.append((case, nodes, floor, report, train, fitted, other))
@@ -185,8 +208,8 @@ def fmt(t: Timing, base: Timing | None = None) -> str:
     if t.seconds is None:
         return t.note or "failed"
     text = f"{t.seconds:.2f}s"
-    if base is not None and base.seconds:
-        text += f" ({t.seconds / base.seconds:.2f}x)"
+    if base is not None and t.ratio is not None:
+        text += f" ({t.ratio:.2f}x)"
     return text
 
 
