@@ -11,7 +11,7 @@ import onnx
 
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
-from .liveness import Timeline, Wiring, liveness, liveness_wiring
+from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
@@ -49,7 +49,7 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                    training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze)."""
-    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: schedule(g, order, rules))
+    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: order_and_lifetimes(g, order, rules))
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic), scheduled=scheduled)
@@ -106,14 +106,14 @@ def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhi
     return graph, inference.result(), made
 
 
-def schedule(graph: ModelGraph, order: str | Sequence[str], rules: InferenceRules) -> \
-        tuple[list[int], Wiring] | None:
-    """Give the execution order and the size-free part of liveness (liveness_wiring) of an unsized graph; None
-    for the memory-aware order, which reads the sizes."""
+def order_and_lifetimes(graph: ModelGraph, order: str | Sequence[str], rules: InferenceRules) -> \
+        tuple[list[int], Lifetimes] | None:
+    """Give the execution order and the size-free part of liveness (lifetimes) of an unsized graph; None for the
+    memory-aware order, which reads the sizes."""
     if order == "memory":
         return None
     steps = execution_order(graph, order)
-    return steps, liveness_wiring(graph, steps, rules)
+    return steps, lifetimes(graph, steps, rules)
 
 
 def _compares_planner_shapes(model: onnx.ModelProto, rules: InferenceRules) -> bool:
@@ -137,11 +137,11 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
 def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
                  order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
                  plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None,
-                 scheduled: tuple[list[int], Wiring] | None = None) -> Report:
+                 scheduled: tuple[list[int], Lifetimes] | None = None) -> Report:
     """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing).
-    `scheduled`: schedule() of the same graph, order and rules, made beforehand."""
-    steps, wiring = scheduled if scheduled is not None else (execution_order(graph, order), None)
-    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, wiring=wiring)
+    `scheduled`: order_and_lifetimes() of the same graph, order and rules, made beforehand."""
+    steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order), None)
+    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, prepared=prepared)
     return Report(
         model=model_name(loaded),
         dims=dict(dims),

@@ -66,7 +66,7 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
 
 
 @dataclass(frozen=True)
-class Wiring:
+class Lifetimes:
     """What liveness reads from the wiring and the order alone, before any size is known (so it can be made
     while shapes are still being inferred): each tensor's alias root, each buffer's first and
     last step, and the rules' answers per operator kind."""
@@ -78,9 +78,9 @@ class Wiring:
     take_freed: dict[tuple[str, str], bool]
 
 
-def liveness_wiring(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
-                    loop_body: bool = False) -> Wiring:
-    """Give the size-free part of liveness (see Wiring) for the same arguments."""
+def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
+              loop_body: bool = False) -> Lifetimes:
+    """Give the size-free part of liveness (see Lifetimes) for the same arguments."""
     tensors = graph.tensors
     end = len(order) - 1
     position = [0] * len(graph.ops)
@@ -112,26 +112,26 @@ def liveness_wiring(graph: ModelGraph, order: Sequence[int], rules: InferenceRul
             first[root] = position[t.producer]
         if last_use > last[root]:
             last[root] = last_use
-    return Wiring(owner, first, last, in_place, take_freed)
+    return Lifetimes(owner, first, last, in_place, take_freed)
 
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
              plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False,
-             wiring: Wiring | None = None) -> Timeline:
+             prepared: Lifetimes | None = None) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
 
     `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
-    are bound, on symbolic shapes); by default the tensors' own shapes. `wiring`: liveness_wiring of the same
+    are bound, on symbolic shapes); by default the tensors' own shapes. `prepared`: lifetimes() of the same
     arguments, made beforehand.
     """
     tensors = graph.tensors
     steps = len(order)
     end = steps - 1
-    if wiring is None:
-        wiring = liveness_wiring(graph, order, rules, count_graph_outputs, loop_body)
+    if prepared is None:
+        prepared = lifetimes(graph, order, rules, count_graph_outputs, loop_body)
     # copies: the plan below changes them
-    owner, first, last = list(wiring.owner), list(wiring.first), list(wiring.last)
-    in_place, take_freed = wiring.in_place, wiring.take_freed
+    owner, first, last = list(prepared.owner), list(prepared.first), list(prepared.last)
+    in_place, take_freed = prepared.in_place, prepared.take_freed
     view_of = tuple(owner)
 
     def find(t: int) -> int:

@@ -340,7 +340,7 @@ class SymbolicInference:
                  op_kinds: frozenset[tuple[str, str]] | None = None) -> None:
         self._model, self._free = model, input_dims(model)
         # the model's own file serves as inference's input where it needs no preparation (no serialization)
-        self._file = file if file is not None and op_kinds is not None and _as_is(model, op_kinds) and \
+        self._file = file if file is not None and op_kinds is not None and _as_is(self._free, op_kinds) and \
             file.stat().st_size <= _EMBEDDED_BYTES_TO_COPY else None
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
@@ -375,15 +375,11 @@ def start_infer_symbolic(model: ModelProto, file: Path | None = None,
     return SymbolicInference(model, file, op_kinds)
 
 
-def _as_is(model: ModelProto, op_kinds: frozenset[tuple[str, str]]) -> bool:
+def _as_is(free: list[InputDim], op_kinds: frozenset[tuple[str, str]]) -> bool:
     """Say whether inference can read the model as it is: no Constant node to fold, no fused operator to
-    standardize, every free input dim named (see _prepared)."""
-    if any(op == "Constant" or f"{domain}::{op}" in SHAPE_AS for domain, op in op_kinds):
-        return False
-    initializers = {t.name for t in model.graph.initializer}
-    return all(d.HasField("dim_value") and d.dim_value > 0 or (d.HasField("dim_param") and d.dim_param)
-               for v in model.graph.input if v.name not in initializers and v.type.HasField("tensor_type")
-               for d in v.type.tensor_type.shape.dim)
+    standardize, every free input dim named (see _prepared; input_dims calls an unnamed one '<input>_dim<axis>')."""
+    return not any(op == "Constant" or f"{domain}::{op}" in SHAPE_AS for domain, op in op_kinds) and \
+        all(d.name != f"{d.input}_dim{d.axis}" for d in free)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
