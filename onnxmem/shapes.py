@@ -341,7 +341,7 @@ class SymbolicInference:
         self._model, self._free = model, input_dims(model)
         # the model's own file serves as inference's input where it needs no preparation (no serialization)
         self._file = file if file is not None and op_kinds is not None and _as_is(self._free, op_kinds) and \
-            file.stat().st_size <= _EMBEDDED_BYTES_TO_COPY else None
+            _small_file(file) else None
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -352,8 +352,14 @@ class SymbolicInference:
                 light.append(_prepared(self._model, self._free, {}, in_place=in_child))
             return light[0]
 
+        source: ModelProto | bytes | None = None
+        if self._file is not None:
+            try:
+                source = self._file.read_bytes()
+            except OSError:  # gone or changed since it was loaded: the model in memory serves
+                source = None
         try:
-            inferred = _inferred(self._file.read_bytes() if self._file is not None else prepared(), data_prop=False)
+            inferred = _inferred(source if source is not None else prepared(), data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
             return _collect_types(prepared().graph, TypeDecoder())
         return _planner_rounds(prepared, inferred, [])
@@ -373,6 +379,14 @@ def start_infer_symbolic(model: ModelProto, file: Path | None = None,
     `file` (the model's file) and `op_kinds` (its nodes' kinds) let inference read the file where the model
     needs no preparation."""
     return SymbolicInference(model, file, op_kinds)
+
+
+def _small_file(file: Path) -> bool:
+    """Say whether the file is there and small enough for inference to read whole (see _shape_only_copy)."""
+    try:
+        return file.stat().st_size <= _EMBEDDED_BYTES_TO_COPY
+    except OSError:
+        return False
 
 
 def _as_is(free: list[InputDim], op_kinds: frozenset[tuple[str, str]]) -> bool:

@@ -219,3 +219,20 @@ def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", script, "report", str(ROOT / "fixtures" / "gpt_decoder.onnx"),
                            "--default-dim", "2", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "HEAVY []" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_model_file_gone_after_loading_is_inferred_from_memory(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxmem.load import load_model
+
+    path = save_without_weights(MANY_LAYERS, tmp_path)
+    llama = load_model(path)
+    expected = shapes.start_infer_symbolic(llama.proto).result()
+    for fork_from in (10**9, 0):  # here (the file is read at result()) and in a child (which may read it first)
+        monkeypatch.setattr(child, "FORK_FROM_NODES", fork_from)
+        onnx.save(llama.proto, str(path))
+        inference = shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)
+        assert inference._file == path
+        path.unlink()  # removed after the inference chose to read it
+        assert inference.result() == expected
+    assert shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)._file is None  # gone before
