@@ -96,7 +96,7 @@ def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhi
     if not _compares_planner_shapes(model, rules):
         graph = build_graph(model)
         return graph, None, meanwhile(graph)
-    inference = start_infer_symbolic(model, loaded.path, loaded.op_kinds)
+    inference = start_infer_symbolic(model, loaded)
     try:
         graph = build_graph(model)
         made = meanwhile(graph)

@@ -11,7 +11,8 @@ from onnx import AttributeProto, GraphProto
 
 from .errors import ModelFileError
 from .report import Warning
-from .shapes import CONTROL_FLOW, UNKNOWN_TYPE, Dim, TensorType
+from .rules.inference import CONTROL_FLOW
+from .shapes import UNKNOWN_TYPE, Dim, TensorType
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import ModelFileError
 from .report import Warning
-from .shapes import CONTROL_FLOW
+from .rules.inference import CONTROL_FLOW
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class LoadedModel:
     warnings: tuple[Warning, ...]
     # (domain, op type) of every node of the main graph, where loading read them (a file); None otherwise
     op_kinds: frozenset[tuple[str, str]] | None = None
+    stamp: tuple[int, int] | None = None  # the file's size and modification time when it was read
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
@@ -36,6 +37,7 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         raise ModelFileError(f"{path}: no such file")
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not an ONNX file")
+    stamp = file_stamp(path)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except DecodeError as exc:
@@ -48,7 +50,16 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     _check_is_model(proto, str(path))
     kinds: set[tuple[str, str]] = set()
     warnings = _missing_external_data(proto, path.parent, kinds)
-    return LoadedModel(proto, path, tuple(warnings), frozenset(kinds))
+    return LoadedModel(proto, path, tuple(warnings), frozenset(kinds), stamp)
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """Give a file's size and modification time (nanoseconds), or None where it cannot be read."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_size, status.st_mtime_ns
 
 
 def _check_is_model(proto: onnx.ModelProto, where: str) -> None:

@@ -8,7 +8,6 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
@@ -18,18 +17,21 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
+from .load import file_stamp
 from .report import Warning
-from .rules.inference import DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
+from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .graph import ModelGraph
+    from .load import LoadedModel
 
 # Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
 # constants that data propagation needs, and Resize's scales. Everything else travels as a typed input.
 _KEEP_INT_VALUES_UP_TO = 4096
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _DIM_NAME = re.compile(r"^[^=\s]+$")
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
 
 Dim = int | str | None  # a size, a symbolic name, or unknown
 TensorType = tuple[int, tuple[Dim, ...] | None, int | None]  # dtype, shape (None: rank unknown), bytes
@@ -336,12 +338,12 @@ class SymbolicInference:
     """infer_symbolic under way: it runs in a child process (see ChildJob) while the caller goes on; result()
     gives the types."""
 
-    def __init__(self, model: ModelProto, file: Path | None = None,
-                 op_kinds: frozenset[tuple[str, str]] | None = None) -> None:
+    def __init__(self, model: ModelProto, loaded: LoadedModel | None = None) -> None:
         self._model, self._free = model, input_dims(model)
-        # the model's own file serves as inference's input where it needs no preparation (no serialization)
-        self._file = file if file is not None and op_kinds is not None and _as_is(self._free, op_kinds) and \
-            _small_file(file) else None
+        self._file: Path | None = None  # the model's own file, read by inference as it is (no serialization)
+        self._stamp: tuple[int, int] | None = None
+        if loaded is not None and _file_as_is(loaded, self._free):
+            self._file, self._stamp = loaded.path, loaded.stamp
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -353,10 +355,10 @@ class SymbolicInference:
             return light[0]
 
         source: ModelProto | bytes | None = None
-        if self._file is not None:
+        if self._file is not None and file_stamp(self._file) == self._stamp:
             try:
                 source = self._file.read_bytes()
-            except OSError:  # gone or changed since it was loaded: the model in memory serves
+            except OSError:  # gone since: the model in memory serves, as where it changed
                 source = None
         try:
             inferred = _inferred(source if source is not None else prepared(), data_prop=False)
@@ -372,21 +374,20 @@ class SymbolicInference:
         self._job.cancel()
 
 
-def start_infer_symbolic(model: ModelProto, file: Path | None = None,
-                         op_kinds: frozenset[tuple[str, str]] | None = None) -> SymbolicInference:
+def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None) -> SymbolicInference:
     """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
     (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile.
-    `file` (the model's file) and `op_kinds` (its nodes' kinds) let inference read the file where the model
-    needs no preparation."""
-    return SymbolicInference(model, file, op_kinds)
+    `loaded` (the model as loaded from its file) lets inference read that file where the model needs no
+    preparation."""
+    return SymbolicInference(model, loaded)
 
 
-def _small_file(file: Path) -> bool:
-    """Say whether the file is there and small enough for inference to read whole (see _shape_only_copy)."""
-    try:
-        return file.stat().st_size <= _EMBEDDED_BYTES_TO_COPY
-    except OSError:
-        return False
+def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
+    """Say whether inference can read the model's own file: the model needs no preparation (_as_is), the file is
+    small enough to read whole (see _shape_only_copy) and is still the one the model was loaded from."""
+    return loaded.path is not None and loaded.op_kinds is not None and loaded.stamp is not None and \
+        _as_is(free, loaded.op_kinds) and loaded.stamp[0] <= _EMBEDDED_BYTES_TO_COPY and \
+        file_stamp(loaded.path) == loaded.stamp
 
 
 def _as_is(free: list[InputDim], op_kinds: frozenset[tuple[str, str]]) -> bool:

@@ -199,12 +199,12 @@ def test_inference_reads_the_models_own_file_where_it_needs_no_preparation(tmp_p
     from onnxmem.load import load_model
 
     llama = load_model(save_without_weights(MANY_LAYERS, tmp_path))
-    as_is = shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)
+    as_is = shapes.start_infer_symbolic(llama.proto, llama)
     assert as_is._file == llama.path  # no Constant node, no fused operator, every dim named
     assert as_is.result() == shapes.start_infer_symbolic(llama.proto).result()
     decoder = load_model(ROOT / "fixtures" / "gpt_decoder.onnx")  # Constant nodes: inference reads a prepared copy
     assert ("", "Constant") in (decoder.op_kinds or ())
-    assert shapes.start_infer_symbolic(decoder.proto, decoder.path, decoder.op_kinds)._file is None
+    assert shapes.start_infer_symbolic(decoder.proto, decoder)._file is None
 
 
 @pytest.mark.parametrize("extra", [[], ["--training"], ["--format", "html"]])
@@ -221,7 +221,7 @@ def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
     assert "HEAVY []" in done.stderr, done.stderr[-2000:]
 
 
-def test_a_model_file_gone_after_loading_is_inferred_from_memory(tmp_path: Path,
+def test_a_model_file_gone_or_changed_after_loading_is_inferred_from_memory(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxmem.load import load_model
 
@@ -230,9 +230,13 @@ def test_a_model_file_gone_after_loading_is_inferred_from_memory(tmp_path: Path,
     expected = shapes.start_infer_symbolic(llama.proto).result()
     for fork_from in (10**9, 0):  # here (the file is read at result()) and in a child (which may read it first)
         monkeypatch.setattr(child, "FORK_FROM_NODES", fork_from)
-        onnx.save(llama.proto, str(path))
-        inference = shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)
+        llama = load_model(path)
+        inference = shapes.start_infer_symbolic(llama.proto, llama)
         assert inference._file == path
         path.unlink()  # removed after the inference chose to read it
         assert inference.result() == expected
-    assert shapes.start_infer_symbolic(llama.proto, llama.path, llama.op_kinds)._file is None  # gone before
+        onnx.save(llama.proto, str(path))
+    assert shapes.start_infer_symbolic(llama.proto, llama)._file is None  # rewritten since it was loaded
+    changed = load_model(path)
+    path.write_bytes(path.read_bytes() + b"\x00")  # changed after loading, before the inference starts
+    assert shapes.start_infer_symbolic(changed.proto, changed)._file is None

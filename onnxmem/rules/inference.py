@@ -12,6 +12,8 @@ Operators of other domains are keyed 'domain::OpType'. Anything not listed alloc
 
 from __future__ import annotations
 
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
+
 ALIASES: dict[str, int] = {
     "Reshape": 0,
     "Squeeze": 0,
