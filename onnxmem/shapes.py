@@ -735,22 +735,46 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
         known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
         raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
     bound = dict(dims)
-    for d in free:  # dims named by an expression of bound dims, as exporters write them: 'past + seq'
+    _bind_expressions(free, bound)
+    where: dict[str, list[InputDim]] = {}  # each unbound name, where it occurs
+    for d in free:
+        if d.name not in bound:
+            where.setdefault(d.name, []).append(d)
+    # a dim named by an expression of other unbound dims ('past + seq') is bound with them: not asked for
+    asked = [n for n in where if not (_dim_names(n) - {n}) & where.keys()]
+    if asked and default_dim is None:
+        listed = ", ".join(f"{n} (input '{where[n][0].input}' axis {where[n][0].axis}"
+                           f"{f', and {len(where[n]) - 1} more inputs' if len(where[n]) > 1 else ''})"
+                           for n in sorted(asked))
+        example = " ".join(f"--dim {n}=N" for n in sorted(asked))
+        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
+    if not where:
+        return bound, ()
+    for name in asked:
+        bound[name] = int(default_dim)  # type: ignore[arg-type]
+    _bind_expressions(free, bound)
+    for name in where:  # an expression that does not evaluate (a size of 0 or less) takes the default too
+        bound.setdefault(name, int(default_dim))  # type: ignore[arg-type]
+    defaulted = ", ".join(sorted(asked))
+    return bound, (Warning("default-dim", f"dims {defaulted} were not given and took --default-dim {default_dim}"),)
+
+
+def _bind_expressions(free: list[InputDim], bound: dict[str, int]) -> None:
+    """Bind the dims named by an expression of bound dims, as exporters write them ('past + seq')."""
+    for d in free:
         if d.name not in bound:
             value = _evaluate_dim(d.name, bound)
             if value is not None:
                 bound[d.name] = value
-    unbound = [d for d in free if d.name not in bound]
-    if unbound and default_dim is None:
-        listed = ", ".join(sorted({f"{d.name} (input '{d.input}' axis {d.axis})" for d in unbound}))
-        example = " ".join(f"--dim {n}=N" for n in sorted({d.name for d in unbound}))
-        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
-    if not unbound:
-        return bound, ()
-    for d in unbound:
-        bound[d.name] = int(default_dim)  # type: ignore[arg-type]
-    defaulted = ", ".join(sorted({d.name for d in unbound}))
-    return bound, (Warning("default-dim", f"dims {defaulted} were not given and took --default-dim {default_dim}"),)
+
+
+def _dim_names(expression: str) -> set[str]:
+    """Give the names a dim's name is written with: itself for a plain name, the operands of 'past + seq'."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return {expression}
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} or {expression}
 
 
 def _collect_types(graph: GraphProto, decode: TypeDecoder,

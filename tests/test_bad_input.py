@@ -87,6 +87,27 @@ def test_unbound_dim_lists_dims_and_how_to_bind(tmp_path: Path) -> None:
     assert_one_line_error(code, err, "unbound dims", "batch", "--dim batch=N")
 
 
+def test_unbound_dims_of_a_kv_cache_are_named_once_each(tmp_path: Path) -> None:
+    # 40 KV-cache inputs share 'past'; 'past + seq' is bound with past and seq, so it is not asked for
+    from benchmarks.llm_graphs import LlamaShape, make_llama
+
+    model = make_llama(LlamaShape(layers=20, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
+    code, _, err = run("report", save(model, tmp_path / "m.onnx"), "--dim", "batch=2")
+    assert_one_line_error(code, err, "unbound dims: past (input 'past_key_values.0.key' axis 2, and 39 more inputs)",
+                          "seq (input", "--dim past=N --dim seq=N")
+    assert "past + seq" not in err and len(err) < 400
+
+
+def test_default_dim_sizes_an_expression_dim_from_its_parts(tmp_path: Path) -> None:
+    from benchmarks.llm_graphs import LlamaShape, make_llama
+
+    model = make_llama(LlamaShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
+    report = onnxmem.analyze(model, {"batch": 2, "seq": 5}, default_dim=3)
+    assert report.dims["past"] == 3 and report.dims["past + seq"] == 8  # not the default itself
+    assert [w.message for w in report.warnings if w.code == "default-dim"] == \
+        ["dims past were not given and took --default-dim 3"]
+
+
 def test_default_dim_binds_with_a_warning(tmp_path: Path) -> None:
     code, out, _ = run("report", save(graphs.symbolic_mlp(), tmp_path / "m.onnx"), "--default-dim", "3",
                        "--format", "json")
