@@ -149,6 +149,17 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
         producer[name] = made_by
     values: dict[str, int | None] = dict(bound)
     sized: dict[str, TensorType] = {}
+    initializers: dict[str, TensorProto] = {}  # read at the first Reshape
+
+    def constant_ints(j: int) -> list[int] | None:  # a Reshape's target: an initializer or a Constant's value
+        if not initializers:
+            initializers.update((t.name, t) for t in model.graph.initializer)
+        made_by = tensors[j].producer
+        tensor = initializers.get(tensors[j].name) if made_by is None else _constant_value(nodes[made_by])
+        if tensor is None or tensor.data_type not in _INT_TYPES or not _is_shape_constant(tensor):
+            return None
+        return [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+
     for name in sorted(unknown, key=producer.__getitem__):
         found = _evaluate_type(symbolic[name], values, bound)
         op = wiring.ops[producer[name]]
@@ -158,8 +169,12 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
                       (tensors[j].name for j in op.inputs if j >= 0)]
             if all(s is not None for s in inputs):
-                axis = next((a.i for a in nodes[op.index].attribute if a.name == "axis"), 0)
-                sizes = _dims_by_rule(rule, len(shape), inputs, axis)  # type: ignore[arg-type]
+                attrs = {a.name: a.i for a in nodes[op.index].attribute if a.type == AttributeProto.INT}
+                if rule == "reshape":
+                    target = constant_ints(op.inputs[1]) if len(op.inputs) > 1 and op.inputs[1] >= 0 else None
+                    sizes = _reshaped(inputs[0], target, attrs.get("allowzero", 0), len(shape))  # type: ignore[arg-type]
+                else:
+                    sizes = _dims_by_rule(rule, len(shape), inputs, attrs.get("axis", 0))  # type: ignore[arg-type]
                 for d, size in zip(shape, sizes, strict=True):
                     if isinstance(d, str) and size is not None:
                         if values.get(d) not in (None, size):
@@ -170,6 +185,21 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             sized[name] = found
     types.update(sized)
     return unknown - sized.keys()
+
+
+def _reshaped(shape: tuple[Dim, ...], target: list[int] | None, allowzero: int, rank: int) -> list[int | None]:
+    """Give the dims of a Reshape of `shape` to the constant `target` (0 copies the input's dim unless allowzero,
+    -1 takes what remains), None each where they do not follow."""
+    sizes = [d for d in shape if isinstance(d, int)]
+    if target is None or len(target) != rank or len(sizes) != len(shape):
+        return [None] * rank
+    dims: list[int | None] = [
+        (sizes[k] if k < len(sizes) else None) if t == 0 and not allowzero else t for k, t in enumerate(target)]
+    total = math.prod(sizes)
+    rest = math.prod(d for d in dims if d is not None and d != -1)
+    if dims.count(-1) == 1:
+        dims[dims.index(-1)] = total // rest if rest and total % rest == 0 else None
+    return [d if d is None or d >= 0 else None for d in dims]
 
 
 def _dims_by_rule(rule: str, rank: int, inputs: list[tuple[Dim, ...]], axis: int) -> list[int | None]:

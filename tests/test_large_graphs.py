@@ -162,12 +162,14 @@ def test_the_callers_model_is_left_untouched(monkeypatch: pytest.MonkeyPatch, fo
         assert model.SerializeToString() == before
 
 
-def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kv_heads", [4, 2])  # 2: grouped-query attention, a Reshape(-1) after the Concat
+def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypatch: pytest.MonkeyPatch,
+                                                                        kv_heads: int) -> None:
     # ONNX names the Concat of past and new keys 'unk__N' (it adds no symbols); the rule sums the axis, and the
     # attention scores, softmax and context that carry the name are sized with it: nothing is inferred again.
     from onnxmem.graph import build_graph
 
-    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=256))  # no GQA repeat
+    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=kv_heads, ffn=128, vocab=256))
     symbolic = shapes.infer_symbolic(model)
     _, unknown = shapes.evaluate_known(symbolic, DIMS)
     assert len(unknown) >= 3 * 5  # per layer: the two Concats and what carries their dims
@@ -240,3 +242,14 @@ def test_a_model_file_gone_or_changed_after_loading_is_inferred_from_memory(tmp_
     changed = load_model(path)
     path.write_bytes(path.read_bytes() + b"\x00")  # changed after loading, before the inference starts
     assert shapes.start_infer_symbolic(changed.proto, changed)._file is None
+
+
+@pytest.mark.parametrize(("shape", "target", "allowzero", "dims"), [
+    ((2, 2, 2, 19, 16), [0, 4, -1, 16], 0, [2, 4, 19, 16]),  # 0 copies, -1 takes the rest (GQA's repeat)
+    ((2, 3), [0, -1], 1, [0, None]),  # allowzero: 0 is a size; 6 elements do not fill a 0-sized dim
+    ((2, "unk__1"), [-1], 0, [None]),  # an input dim not known: no size
+    ((4, 6), [5, -1], 0, [5, None]),  # 24 is no multiple of 5
+])
+def test_reshaped(shape: tuple[object, ...], target: list[int], allowzero: int, dims: list[int | None]) -> None:
+    assert shapes._reshaped(shape, target, allowzero, len(target)) == dims  # type: ignore[arg-type]
+

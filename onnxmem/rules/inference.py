@@ -96,11 +96,13 @@ EXPANDED_INTERMEDIATES: dict[str, int] = {
 }
 
 # How the size of a dim that symbolic inference could not name (ONNX's 'unk__N': a Concat of a KV cache along
-# 'past' and 'seq') follows from the node's input sizes once the dims are bound: op type -> rule ("concat": the
-# axis sums, the other dims are the inputs'; "broadcast": numpy broadcasting). The few tensors no rule sizes are
-# inferred by ONNX on the nodes that make them (shapes._infer_rest).
+# 'past' and 'seq', the -1 of a Reshape after it) follows from the node's input sizes once the dims are bound:
+# op type -> rule ("concat": the axis sums, the other dims are the inputs'; "broadcast": numpy broadcasting;
+# "reshape": a constant target, 0 and -1 resolved). The few tensors no rule sizes are inferred by ONNX on the
+# nodes that make them (shapes._infer_rest).
 DIM_FROM_INPUTS: dict[str, str] = {
     "Concat": "concat",
+    "Reshape": "reshape",
     **{op: "broadcast" for op in ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Max", "Min", "Sum", "Mean",
                                   "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
                                   "BitShift", "PRelu")},
