@@ -84,7 +84,7 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
 
     The same types, evaluated at the bound dims, size the tensors without a second inference where they name
     every dim (see bind_and_infer)."""
-    return infer_symbolic(model) if _compares_planner_shapes(model, rules) else None
+    return infer_symbolic(model) if (rules.in_place or rules.reuse_freed) and input_dims(model) else None
 
 
 def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T]) \
@@ -93,17 +93,14 @@ def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhi
     is built, and `meanwhile` run, while onnx infers the types (in a child process where it can, see
     shapes.start_infer_symbolic)."""
     model = loaded.proto
-    if not _compares_planner_shapes(model, rules):
+    free = input_dims(model) if rules.in_place or rules.reuse_freed else []
+    if not free:  # see planner_types
         graph = build_graph(model)
         return graph, None, meanwhile(graph)
-    inference = start_infer_symbolic(model, loaded)
-    try:
+    with start_infer_symbolic(model, loaded, free) as inference:
         graph = build_graph(model)
         made = meanwhile(graph)
-    except BaseException:
-        inference.cancel()
-        raise
-    return graph, inference.result(), made
+        return graph, inference.result(), made
 
 
 def order_and_lifetimes(graph: ModelGraph, order: str | Sequence[str], rules: InferenceRules) -> \
@@ -114,10 +111,6 @@ def order_and_lifetimes(graph: ModelGraph, order: str | Sequence[str], rules: In
         return None
     steps = execution_order(graph, order)
     return steps, lifetimes(graph, steps, rules)
-
-
-def _compares_planner_shapes(model: onnx.ModelProto, rules: InferenceRules) -> bool:
-    return bool((rules.in_place or rules.reuse_freed) and input_dims(model))
 
 
 def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None) -> list[tuple[Dim, ...] | None] | None:

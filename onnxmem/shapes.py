@@ -368,8 +368,9 @@ class SymbolicInference:
     """infer_symbolic under way: it runs in a child process (see ChildJob) while the caller goes on; result()
     gives the types."""
 
-    def __init__(self, model: ModelProto, loaded: LoadedModel | None = None) -> None:
-        self._model, self._free = model, input_dims(model)
+    def __init__(self, model: ModelProto, loaded: LoadedModel | None = None,
+                 free: list[InputDim] | None = None) -> None:
+        self._model, self._free = model, input_dims(model) if free is None else free
         self._file: Path | None = None  # the model's own file, read by inference as it is (no serialization)
         self._stamp: tuple[int, int] | None = None
         if loaded is not None and _file_as_is(loaded, self._free):
@@ -399,17 +400,20 @@ class SymbolicInference:
     def result(self) -> dict[str, TensorType]:
         return self._job.result()
 
-    def cancel(self) -> None:
-        """Stop the inference (its result is not wanted)."""
-        self._job.cancel()
+    def __enter__(self) -> SymbolicInference:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._job.cancel()  # a result not taken (the caller failed meanwhile): the child is not left behind
 
 
-def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None) -> SymbolicInference:
+def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None,
+                         free: list[InputDim] | None = None) -> SymbolicInference:
     """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
     (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile.
     `loaded` (the model as loaded from its file) lets inference read that file where the model needs no
-    preparation."""
-    return SymbolicInference(model, loaded)
+    preparation; `free`, the model's input_dims where the caller has them."""
+    return SymbolicInference(model, loaded, free)
 
 
 def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
