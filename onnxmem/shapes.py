@@ -375,6 +375,9 @@ class SymbolicInference:
         self._stamp: tuple[int, int] | None = None
         if loaded is not None and _file_as_is(loaded, self._free):
             self._file, self._stamp = loaded.path, loaded.stamp
+        # whether a node may hold a graph (see _collect_types); unknown where the model was not loaded from a file
+        self._subgraphs = loaded is None or loaded.op_kinds is None or any(
+            op in CONTROL_FLOW or domain not in ("", "ai.onnx") for domain, op in loaded.op_kinds)
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -395,7 +398,7 @@ class SymbolicInference:
             inferred = _inferred(source if source is not None else prepared(), data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
             return _collect_types(prepared().graph, TypeDecoder())
-        return _planner_rounds(prepared, inferred, [])
+        return _planner_rounds(prepared, inferred, [], subgraphs=self._subgraphs)
 
     def result(self) -> dict[str, TensorType]:
         return self._job.result()
@@ -678,8 +681,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 }
 
 
-def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
-                    warnings: list[Warning]) -> dict[str, TensorType]:
+def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warnings: list[Warning],
+                    subgraphs: bool = True) -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -699,7 +702,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
     learned_before: set[str] = set()
-    types = _collect_types(inferred.graph, TypeDecoder())
+    types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs)
     for _ in range(_PLANNER_ROUNDS):
         learned: list[ValueInfoProto] = []
         for node in nodes:
@@ -720,7 +723,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto,
             inferred = _inferred(light(), data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             return types
-        types = _collect_types(inferred.graph, TypeDecoder())
+        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs)
     return types
 
 
@@ -728,8 +731,8 @@ def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> Value
     """Give the output type of a Concat with each dim merged as onnxruntime does (the first input dim with a
     value or a name; 'unk__N' is no name), where that names a dim ONNX's inference left 'unk__N'; else None."""
     dtype, current, _ = types.get(node.output[0], UNKNOWN_TYPE)
-    if current is None:
-        return None
+    if current is None or _known((dtype, current, None)):
+        return None  # no dim to learn (the usual case: reading the node's inputs costs more)
     axis = next((a.i for a in node.attribute if a.name == "axis"), PLANNER_MERGES_DIMS[node.op_type])
     axis %= max(len(current), 1)
     shapes = [types.get(name, UNKNOWN_TYPE)[1] for name in node.input if name]
@@ -811,18 +814,27 @@ def _dim_names(expression: str) -> set[str]:
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} or {expression}
 
 
-def _collect_types(graph: GraphProto, decode: TypeDecoder,
-                   into: dict[str, TensorType] | None = None) -> dict[str, TensorType]:
+def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, TensorType] | None = None,
+                   subgraphs: bool = True) -> dict[str, TensorType]:
+    """Give the type of every value the graph declares and of its initializers, its subgraphs' included
+    (`subgraphs` False: the caller knows the graph has none, and its nodes are not read)."""
     types = {} if into is None else into
-    for value in _value_infos(graph):
-        types[value.name] = decode(value.type)
+    decoded = decode.decoded
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:  # the loop of TypeDecoder.__call__, inlined: 100k values on a large graph
+            type_proto = value.type
+            key = type_proto.SerializeToString()
+            found = decoded.get(key)
+            if found is None:
+                found = decoded[key] = decode_type(type_proto)
+            types[value.name] = found
     for tensor in graph.initializer:
         dims = tuple(tensor.dims)
         count = 1
         for size in dims:
             count *= size
         types[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, count))
-    for node in graph.node:
+    for node in graph.node if subgraphs else ():
         if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
         for attr in node.attribute:
@@ -842,13 +854,13 @@ class TypeDecoder:
     """
 
     def __init__(self) -> None:
-        self._decoded: dict[bytes, TensorType] = {}
+        self.decoded: dict[bytes, TensorType] = {}  # serialized TypeProto -> its type
 
     def __call__(self, type_proto: onnx.TypeProto) -> TensorType:
         key = type_proto.SerializeToString()
-        sized = self._decoded.get(key)
+        sized = self.decoded.get(key)
         if sized is None:
-            sized = self._decoded[key] = decode_type(type_proto)
+            sized = self.decoded[key] = decode_type(type_proto)
         return sized
 
 
