@@ -19,12 +19,14 @@ from .schedule import execution_order
 from .shapes import (
     UNKNOWN_TYPE,
     Dim,
+    FileInference,
     SizedModel,
     TensorType,
     bind_and_infer,
     infer_symbolic,
     input_dims,
     runtime_view,
+    start_infer_file,
     start_infer_symbolic,
 )
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
@@ -41,15 +43,21 @@ def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, 
     `order` names an order (model, ort, memory, topological) or lists the node names in the order they run.
     With `training`, the report also gives the memory of one training step (report.training).
     """
-    return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
-                          training=training)
+    if isinstance(model, onnx.ModelProto) or not (rules.in_place or rules.reuse_freed):
+        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
+                              training=training)
+    with start_infer_file(model) as inference:  # before the file is parsed here (see planner_types)
+        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
+                              training=training, inference=inference)
 
 
 def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
                    order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-                   training: TrainingOptions | None = None) -> Report:
-    """Give the memory report of a model already loaded (see analyze)."""
-    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: order_and_lifetimes(g, order, rules))
+                   training: TrainingOptions | None = None, inference: FileInference | None = None) -> Report:
+    """Give the memory report of a model already loaded (see analyze); `inference`: start_infer_file() of the
+    file it was loaded from, started before."""
+    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: order_and_lifetimes(g, order, rules),
+                                                          inference)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic), scheduled=scheduled)
@@ -87,17 +95,21 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
     return infer_symbolic(model) if (rules.in_place or rules.reuse_freed) and input_dims(model) else None
 
 
-def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T]) \
-        -> tuple[ModelGraph, dict[str, TensorType] | None, _T]:
+def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T],
+                             started: FileInference | None = None) -> \
+        tuple[ModelGraph, dict[str, TensorType] | None, _T]:
     """Give the model's graph, unsized, planner_types, and what `meanwhile` makes of the unsized graph: the graph
     is built, and `meanwhile` run, while onnx infers the types (in a child process where it can, see
-    shapes.start_infer_symbolic)."""
+    shapes.start_infer_symbolic; `started`: the inference of the model's file, started before it was loaded)."""
     model = loaded.proto
     free = input_dims(model) if rules.in_place or rules.reuse_freed else []
     if not free:  # see planner_types
+        if started is not None:
+            started.cancel()
         graph = build_graph(model)
         return graph, None, meanwhile(graph)
-    with start_infer_symbolic(model, loaded, free) as inference:
+    with started.for_model(loaded, free) if started is not None else start_infer_symbolic(model, loaded, free) \
+            as inference:
         graph = build_graph(model)
         made = meanwhile(graph)
         return graph, inference.result(), made

@@ -16,6 +16,9 @@ T = TypeVar("T")
 # A child process costs milliseconds to start and to send its result back; on a graph of fewer nodes the work it
 # overlaps (about 7 us per node to build a graph, 9 to simulate a training step) is smaller than that.
 FORK_FROM_NODES = 5000
+# The same for work that starts before its model is parsed, by the size of the model's file: the generated LLM
+# graphs take 170 to 190 bytes a node, so about 5000 nodes (embedded weights only make a file larger).
+FORK_FROM_BYTES = 800 * 1024
 
 
 class ChildJob(Generic[T]):
@@ -25,11 +28,13 @@ class ChildJob(Generic[T]):
     anyway. `work` is told whether it runs in the child (where it may change the objects it reads: they are its
     own)."""
 
-    def __init__(self, work: Callable[[bool], T], nodes: int | None = None) -> None:
-        """`nodes`: the size of the graph `work` reads; a smaller one than FORK_FROM_NODES runs here."""
+    def __init__(self, work: Callable[[bool], T], nodes: int | None = None, file_bytes: int | None = None) -> None:
+        """`nodes`: the size of the graph `work` reads; a smaller one than FORK_FROM_NODES runs here. `file_bytes`:
+        the size of the file `work` reads its graph from, where it is not parsed yet (see FORK_FROM_BYTES)."""
         self._work = work
         self._pid: int | None = None
-        small = nodes is not None and nodes < FORK_FROM_NODES
+        small = (nodes is not None and nodes < FORK_FROM_NODES) or \
+            (file_bytes is not None and file_bytes < FORK_FROM_BYTES)
         if small or sys.platform != "linux" or threading.active_count() != 1 or _native_threads():
             return
         read, write = os.pipe()

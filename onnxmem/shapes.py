@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
@@ -17,13 +19,11 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
-from .load import file_stamp
+from .load import file_stamp, load_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from .graph import ModelGraph
     from .load import LoadedModel
 
@@ -375,9 +375,12 @@ class SymbolicInference:
         self._stamp: tuple[int, int] | None = None
         if loaded is not None and _file_as_is(loaded, self._free):
             self._file, self._stamp = loaded.path, loaded.stamp
-        # whether a node may hold a graph (see _collect_types); unknown where the model was not loaded from a file
-        self._subgraphs = loaded is None or loaded.op_kinds is None or any(
-            op in CONTROL_FLOW or domain not in ("", "ai.onnx") for domain, op in loaded.op_kinds)
+        # whether a node may hold a graph (see _collect_types), or merge dims (see _planner_rounds): unknown where
+        # the model was not loaded from a file
+        kinds = loaded.op_kinds if loaded is not None else None
+        self._subgraphs = kinds is None or any(op in CONTROL_FLOW or d not in ("", "ai.onnx") for d, op in kinds)
+        self._candidates = kinds is None or any(
+            op in PLANNER_MERGES_DIMS or d not in ("", "ai.onnx") for d, op in kinds)
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -398,7 +401,7 @@ class SymbolicInference:
             inferred = _inferred(source if source is not None else prepared(), data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
             return _collect_types(prepared().graph, TypeDecoder())
-        return _planner_rounds(prepared, inferred, [], subgraphs=self._subgraphs)
+        return _planner_rounds(prepared, inferred, [], subgraphs=self._subgraphs, candidates=self._candidates)
 
     def result(self) -> dict[str, TensorType]:
         return self._job.result()
@@ -417,6 +420,90 @@ def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None,
     `loaded` (the model as loaded from its file) lets inference read that file where the model needs no
     preparation; `free`, the model's input_dims where the caller has them."""
     return SymbolicInference(model, loaded, free)
+
+
+class FileInference:
+    """infer_symbolic of a model file, started before the caller parses the file (see start_infer_file); for_model
+    gives it the parsed model, then result() the types."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = Path(path)
+        self._loaded: LoadedModel | None = None
+        self._free: list[InputDim] = []
+        stamp = file_stamp(self._path)
+        self._job: ChildJob[tuple[tuple[int, int] | None, dict[str, TensorType]]] = ChildJob(
+            self._types, file_bytes=stamp[0] if stamp is not None else 0)
+
+    def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
+        """Give this inference the model as the caller loaded it from the file, and its input_dims."""
+        self._loaded, self._free = loaded, free
+        return self
+
+    def _types(self, in_child: bool) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
+        if in_child:
+            return _file_types(self._path)
+        assert self._loaded is not None, "for_model() comes before result()"
+        return self._loaded.stamp, SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
+
+    def result(self) -> dict[str, TensorType]:
+        assert self._loaded is not None, "for_model() comes before result()"
+        stamp, types = self._job.result()
+        if stamp is None or stamp != self._loaded.stamp:  # the child read another file than the caller loaded
+            return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
+        return types
+
+    def cancel(self) -> None:
+        """Stop the child, where the caller needs no planner types after all."""
+        self._job.cancel()
+
+    def __enter__(self) -> FileInference:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._job.cancel()
+
+
+def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
+    """Start infer_symbolic of the model file at `path` before the caller parses it: on a large file, a forked
+    child reads and infers it while the caller loads the model and builds its graph (see FileInference)."""
+    return FileInference(path)
+
+
+def _op_type_bytes(names: Iterable[str]) -> re.Pattern[bytes]:
+    """Give a pattern found in a serialized model wherever one of its nodes has one of these op types (NodeProto's
+    op_type is field 4: the tag byte 0x22, the length, the name); the pattern may match elsewhere too."""
+    return re.compile(b"|".join(re.escape(b'"' + bytes([len(n)]) + n.encode()) for n in sorted(names)))
+
+
+_NEEDS_PREPARATION = _op_type_bytes({"Constant", *(key.split("::")[1] for key in SHAPE_AS)})
+_HOLDS_GRAPHS = _op_type_bytes(CONTROL_FLOW)
+_MERGES_DIMS = _op_type_bytes(PLANNER_MERGES_DIMS)
+
+
+def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
+    """Give a model file's stamp and infer_symbolic's types of it, reading the file as it is where the model
+    needs no preparation (see _as_is); otherwise loading it as the caller does."""
+    stamp = file_stamp(path)
+    if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY:
+        data = path.read_bytes()
+        if not _NEEDS_PREPARATION.search(data):  # no Constant node nor fused operator, anywhere
+            try:
+                inferred = _inferred(data, data_prop=False)
+            except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
+                inferred = None
+            standard = inferred is not None and all(o.domain in ("", "ai.onnx") for o in inferred.opset_import)
+            if inferred is not None and _as_is(input_dims(inferred), frozenset()):
+                light: list[ModelProto] = []
+
+                def parsed() -> ModelProto:  # the model as it is, where a round adds to it
+                    if not light:
+                        light.append(onnx.load_from_string(data))
+                    return light[0]
+
+                return stamp, _planner_rounds(parsed, inferred, [], subgraphs=not standard or bool(
+                    _HOLDS_GRAPHS.search(data)), candidates=not standard or bool(_MERGES_DIMS.search(data)))
+    loaded = load_model(path)
+    return loaded.stamp, SymbolicInference(loaded.proto, loaded)._types(True)
 
 
 def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
@@ -682,7 +769,7 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 
 
 def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warnings: list[Warning],
-                    subgraphs: bool = True) -> dict[str, TensorType]:
+                    subgraphs: bool = True, candidates: bool = True) -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -694,7 +781,9 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
     (rules.inference.PLANNER_MERGES_DIMS).
     """
     # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
-    nodes = [n for n in inferred.graph.node if n.op_type in PLANNER_MERGES_DIMS or n.domain not in ("", "ai.onnx")]
+    # (`candidates` False: the caller knows there are none, and the nodes are not read)
+    nodes = [n for n in inferred.graph.node if n.op_type in PLANNER_MERGES_DIMS or n.domain not in ("", "ai.onnx")] \
+        if candidates else []
     contrib: dict[str, ValueInfoProto] = {}
     if any(n.domain not in ("", "ai.onnx") for n in nodes) and _has_unknown_outputs(inferred.graph):
         found = _ort_symbolic_inference(_copy(inferred), warnings)

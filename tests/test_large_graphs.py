@@ -72,8 +72,10 @@ def test_many_layers_through_the_child_process_equal_the_analysis_in_process(
     done = run_cli("report", str(model), *[a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")],
                    "--format", "json")
     assert done.returncode == 0, done.stderr
+    assert model.stat().st_size >= child.FORK_FROM_BYTES  # the inference started before loading forks too
     forked = onnxmem.analyze(model, DIMS)
     monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same analysis, inference in this process
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
     here = onnxmem.analyze(model, DIMS)
     assert forked.inference == here.inference
     assert forked.inference.weights_by_dtype["FLOAT16"] == 2 * parameters(MANY_LAYERS)
@@ -253,3 +255,94 @@ def test_a_model_file_gone_or_changed_after_loading_is_inferred_from_memory(tmp_
 def test_reshaped(shape: tuple[object, ...], target: list[int], allowzero: int, dims: list[int | None]) -> None:
     assert shapes._reshaped(shape, target, allowzero, len(target)) == dims  # type: ignore[arg-type]
 
+
+
+def _with_a_constant_node(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with the first layer's residual Add reading its input plus a Constant zero (values unchanged)."""
+    from onnx import helper
+
+    add = next(n for n in model.graph.node if n.op_type == "Add")
+    zero = helper.make_node("Constant", [], ["zero_constant"], value=helper.make_tensor("z", onnx.TensorProto.FLOAT16,
+                                                                                      [1], [0.0]))
+    plus = helper.make_node("Add", [add.output[0], "zero_constant"], ["plus_zero"])
+    position = list(model.graph.node).index(add)
+    for node in model.graph.node:
+        node.input[:] = ["plus_zero" if i == add.output[0] else i for i in node.input]
+    model.graph.node.insert(position + 1, zero)
+    model.graph.node.insert(position + 2, plus)
+    return model
+
+
+@pytest.mark.parametrize("variant", ["as it is", "a Constant node", "an unnamed input dim"])
+@pytest.mark.parametrize("fork_from", [0, 10**12])
+def test_inference_started_before_loading_equals_the_one_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               variant: str, fork_from: int) -> None:
+    # start_infer_file reads the file before the caller parses it: as it is where it needs no preparation (no
+    # Constant, no fused operator: told from its bytes; its dims named: told from the inferred inputs), else
+    # loaded the caller's way. Either way, in a child or here, the types are those of the loaded model's.
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", fork_from)
+    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
+    if variant == "a Constant node":
+        model = _with_a_constant_node(model)
+    elif variant == "an unnamed input dim":
+        model.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_param")
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with shapes.start_infer_file(path) as started:
+        assert (started._job._pid is not None) == (fork_from == 0)
+        loaded = load_model(path)
+        free = shapes.input_dims(loaded.proto)
+        early = started.for_model(loaded, free).result()
+    assert early == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
+    assert early == shapes.start_infer_symbolic(onnx.load(str(path), load_external_data=False)).result()  # no file
+    if variant == "a Constant node":  # folded into an initializer for inference, as onnxruntime does
+        residual = next(n for n in model.graph.node if n.output[0] == "plus_zero").input[0]
+        assert early["zero_constant"][1] == (1,) and early["plus_zero"] == early[residual]
+
+
+def test_the_file_read_before_loading_is_not_used_where_it_changed(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The child read the file as it was before it was replaced: its size and time differ from the loaded one's.
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
+    before, path = tmp_path / "before.onnx", tmp_path / "model.onnx"
+    onnx.save(make_llama(LlamaShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)), str(before))
+    larger = make_llama(LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
+    onnx.save(larger, str(path))
+    read_before = shapes._file_types
+    monkeypatch.setattr(shapes, "_file_types", lambda _: read_before(before))
+    with shapes.start_infer_file(path) as started:
+        assert started._job._pid is not None
+        loaded = load_model(path)
+        types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result()
+    assert types == shapes.start_infer_symbolic(larger).result()
+    assert any(name.startswith("/layers.1/") for name in types)
+
+
+def test_an_inference_started_for_a_model_without_symbolic_dims_is_stopped(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from onnx import helper
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
+    started: list[shapes.FileInference] = []
+    original = shapes.start_infer_file
+
+    def recording(path: str) -> shapes.FileInference:
+        started.append(original(path))
+        assert started[-1]._job._pid is not None
+        return started[-1]
+
+    monkeypatch.setattr(importlib.import_module("onnxmem.analyze"), "start_infer_file", recording)
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])
+    static = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
+                                                  helper.make_node("Relu", ["h"], ["y"])], "static", [x], [y]))
+    onnx.save(static, str(tmp_path / "static.onnx"))
+    report = onnxmem.analyze(tmp_path / "static.onnx")
+    assert report.inference.peak_activation_bytes == 2 * 4 * 8 * 4  # h and y live while the second Relu runs
+    assert len(started) == 1 and started[0]._job._pid is None  # its child was stopped and reaped
