@@ -4,11 +4,11 @@ analyze runs them, as a table.
     python benchmarks/phases.py [--layers 1850] [--repeat 3]
 
 The graph is the Llama-shaped "deep" stack of benchmarks/llm_graphs.py (1850 layers: about 100k nodes), its
-weights absent. The symbolic inference runs in a child process (onnxmem/child.py) while the parent builds the
-graph and the size-free part of liveness: "waiting for the child" is the part of the child's run the parent
-could not cover. The floor's passes (parsing, ONNX shape inference) are timed the same way for comparison.
-Medians of --repeat runs, each in a fresh process. Last, whether onnx's shape inference lets another Python
-thread run meanwhile.
+weights absent. The symbolic inference runs in a child process (onnxmem/child.py), started before the parent
+parses the model, while the parent loads the model, builds the graph and the size-free part of liveness:
+"waiting for the child" is the part of the child's run the parent could not cover. The floor's passes
+(parsing, ONNX shape inference) are timed the same way for comparison. Medians of --repeat runs, each in a
+fresh process. Last, whether onnx's shape inference lets another Python thread run meanwhile.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ if sys.argv[3] == "floor":
     model = onnx.load(path, load_external_data=False); marks.append(("parse", T()))
     onnx.shape_inference.infer_shapes(model); marks.append(("ONNX shape inference", T()))
 else:
-    loaded = load_model(path); marks.append(("load (parse, node kinds)", T()))
-    inference = shapes.start_infer_symbolic(loaded.proto, loaded); marks.append(("start the child", T()))
+    started = shapes.start_infer_file(path); marks.append(("start the child", T()))
+    loaded = load_model(path); marks.append(("load (parse, node kinds; parent)", T()))
+    inference = started.for_model(loaded, shapes.input_dims(loaded.proto))
     graph = build_graph(loaded.proto); marks.append(("build the graph (parent)", T()))
     scheduled = A.order_and_lifetimes(graph, "model", R); marks.append(("order and lifetimes (parent)", T()))
     symbolic = inference.result(); marks.append(("waiting for the child's types", T()))

@@ -168,17 +168,22 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     """Give the inference part of a report from the graph and its timeline."""
     by_op_type, by_layer = _op_rows(graph, timeline)
     by_dtype: dict[int, int] = {}
-    for t in graph.tensors_of_kind(WEIGHT):
-        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
+    input_bytes = computed_bytes = 0
+    view_of = timeline.view_of
+    for t in graph.tensors:  # one pass: a large graph has hundreds of thousands
+        kind = t.kind
+        if kind == WEIGHT:
+            by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
+        elif kind == INPUT:
+            input_bytes += t.nbytes or 0
+        elif t.producer is not None and view_of[t.index] == t.index and kind in (ACTIVATION, OUTPUT):
+            computed_bytes += t.nbytes or 0
     weights_bytes = sum(by_dtype.values())
-    input_bytes = sum(t.nbytes or 0 for t in graph.tensors_of_kind(INPUT))
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
     step = timeline.peak_step
     peak_op = graph.ops[timeline.order[step]] if step >= 0 else None
     live = [graph.tensors[t] for t in timeline.live_at(step)] if step >= 0 else []
     live.sort(key=lambda t: -(t.nbytes or 0))
-    computed = [t for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT) and t.producer is not None
-                and timeline.view_of[t.index] == t.index]
     return InferenceReport(
         weights_bytes=weights_bytes,
         weights_by_dtype={dtype_name(k): v for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1])},
@@ -189,7 +194,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         peak_node=peak_op.name if peak_op else "",
         peak_op_type=peak_op.op_type if peak_op else "",
         peak_step=step,
-        sum_activation_bytes=sum(t.nbytes or 0 for t in computed),
+        sum_activation_bytes=computed_bytes,
         live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
         by_op_type=by_op_type,
         by_layer=by_layer,
@@ -209,20 +214,24 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
 def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
     """Give the rows by op type (the most bytes first) and by layer (in order of execution): nodes, the weight
     bytes they are the first to read, the bytes their outputs' buffers own, and (layers) the highest live bytes."""
-    tensors, buffer_of, live = graph.tensors, timeline.buffer_of, timeline.live_bytes
-    read: set[int] = set()
+    ops, buffer_of, live = graph.ops, timeline.buffer_of, timeline.live_bytes
+    position = [0] * len(ops)
+    for step, op_index in enumerate(timeline.order):
+        position[op_index] = step
+    weights_of = [0] * len(ops)  # per op: the bytes of the weights it is the first to read (as an input)
+    allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
+    for t in graph.tensors:
+        if t.kind == WEIGHT:
+            readers = [c for c in t.consumers if t.index in ops[c].inputs]
+            if readers:
+                weights_of[min(readers, key=position.__getitem__)] += t.nbytes or 0
+        elif buffer_of[t.index] == t.index and t.producer is not None:
+            allocated_of[t.producer] += t.nbytes or 0
     types: dict[str, list[int]] = {}
     layers: dict[str, list[int]] = {}
     for step, op_index in enumerate(timeline.order):
-        op = graph.ops[op_index]
-        weights = allocated = 0
-        for t in op.inputs:
-            if t >= 0 and t not in read and tensors[t].kind == WEIGHT:
-                read.add(t)
-                weights += tensors[t].nbytes or 0
-        for t in op.outputs:
-            if t >= 0 and buffer_of[t] == t:
-                allocated += tensors[t].nbytes or 0
+        op = ops[op_index]
+        weights, allocated = weights_of[op_index], allocated_of[op_index]
         row = types.get(op.op_type)
         if row is None:
             row = types[op.op_type] = [0, 0, 0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from .dtypes import element_bits
 from .graph import ACTIVATION, OUTER, OUTPUT, ModelGraph
@@ -37,7 +38,8 @@ class Timeline:
 
     def live_at(self, step: int) -> list[int]:
         """Give the buffer-owning tensors live at a step."""
-        return [t for t, first in enumerate(self.first_step) if 0 <= first <= step <= self.last_step[t]]
+        return [t for t, (first, last) in enumerate(zip(self.first_step, self.last_step, strict=True))
+                if 0 <= first <= step <= last]
 
 
 def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = False) -> list[int]:
@@ -68,14 +70,21 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
 @dataclass(frozen=True)
 class Lifetimes:
     """What liveness reads from the wiring and the order alone, before any size is known (so it can be made
-    while shapes are still being inferred): each tensor's alias root, each buffer's first and
-    last step, and the rules' answers per operator kind."""
+    while shapes are still being inferred): each tensor's alias root, each buffer's first and last step, and per
+    step what the buffer plan looks at."""
 
     owner: list[int]
     first: list[int]
     last: list[int]
-    in_place: dict[tuple[str, str], bool]
-    take_freed: dict[tuple[str, str], bool]
+    # per step: the output that may take its op's first input's buffer (the op runs in place), else -1, and
+    # that input; the op's other buffer-owning activation outputs (those that may take a freed buffer, else
+    # none); the tensors it reads or makes whose buffer dies there (before any output joins a buffer), in the
+    # order the planner frees them: inputs, implicit inputs, outputs
+    in_place: list[tuple[int, int]]
+    take_freed: list[list[int]]
+    dying: list[list[int]]
+    activation: list[bool]  # per tensor: whether it is an activation (not an input, weight or graph output)
+    transient: list[tuple[int, int]]  # (step, op) of the ops with transient bytes: subgraphs, expanded functions
 
 
 def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
@@ -88,14 +97,6 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         position[op_index] = step
     # Buffer owners: views live in their input's buffer; in-place outputs join it later (union-find).
     owner = alias_roots(graph, rules, loop_body)
-    # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
-    in_place: dict[tuple[str, str], bool] = {}
-    take_freed: dict[tuple[str, str], bool] = {}
-    for op in graph.ops:
-        kind = (op.op_type, op.domain)
-        if kind not in in_place:
-            in_place[kind] = rules.may_run_in_place(*kind)
-            take_freed[kind] = rules.may_take_freed(*kind)
     first = [-1] * len(tensors)
     last = [-1] * len(tensors)
     for t in tensors:
@@ -112,7 +113,47 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
             first[root] = position[t.producer]
         if last_use > last[root]:
             last[root] = last_use
-    return Lifetimes(owner, first, last, in_place, take_freed)
+    # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
+    answers: dict[tuple[str, str], tuple[bool, bool]] = {}
+    activation = [t.kind == ACTIVATION for t in tensors]
+    in_place: list[tuple[int, int]] = []
+    take_freed: list[list[int]] = []
+    no_outputs: list[int] = []
+    none = (-1, -1)
+    for op_index in order:
+        op = graph.ops[op_index]
+        kind = (op.op_type, op.domain)
+        answer = answers.get(kind)
+        if answer is None:
+            answer = answers[kind] = (rules.may_run_in_place(*kind), rules.may_take_freed(*kind))
+        outputs = op.outputs
+        made = [out for out in outputs if out >= 0 and owner[out] == out and activation[out]]
+        inputs = op.inputs
+        in_place.append((outputs[0], inputs[0]) if answer[0] and made and made[0] == outputs[0] and inputs
+                        and inputs[0] >= 0 else none)
+        take_freed.append(made if answer[1] else no_outputs)
+    # Per step, the tensors whose buffer dies there, in the order the planner frees them (the op's inputs, its
+    # implicit inputs, its outputs): those the step is the last to use, where that is their buffer's last step.
+    dying: list[list[tuple[int, int]]] = [[] for _ in order]
+    for t in tensors:
+        root = owner[t.index]
+        step = last[root]
+        if step < 0 or not activation[root]:
+            continue  # no buffer, or one that is never freed: a graph input's, a weight's, a graph output's
+        op = graph.ops[order[step]]
+        if t.index in op.inputs:
+            slot = op.inputs.index(t.index)
+        elif t.index in op.implicit_inputs:
+            slot = len(op.inputs) + op.implicit_inputs.index(t.index)
+        elif t.producer == order[step]:
+            slot = len(op.inputs) + len(op.implicit_inputs) + op.outputs.index(t.index)
+        else:
+            continue  # the buffer's last step reads another of the tensors stored in it
+        dying[step].append((slot, t.index))
+    dying_in_order = [[t for _, t in sorted(d)] if len(d) > 1 else [d[0][1]] if d else no_outputs for d in dying]
+    transient = [(step, op_index) for step, op_index in enumerate(order) if graph.ops[op_index].subgraphs or (
+        graph.ops[op_index].op_type in EXPANDED_INTERMEDIATES and graph.ops[op_index].domain in ("", "ai.onnx"))]
+    return Lifetimes(owner, first, last, in_place, take_freed, dying_in_order, activation, transient)
 
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
@@ -131,7 +172,6 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         prepared = lifetimes(graph, order, rules, count_graph_outputs, loop_body)
     # copies: the plan below changes them
     owner, first, last = list(prepared.owner), list(prepared.first), list(prepared.last)
-    in_place, take_freed = prepared.in_place, prepared.take_freed
     view_of = tuple(owner)
 
     def find(t: int) -> int:
@@ -144,48 +184,45 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
     # buffer of its own. A freed buffer that a later output takes stays allocated until that output dies.
     keys = _size_keys(graph, plan_shapes)
-    activation = [t.kind == ACTIVATION for t in tensors]
+    activation = prepared.activation
     # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
     freed: dict[tuple[object, ...], list[int]] = {}
     is_free: set[int] = set()
     reuse_freed = rules.reuse_freed
-    for step, op_index in enumerate(order):
-        op = graph.ops[op_index]
-        kind = (op.op_type, op.domain)
-        for slot, out in enumerate(op.outputs):
-            if out < 0 or owner[out] != out or not activation[out]:
-                continue  # a view, a graph output (its own buffer) or a Constant's value
+    for step, (out, reads), takers, dying in zip(range(steps), prepared.in_place, prepared.take_freed,
+                                                 prepared.dying, strict=True):
+        if out >= 0:
+            source = find(reads)
             key = keys[out]
-            target = -1
-            if slot == 0 and op.inputs and op.inputs[0] >= 0 and in_place[kind]:
-                source = find(op.inputs[0])
-                if source != out and activation[source] and last[source] == step \
-                        and key is not None and key == keys[op.inputs[0]]:
-                    target = source
-            if target < 0 and key is not None and len(key) > 1 and freed.get(key) and take_freed[kind]:
-                target = freed[key].pop()  # len(key) > 1: scalars are never reused
+            if source != out and activation[source] and last[source] == step \
+                    and key is not None and key == keys[reads]:
+                owner[out] = source
+                last[source] = max(last[source], last[out])
+                first[out] = last[out] = -1
+        for out in takers:
+            if owner[out] != out:
+                continue  # it took its input's buffer in place, above
+            key = keys[out]
+            if key is not None and len(key) > 1 and freed.get(key):  # len(key) > 1: scalars are never reused
+                target = freed[key].pop()
                 is_free.discard(target)
-            if target >= 0:
                 owner[out] = target
                 last[target] = max(last[target], last[out])
                 first[out] = last[out] = -1
         if reuse_freed:
-            for ids in (op.inputs, op.implicit_inputs, op.outputs):  # inputs first, then unread outputs
-                for tensor_id in ids:
-                    if tensor_id < 0:
-                        continue
-                    root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
-                    if last[root] == step and activation[root] and root not in is_free:
-                        key = keys[root]
-                        if key is not None:
-                            freed.setdefault(key, []).append(root)
-                            is_free.add(root)
+            for tensor_id in dying:  # inputs first, then unread outputs
+                root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
+                if last[root] == step and activation[root] and root not in is_free:
+                    key = keys[root]
+                    if key is not None:
+                        freed.setdefault(key, []).append(root)
+                        is_free.add(root)
 
     # onnxruntime releases a buffer after the last node that reads any tensor stored in it; a buffer that no
     # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
     # tensor reused it) has no release action and stays allocated until the run ends (measured; its
     # GenerateDeallocationPlan builds release actions from consumers only).
-    root_of = [find(t) for t in range(len(tensors))]  # the buffers are planned: each tensor's is final
+    root_of = [t if owner[t] == t else find(t) for t in range(len(tensors))]  # the buffers are planned: final
     if rules.reuse_freed:
         read = {root_of[t.index] for t in tensors if t.consumers}
         for t in tensors:
@@ -214,7 +251,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         new_bytes[first[root]] += size
 
     subgraph_bytes = [0] * steps  # transient bytes while a step runs: control-flow bodies, expanded functions
-    for step, op_index in enumerate(order):
+    for step, op_index in prepared.transient:
         op = graph.ops[op_index]
         extra = EXPANDED_INTERMEDIATES.get(op.op_type, 0) if op.domain in ("", "ai.onnx") else 0
         if extra and op.outputs and op.outputs[0] >= 0:
@@ -225,11 +262,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                                        for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 
-    live = []
-    running = 0
-    for step in range(steps):
-        running += delta[step]
-        live.append(running + subgraph_bytes[step])
+    live = [running + extra for running, extra in zip(accumulate(delta[:steps]), subgraph_bytes, strict=True)]
     peak_step = max(range(steps), key=live.__getitem__) if steps else -1
     return Timeline(
         order=tuple(order), live_bytes=tuple(live), new_bytes=tuple(new_bytes),
