@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .report import CheckResult, FitResult, Report, Sharding, Target, TrainingReport, Warning, WhatIf
+from .report import (
+    CheckResult,
+    FitResult,
+    Report,
+    Sharding,
+    Target,
+    TrainingReport,
+    Warning,
+    WhatIf,
+    field_names,
+    plain,
+)
 
 if TYPE_CHECKING:
     from .validate import Validation
@@ -35,8 +47,62 @@ def render(report: Report, fmt: str, top: int = 10) -> str:
 
 
 def render_json(report: Report) -> str:
-    """Give the report as its versioned JSON document."""
-    return json.dumps(report.to_dict(), indent=2)
+    """Give the report as its versioned JSON document (report.to_dict(), written)."""
+    return json_text(report)
+
+
+def json_text(value: object) -> str:
+    """Give json.dumps(report.plain(value), indent=2): the same text, made faster (the standard library writes
+    indented JSON in pure Python, generator by generator: 0.09 s for the 13k layer rows of a 100k-node graph's
+    report, where this takes 0.05 s with the dataclasses read as they are written)."""
+    try:
+        return _json(value, "\n")
+    except _NotPlain:
+        return json.dumps(plain(value), indent=2)
+
+
+class _NotPlain(Exception):
+    """A value json_text leaves to json.dumps: a dict key that is not a str, a type JSON does not know."""
+
+
+def _json(value: object, pad: str) -> str:
+    kind = type(value)
+    if kind is dict:
+        if not value:
+            return "{}"
+        inner = pad + "  "
+        items = []
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise _NotPlain
+            items.append(f"{inner}{_json_string(key)}: {_json(item, inner)}")
+        return "{" + ",".join(items) + pad + "}"
+    if kind is list or kind is tuple:
+        if not value:
+            return "[]"
+        inner = pad + "  "
+        return "[" + ",".join([inner + _json(item, inner) for item in value]) + pad + "]"  # type: ignore[attr-defined]
+    if kind is str:
+        return _json_string(value)  # type: ignore[arg-type]
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if kind is float and math.isfinite(value):  # type: ignore[arg-type]
+        return float.__repr__(value)
+    names = field_names(kind)  # type: ignore[arg-type]  # classes are hashable
+    if names is not None:  # a dataclass: the dict plain() makes of it
+        return _json({name: getattr(value, name) for name in names}, pad)
+    if isinstance(value, (dict, list, tuple)):
+        raise _NotPlain
+    return json.dumps(value)  # NaN, Infinity, a subclass of a builtin: json's own words; else its TypeError
+
+
+_json_string = json.encoder.encode_basestring_ascii  # as json.dumps writes strings (ensure_ascii)
 
 
 def _shape(shape: Sequence[object] | None) -> str:
@@ -194,7 +260,7 @@ def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
 def render_fit(result: FitResult, fmt: str) -> str:
     """Give a fit result in the named format: table, json or markdown."""
     if fmt == "json":
-        return json.dumps(result.to_dict(), indent=2)
+        return json_text(result)
     markdown = fmt == "markdown"
     dim = result.dim
     others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
@@ -227,7 +293,7 @@ def render_fit(result: FitResult, fmt: str) -> str:
 def render_check(result: CheckResult, fmt: str) -> str:
     """Give a check result in the named format: table, json or markdown."""
     if fmt == "json":
-        return json.dumps(result.to_dict(), indent=2)
+        return json_text(result)
     markdown = fmt == "markdown"
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
     verdict = "FITS" if result.fits else "DOES NOT FIT"
@@ -319,7 +385,7 @@ def render_targets() -> str:
 def render_validation(result: Validation, fmt: str) -> str:
     """Give a validation (estimate against onnxruntime's allocations) as a table, JSON or markdown."""
     if fmt == "json":
-        return json.dumps(result.to_dict(), indent=2)
+        return json_text(result)
     markdown = fmt == "markdown"
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
 

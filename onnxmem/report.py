@@ -196,7 +196,7 @@ class Report:
 def plain(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
-    names = _field_names(type(value))  # type: ignore[arg-type]  # classes are hashable
+    names = field_names(type(value))  # type: ignore[arg-type]  # classes are hashable
     if names is not None:
         return {name: plain(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):
@@ -207,7 +207,7 @@ def plain(value: Any) -> Any:
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...] | None:
+def field_names(cls: type) -> tuple[str, ...] | None:
     """Give a dataclass's field names (None for any other type), once per class: a report of a deep model has
     tens of thousands of rows."""
     return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None

@@ -150,6 +150,7 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
     values: dict[str, int | None] = dict(bound)
     sized: dict[str, TensorType] = {}
     initializers: dict[str, TensorProto] = {}  # read at the first Reshape
+    by_rule: dict[tuple[str, int, tuple[tuple[Dim, ...], ...], int], list[int | None]] = {}
 
     def constant_ints(j: int) -> list[int] | None:  # a Reshape's target: an initializer or a Constant's value
         if not initializers:
@@ -169,12 +170,14 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
                       (tensors[j].name for j in op.inputs if j >= 0)]
             if all(s is not None for s in inputs):
-                attrs = {a.name: a.i for a in nodes[op.index].attribute if a.type == AttributeProto.INT}
+                attrs = {a.name: a.i for a in nodes[op.index].attribute if a.type == AttributeProto.INT} \
+                    if rule != "broadcast" else {}  # (reading a node's attributes costs microseconds)
                 if rule == "reshape":
                     target = constant_ints(op.inputs[1]) if len(op.inputs) > 1 and op.inputs[1] >= 0 else None
                     sizes = _reshaped(inputs[0], target, attrs.get("allowzero", 0), len(shape))  # type: ignore[arg-type]
-                else:
-                    sizes = _dims_by_rule(rule, len(shape), inputs, attrs.get("axis", 0))  # type: ignore[arg-type]
+                else:  # layers repeat their shapes: each case is worked out once
+                    case = (rule, len(shape), tuple(inputs), attrs.get("axis", 0))
+                    sizes = by_rule.get(case) or by_rule.setdefault(case, _dims_by_rule(*case))  # type: ignore[arg-type]
                 for d, size in zip(shape, sizes, strict=True):
                     if isinstance(d, str) and size is not None:
                         if values.get(d) not in (None, size):
