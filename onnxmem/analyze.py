@@ -103,14 +103,15 @@ def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhi
     shapes.start_infer_symbolic; `started`: the inference of the model's file, started before it was loaded)."""
     model = loaded.proto
     free = input_dims(model) if rules.in_place or rules.reuse_freed else []
+    metadata = loaded.nodes is None or loaded.nodes.metadata
     if not free:  # see planner_types
         if started is not None:
             started.cancel()
-        graph = build_graph(model)
+        graph = build_graph(model, metadata=metadata)
         return graph, None, meanwhile(graph)
     with started.for_model(loaded, free) if started is not None else start_infer_symbolic(model, loaded, free) \
             as inference:
-        graph = build_graph(model)
+        graph = build_graph(model, metadata=metadata)
         made = meanwhile(graph)
         return graph, inference.result(), made
 

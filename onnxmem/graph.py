@@ -125,12 +125,14 @@ class ModelGraph:
         return [t for t in self.tensors if t.kind in kinds]
 
 
-def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType] | None = None) -> ModelGraph:
+def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType] | None = None,
+                metadata: bool = True) -> ModelGraph:
     """Give the graph of a model, sized by the type of each tensor that inference found (unsized without
-    `types`: the wiring alone, to size later with ModelGraph.set_types)."""
+    `types`: the wiring alone, to size later with ModelGraph.set_types). `metadata` False: the caller knows no
+    node has metadata naming its layer (see load.NodeKinds), which is then not read."""
     types = {} if types is None else types
     known_ops = _known_functions(model)
-    return _Builder(types, known_ops).build(model.graph, outer=frozenset())
+    return _Builder(types, known_ops, metadata).build(model.graph, outer=frozenset())
 
 
 def _known_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
@@ -138,9 +140,10 @@ def _known_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:
 
 
 class _Builder:
-    def __init__(self, types: Mapping[str, TensorType], functions: set[tuple[str, str]]) -> None:
+    def __init__(self, types: Mapping[str, TensorType], functions: set[tuple[str, str]], metadata: bool) -> None:
         self.types = types
         self.functions = functions
+        self.metadata = metadata
         self.known: dict[tuple[str, str], bool] = {}
 
     def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
@@ -217,7 +220,7 @@ class _Builder:
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
             ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
-                          subgraphs, *_layer_and_origin(node, name)))
+                          subgraphs, *_layer_and_origin(node, name, self.metadata)))
             if (domain, op_type) not in self.known:
                 self.known[(domain, op_type)] = self._lookup_known(node)
             if not self.known[(domain, op_type)]:
@@ -271,9 +274,9 @@ def _all_names(graph: GraphProto) -> set[str]:
     return names
 
 
-def _layer_and_origin(node: onnx.NodeProto, name: str) -> tuple[str, str]:
+def _layer_and_origin(node: onnx.NodeProto, name: str, metadata: bool = True) -> tuple[str, str]:
     layer = origin = ""
-    for prop in node.metadata_props if len(node.metadata_props) else ():
+    for prop in node.metadata_props if metadata and len(node.metadata_props) else ():
         if prop.key in ("pkg.torch.onnx.name_scopes", "namespace") and not layer:
             layer = prop.value
         elif prop.key == "pkg.torch.onnx.fx_node":

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from .errors import ModelFileError
 from .report import Warning
-from .rules.inference import CONTROL_FLOW
+from .rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,55 @@ class LoadedModel:
     proto: onnx.ModelProto
     path: Path | None
     warnings: tuple[Warning, ...]
-    # (domain, op type) of every node of the main graph, where loading read them (a file); None otherwise
-    op_kinds: frozenset[tuple[str, str]] | None = None
+    nodes: NodeKinds | None = None  # what the file's bytes tell of its nodes; None where it was not read so
     stamp: tuple[int, int] | None = None  # the file's size and modification time when it was read
+
+
+@dataclass(frozen=True)
+class NodeKinds:
+    """What a serialized model tells of its nodes, anywhere in it, by searching its bytes (a node's op type is
+    field 4 of NodeProto: the tag byte 0x22, its length, the name), so False is sure and True means "may":
+
+    `prepared`: a Constant node or a fused operator (see shapes._prepared); `graphs`: a node holding a graph (a
+    control-flow operator, or an operator of a domain the model declares beyond ONNX's own); `merges`: a node
+    whose output dims onnxruntime merges from its inputs (rules.inference.PLANNER_MERGES_DIMS), or of such a
+    domain; `metadata`: node metadata naming layers or PyTorch ops (see graph._layer_and_origin).
+
+    A search of the bytes costs milliseconds where reading every node of a 100k-node graph costs 0.1 s.
+    """
+
+    prepared: bool
+    graphs: bool
+    merges: bool
+    metadata: bool
+
+    @classmethod
+    def of(cls, data: bytes, proto: onnx.ModelProto, prepared: bool | None = None) -> NodeKinds:
+        """Give the kinds of the model serialized as `data` and parsed as `proto` (`prepared`: already told by
+        may_need_preparation)."""
+        other_domains = any(o.domain not in ("", "ai.onnx") for o in proto.opset_import)
+        return cls(
+            prepared=cls.may_need_preparation(data) if prepared is None else prepared,
+            graphs=other_domains or bool(_HOLDS_GRAPHS.search(data)),
+            merges=other_domains or bool(_MERGES_DIMS.search(data)),
+            metadata=bool(_LAYER_METADATA.search(data)),
+        )
+
+    @staticmethod
+    def may_need_preparation(data: bytes) -> bool:
+        """Say whether the serialized model may have a Constant node or a fused operator (see `prepared`)."""
+        return bool(_PREPARED.search(data))
+
+
+def _op_types(names: Iterable[str]) -> re.Pattern[bytes]:
+    """Give a pattern found in a serialized model wherever one of its nodes has one of these op types."""
+    return re.compile(b"|".join(re.escape(b'"' + bytes([len(n)]) + n.encode()) for n in sorted(names)))
+
+
+_PREPARED = _op_types({"Constant", *(key.split("::")[1] for key in SHAPE_AS)})
+_HOLDS_GRAPHS = _op_types(CONTROL_FLOW)
+_MERGES_DIMS = _op_types(PLANNER_MERGES_DIMS)
+_LAYER_METADATA = re.compile(b"pkg\\.torch\\.onnx|namespace")
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
@@ -38,8 +85,10 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not an ONNX file")
     stamp = file_stamp(path)
+    fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        data = path.read_bytes()
+        proto = onnx.serialization.registry.get(fmt).deserialize_proto(data, onnx.ModelProto())
     except DecodeError as exc:
         raise ModelFileError(
             f"{path}: not a valid ONNX model (the protobuf could not be parsed: {_one_line(exc)}); "
@@ -48,9 +97,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelFileError(f"{path}: could not be read as ONNX: {_one_line(exc)}") from None
     _check_is_model(proto, str(path))
-    kinds: set[tuple[str, str]] = set()
-    warnings = _missing_external_data(proto, path.parent, kinds)
-    return LoadedModel(proto, path, tuple(warnings), frozenset(kinds), stamp)
+    nodes = NodeKinds.of(data, proto) if fmt == "protobuf" else None
+    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs)
+    return LoadedModel(proto, path, tuple(warnings), nodes, stamp)
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -73,12 +122,12 @@ def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
         )
 
 
-def _missing_external_data(proto: onnx.ModelProto, base: Path, kinds: set[tuple[str, str]]) -> list[Warning]:
-    """Give a warning per external data file that is missing; put the main graph's node kinds into `kinds`
-    (the walk reads them anyway)."""
+def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool) -> list[Warning]:
+    """Give a warning per external data file that is missing (`subgraphs` False: no node holds a graph, so only
+    the main graph's initializers are read)."""
     missing: dict[str, int] = {}
     present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
-    for tensor in _all_initializers(proto.graph, kinds):
+    for tensor in _all_initializers(proto.graph) if subgraphs else proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -96,12 +145,10 @@ def _missing_external_data(proto: onnx.ModelProto, base: Path, kinds: set[tuple[
     ]
 
 
-def _all_initializers(graph: onnx.GraphProto, kinds: set[tuple[str, str]] | None = None) -> Iterator[onnx.TensorProto]:
+def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
         domain, op_type = node.domain, node.op_type
-        if kinds is not None:
-            kinds.add((domain, op_type))
         if op_type not in CONTROL_FLOW and domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
         for attr in node.attribute:

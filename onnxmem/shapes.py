@@ -19,7 +19,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
-from .load import file_stamp, load_model
+from .load import NodeKinds, file_stamp, load_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
@@ -380,10 +380,9 @@ class SymbolicInference:
             self._file, self._stamp = loaded.path, loaded.stamp
         # whether a node may hold a graph (see _collect_types), or merge dims (see _planner_rounds): unknown where
         # the model was not loaded from a file
-        kinds = loaded.op_kinds if loaded is not None else None
-        self._subgraphs = kinds is None or any(op in CONTROL_FLOW or d not in ("", "ai.onnx") for d, op in kinds)
-        self._candidates = kinds is None or any(
-            op in PLANNER_MERGES_DIMS or d not in ("", "ai.onnx") for d, op in kinds)
+        nodes = loaded.nodes if loaded is not None else None
+        self._subgraphs = nodes is None or nodes.graphs
+        self._candidates = nodes is None or nodes.merges
         self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
 
     def _types(self, in_child: bool) -> dict[str, TensorType]:
@@ -472,56 +471,42 @@ def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
     return FileInference(path)
 
 
-def _op_type_bytes(names: Iterable[str]) -> re.Pattern[bytes]:
-    """Give a pattern found in a serialized model wherever one of its nodes has one of these op types (NodeProto's
-    op_type is field 4: the tag byte 0x22, the length, the name); the pattern may match elsewhere too."""
-    return re.compile(b"|".join(re.escape(b'"' + bytes([len(n)]) + n.encode()) for n in sorted(names)))
-
-
-_NEEDS_PREPARATION = _op_type_bytes({"Constant", *(key.split("::")[1] for key in SHAPE_AS)})
-_HOLDS_GRAPHS = _op_type_bytes(CONTROL_FLOW)
-_MERGES_DIMS = _op_type_bytes(PLANNER_MERGES_DIMS)
-
-
 def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
     """Give a model file's stamp and infer_symbolic's types of it, reading the file as it is where the model
-    needs no preparation (see _as_is); otherwise loading it as the caller does."""
+    needs no preparation (see _file_as_is); otherwise loading it as the caller does."""
     stamp = file_stamp(path)
-    if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY:
-        data = path.read_bytes()
-        if not _NEEDS_PREPARATION.search(data):  # no Constant node nor fused operator, anywhere
-            try:
-                inferred = _inferred(data, data_prop=False)
-            except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
-                inferred = None
-            standard = inferred is not None and all(o.domain in ("", "ai.onnx") for o in inferred.opset_import)
-            if inferred is not None and _as_is(input_dims(inferred), frozenset()):
-                light: list[ModelProto] = []
+    data = path.read_bytes() if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else b""
+    if data and not NodeKinds.may_need_preparation(data):  # told before inference runs on the file as it is
+        try:
+            inferred: ModelProto | None = _inferred(data, data_prop=False)
+        except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
+            inferred = None
+        if inferred is not None and _names_every_dim(input_dims(inferred)):
+            nodes = NodeKinds.of(data, inferred, prepared=False)
+            light: list[ModelProto] = []
 
-                def parsed() -> ModelProto:  # the model as it is, where a round adds to it
-                    if not light:
-                        light.append(onnx.load_from_string(data))
-                    return light[0]
+            def parsed() -> ModelProto:  # the model as it is, where a round adds to it
+                if not light:
+                    light.append(onnx.load_from_string(data))
+                return light[0]
 
-                return stamp, _planner_rounds(parsed, inferred, [], subgraphs=not standard or bool(
-                    _HOLDS_GRAPHS.search(data)), candidates=not standard or bool(_MERGES_DIMS.search(data)))
+            return stamp, _planner_rounds(parsed, inferred, [], subgraphs=nodes.graphs, candidates=nodes.merges)
     loaded = load_model(path)
     return loaded.stamp, SymbolicInference(loaded.proto, loaded)._types(True)
 
 
 def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
-    """Say whether inference can read the model's own file: the model needs no preparation (_as_is), the file is
-    small enough to read whole (see _shape_only_copy) and is still the one the model was loaded from."""
-    return loaded.path is not None and loaded.op_kinds is not None and loaded.stamp is not None and \
-        _as_is(free, loaded.op_kinds) and loaded.stamp[0] <= _EMBEDDED_BYTES_TO_COPY and \
+    """Say whether inference can read the model's own file: the model needs no preparation (see _prepared: no
+    Constant node to fold, no fused operator to standardize, every free input dim named), the file is small
+    enough to read whole (see _shape_only_copy) and is still the one the model was loaded from."""
+    return loaded.path is not None and loaded.nodes is not None and loaded.stamp is not None and \
+        not loaded.nodes.prepared and _names_every_dim(free) and loaded.stamp[0] <= _EMBEDDED_BYTES_TO_COPY and \
         file_stamp(loaded.path) == loaded.stamp
 
 
-def _as_is(free: list[InputDim], op_kinds: frozenset[tuple[str, str]]) -> bool:
-    """Say whether inference can read the model as it is: no Constant node to fold, no fused operator to
-    standardize, every free input dim named (see _prepared; input_dims calls an unnamed one '<input>_dim<axis>')."""
-    return not any(op == "Constant" or f"{domain}::{op}" in SHAPE_AS for domain, op in op_kinds) and \
-        all(d.name != f"{d.input}_dim{d.axis}" for d in free)
+def _names_every_dim(free: list[InputDim]) -> bool:
+    """Say whether the inputs name each of their free dims (input_dims calls an unnamed one '<input>_dim<axis>')."""
+    return all(d.name != f"{d.input}_dim{d.axis}" for d in free)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:

@@ -207,7 +207,7 @@ def test_inference_reads_the_models_own_file_where_it_needs_no_preparation(tmp_p
     assert as_is._file == llama.path  # no Constant node, no fused operator, every dim named
     assert as_is.result() == shapes.start_infer_symbolic(llama.proto).result()
     decoder = load_model(ROOT / "fixtures" / "gpt_decoder.onnx")  # Constant nodes: inference reads a prepared copy
-    assert ("", "Constant") in (decoder.op_kinds or ())
+    assert decoder.nodes is not None and decoder.nodes.prepared
     assert shapes.start_infer_symbolic(decoder.proto, decoder)._file is None
 
 
@@ -346,3 +346,52 @@ def test_an_inference_started_for_a_model_without_symbolic_dims_is_stopped(tmp_p
     report = onnxmem.analyze(tmp_path / "static.onnx")
     assert report.inference.peak_activation_bytes == 2 * 4 * 8 * 4  # h and y live while the second Relu runs
     assert len(started) == 1 and started[0]._job._pid is None  # its child was stopped and reaped
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    found = list(graph.node)
+    for node in graph.node:
+        for attr in node.attribute:
+            found += [n for g in ([attr.g] if attr.HasField("g") else list(attr.graphs)) for n in _all_nodes(g)]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "fixtures").glob("*.onnx")))
+def test_node_kinds_told_from_the_bytes_miss_nothing(name: str) -> None:
+    # NodeKinds searches the file's bytes: where a kind of node is there, it must say so (it may say so wrongly).
+    from onnxmem.load import load_model
+    from onnxmem.rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
+
+    loaded = load_model(ROOT / "fixtures" / name)
+    assert loaded.nodes is not None
+    nodes = _all_nodes(loaded.proto.graph)
+    kinds = {(n.domain, n.op_type) for n in nodes}
+    other = any(d not in ("", "ai.onnx") for d, _ in kinds)
+    assert loaded.nodes.prepared >= any(op == "Constant" or f"{d}::{op}" in SHAPE_AS for d, op in kinds)
+    assert loaded.nodes.graphs >= (other or any(op in CONTROL_FLOW for _, op in kinds))
+    assert loaded.nodes.merges >= (other or any(op in PLANNER_MERGES_DIMS for _, op in kinds))
+    assert loaded.nodes.metadata >= any(p.key.startswith("pkg.torch.onnx") or p.key == "namespace"
+                                        for n in nodes for p in n.metadata_props)
+
+
+def test_node_kinds_of_a_plain_llama_are_exact(tmp_path: Path) -> None:
+    from onnxmem.load import load_model
+
+    nodes = load_model(save_without_weights(MANY_LAYERS, tmp_path)).nodes
+    assert nodes is not None and (nodes.prepared, nodes.graphs, nodes.merges, nodes.metadata) == \
+        (False, False, True, False)  # Concat: the KV cache
+
+
+def test_layers_named_by_node_metadata_in_a_file(tmp_path: Path) -> None:
+    # The file's bytes show the metadata, so the graph reads it: layers come from the exporter's name scopes.
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 8])
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu_a"), helper.make_node("Relu", ["h"], ["y"], name="b")]
+    for node, scope in zip(nodes, ["encoder.block0", "encoder.block1"], strict=True):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", scope
+    onnx.save(helper.make_model(helper.make_graph(nodes, "scoped", [x], [y])), str(tmp_path / "scoped.onnx"))
+    report = onnxmem.analyze(tmp_path / "scoped.onnx", {"batch": 2})
+    assert [row.layer for row in report.inference.by_layer] == ["encoder.block0", "encoder.block1"]
