@@ -476,13 +476,14 @@ def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorTyp
     needs no preparation (see _file_as_is); otherwise loading it as the caller does."""
     stamp = file_stamp(path)
     data = path.read_bytes() if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else b""
-    if data and not NodeKinds.may_need_preparation(data):  # told before inference runs on the file as it is
+    kinds = NodeKinds.of(data, ())  # the domains it declares are read once it is inferred
+    if data and not kinds.prepared:  # told before inference runs on the file as it is
         try:
             inferred: ModelProto | None = _inferred(data, data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
             inferred = None
         if inferred is not None and _names_every_dim(input_dims(inferred)):
-            nodes = NodeKinds.of(data, inferred, prepared=False)
+            nodes = kinds.declaring(o.domain for o in inferred.opset_import)
             light: list[ModelProto] = []
 
             def parsed() -> ModelProto:  # the model as it is, where a round adds to it
