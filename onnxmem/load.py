@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
+from .dtypes import tensor_bytes
 from .errors import ModelFileError
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
@@ -26,6 +28,8 @@ class LoadedModel:
     warnings: tuple[Warning, ...]
     nodes: NodeKinds | None = None  # what the file's bytes tell of its nodes; None where it was not read so
     stamp: tuple[int, int] | None = None  # the file's size and modification time when it was read
+    # the main graph's initializers: name -> (dtype, dims, bytes), as shape inference types them (a file's)
+    weights: dict[str, tuple[int, tuple[int, ...], int | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         raise ModelFileError(f"{path}: could not be read as ONNX: {_one_line(exc)}") from None
     _check_is_model(proto, str(path))
     nodes = NodeKinds.of(data, [o.domain for o in proto.opset_import]) if fmt == "protobuf" else None
-    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs)
-    return LoadedModel(proto, path, tuple(warnings), nodes, stamp)
+    weights: dict[str, tuple[int, tuple[int, ...], int | None]] = {}
+    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs, weights)
+    return LoadedModel(proto, path, tuple(warnings), nodes, stamp, weights)
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -118,12 +123,18 @@ def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
         )
 
 
-def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool) -> list[Warning]:
+def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool,
+                           weights: dict[str, tuple[int, tuple[int, ...], int | None]]) -> list[Warning]:
     """Give a warning per external data file that is missing (`subgraphs` False: no node holds a graph, so only
-    the main graph's initializers are read)."""
+    the main graph's initializers are read); put the main graph's initializers' types into `weights` (the walk
+    reads them anyway)."""
     missing: dict[str, int] = {}
     present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
-    for tensor in _all_initializers(proto.graph) if subgraphs else proto.graph.initializer:
+    main = proto.graph.initializer
+    for position, tensor in enumerate(_all_initializers(proto.graph) if subgraphs else main):
+        if position < len(main):
+            dims = tuple(tensor.dims)
+            weights[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims)))
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")

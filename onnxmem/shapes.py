@@ -452,6 +452,7 @@ class FileInference:
         stamp, types = self._job.result()
         if stamp is None or stamp != self._loaded.stamp:  # the child read another file than the caller loaded
             return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
+        types.update(self._loaded.weights or {})  # as _collect_types puts them last (they may lack them)
         return types
 
     def cancel(self) -> None:
@@ -491,7 +492,8 @@ def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorTyp
                     light.append(onnx.load_from_string(data))
                 return light[0]
 
-            return stamp, _planner_rounds(parsed, inferred, [], subgraphs=nodes.graphs, candidates=nodes.merges)
+            return stamp, _planner_rounds(parsed, inferred, [], subgraphs=nodes.graphs, candidates=nodes.merges,
+                                          initializers=False)  # the caller has them: LoadedModel.weights
     loaded = load_model(path)
     return loaded.stamp, SymbolicInference(loaded.proto, loaded)._types(True)
 
@@ -758,7 +760,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 
 
 def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warnings: list[Warning],
-                    subgraphs: bool = True, candidates: bool = True) -> dict[str, TensorType]:
+                    subgraphs: bool = True, candidates: bool = True, initializers: bool = True) \
+        -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -780,7 +783,9 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
     learned_before: set[str] = set()
-    types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs)
+    types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
+    if not initializers:
+        _add_initializers_read(inferred.graph, nodes, types)
     for _ in range(_PLANNER_ROUNDS):
         learned: list[ValueInfoProto] = []
         for node in nodes:
@@ -801,8 +806,18 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
             inferred = _inferred(light(), data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             return types
-        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs)
+        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
+        if not initializers:
+            _add_initializers_read(inferred.graph, nodes, types)
     return types
+
+
+def _add_initializers_read(graph: GraphProto, nodes: list[onnx.NodeProto], types: dict[str, TensorType]) -> None:
+    """Put into `types` the type of each initializer these nodes read that it lacks."""
+    wanted = {name for node in nodes for name in node.input if name and name not in types}
+    for tensor in graph.initializer if wanted else ():
+        if tensor.name in wanted:
+            types[tensor.name] = _initializer_type(tensor)
 
 
 def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> ValueInfoProto | None:
@@ -893,9 +908,10 @@ def _dim_names(expression: str) -> set[str]:
 
 
 def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, TensorType] | None = None,
-                   subgraphs: bool = True) -> dict[str, TensorType]:
+                   subgraphs: bool = True, initializers: bool = True) -> dict[str, TensorType]:
     """Give the type of every value the graph declares and of its initializers, its subgraphs' included
-    (`subgraphs` False: the caller knows the graph has none, and its nodes are not read)."""
+    (`subgraphs` False: the caller knows the graph has none, and its nodes are not read; `initializers` False:
+    the caller has the graph's own, see LoadedModel.weights)."""
     types = {} if into is None else into
     decoded = decode.decoded
     for values in (graph.input, graph.output, graph.value_info):
@@ -906,12 +922,8 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
             if found is None:
                 found = decoded[key] = decode_type(type_proto)
             types[value.name] = found
-    for tensor in graph.initializer:
-        dims = tuple(tensor.dims)
-        count = 1
-        for size in dims:
-            count *= size
-        types[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, count))
+    for tensor in graph.initializer if initializers else ():
+        types[tensor.name] = _initializer_type(tensor)
     for node in graph.node if subgraphs else ():
         if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
@@ -922,6 +934,11 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
                 for sub in attr.graphs:
                     _collect_types(sub, decode, types)
     return types
+
+
+def _initializer_type(tensor: TensorProto) -> TensorType:
+    dims = tuple(tensor.dims)
+    return tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims))
 
 
 class TypeDecoder:

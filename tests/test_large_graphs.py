@@ -395,3 +395,26 @@ def test_layers_named_by_node_metadata_in_a_file(tmp_path: Path) -> None:
     onnx.save(helper.make_model(helper.make_graph(nodes, "scoped", [x], [y])), str(tmp_path / "scoped.onnx"))
     report = onnxmem.analyze(tmp_path / "scoped.onnx", {"batch": 2})
     assert [row.layer for row in report.inference.by_layer] == ["encoder.block0", "encoder.block1"]
+
+
+def test_a_concat_of_an_initializer_is_merged_alike_from_the_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The child leaves the model's initializers to the caller (LoadedModel.weights) but for those a Concat reads:
+    # the planner's merge of its dims reads their types.
+    from onnx import helper
+
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "width"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    table = helper.make_tensor("table", onnx.TensorProto.FLOAT, [3, 8], [0.0] * 24)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
+                               helper.make_node("Concat", ["table", "h"], ["y"], axis=0)], "cat", [x], [y], [table])
+    onnx.save(helper.make_model(graph), str(tmp_path / "cat.onnx"))
+    with shapes.start_infer_file(tmp_path / "cat.onnx") as started:
+        loaded = load_model(tmp_path / "cat.onnx")
+        free = shapes.input_dims(loaded.proto)
+        early = started.for_model(loaded, free).result()
+    assert early == shapes.start_infer_symbolic(loaded.proto).result()
+    assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
