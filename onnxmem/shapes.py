@@ -411,8 +411,12 @@ class SymbolicInference:
     def __enter__(self) -> SymbolicInference:
         return self
 
+    def cancel(self) -> None:
+        """Stop the child, where the result is not wanted after all."""
+        self._job.cancel()
+
     def __exit__(self, *exc: object) -> None:
-        self._job.cancel()  # a result not taken (the caller failed meanwhile): the child is not left behind
+        self.cancel()  # a result not taken (the caller failed meanwhile): the child is not left behind
 
 
 def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None,
@@ -433,12 +437,17 @@ class FileInference:
         self._loaded: LoadedModel | None = None
         self._free: list[InputDim] = []
         stamp = file_stamp(self._path)
-        self._job: ChildJob[tuple[tuple[int, int] | None, dict[str, TensorType]]] = ChildJob(
-            self._types, file_bytes=stamp[0] if stamp is not None else 0)
+        # A file too large to read whole (embedded weights, see _shape_only_copy) is left to SymbolicInference
+        # once the caller has parsed it: a child started now would parse it a second time.
+        self._late: SymbolicInference | None = None
+        self._job: ChildJob[tuple[tuple[int, int] | None, dict[str, TensorType]]] | None = ChildJob(
+            self._types, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
 
     def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
         """Give this inference the model as the caller loaded it from the file, and its input_dims."""
         self._loaded, self._free = loaded, free
+        if self._job is None:
+            self._late = SymbolicInference(loaded.proto, loaded, free)
         return self
 
     def _types(self, in_child: bool) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
@@ -449,6 +458,9 @@ class FileInference:
 
     def result(self) -> dict[str, TensorType]:
         assert self._loaded is not None, "for_model() comes before result()"
+        if self._job is None:
+            assert self._late is not None
+            return self._late.result()
         stamp, types = self._job.result()
         if stamp is None or stamp != self._loaded.stamp:  # the child read another file than the caller loaded
             return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
@@ -456,14 +468,16 @@ class FileInference:
         return types
 
     def cancel(self) -> None:
-        """Stop the child, where the caller needs no planner types after all."""
-        self._job.cancel()
+        """Stop the child, where the caller needs no planner types after all (or failed)."""
+        for job in (self._job, self._late):
+            if job is not None:
+                job.cancel()
 
     def __enter__(self) -> FileInference:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._job.cancel()
+        self.cancel()
 
 
 def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
@@ -476,9 +490,9 @@ def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorTyp
     """Give a model file's stamp and infer_symbolic's types of it, reading the file as it is where the model
     needs no preparation (see _file_as_is); otherwise loading it as the caller does."""
     stamp = file_stamp(path)
-    data = path.read_bytes() if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else b""
+    data = path.read_bytes()  # (FileInference starts no child for a file too large to read whole)
     kinds = NodeKinds.of(data, ())  # the domains it declares are read once it is inferred
-    if data and not kinds.prepared:  # told before inference runs on the file as it is
+    if not kinds.prepared:  # told before inference runs on the file as it is
         try:
             inferred: ModelProto | None = _inferred(data, data_prop=False)
         except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it

@@ -418,3 +418,19 @@ def test_a_concat_of_an_initializer_is_merged_alike_from_the_file(tmp_path: Path
         early = started.for_model(loaded, free).result()
     assert early == shapes.start_infer_symbolic(loaded.proto).result()
     assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
+
+
+def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Embedded weights: a child started before loading would parse the file a second time, so none is started
+    # then; the inference starts from the loaded model (in a child of its own where the graph is large).
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
+    monkeypatch.setattr(shapes, "_EMBEDDED_BYTES_TO_COPY", 1000)
+    path = save_without_weights(LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256), tmp_path)
+    with shapes.start_infer_file(path) as started:
+        assert started._job is None
+        loaded = load_model(path)
+        free = shapes.input_dims(loaded.proto)
+        types = started.for_model(loaded, free).result()
+    assert types == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
