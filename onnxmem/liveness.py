@@ -99,6 +99,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
     owner = alias_roots(graph, rules, loop_body)
     first = [-1] * len(tensors)
     last = [-1] * len(tensors)
+    used = [-1] * len(tensors)  # per tensor: the last step that reads or makes it
     for t in tensors:
         if t.producer is None:
             continue
@@ -106,6 +107,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         for c in t.consumers:
             if position[c] > last_use:
                 last_use = position[c]
+        used[t.index] = last_use
         if t.kind == OUTPUT and count_graph_outputs:
             last_use = end
         root = owner[t.index]  # alias roots are compressed: a root is its own owner
@@ -132,28 +134,21 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         in_place.append((outputs[0], inputs[0]) if answer[0] and made and made[0] == outputs[0] and inputs
                         and inputs[0] >= 0 else none)
         take_freed.append(made if answer[1] else no_outputs)
-    # Per step, the tensors whose buffer dies there, in the order the planner frees them (the op's inputs, its
-    # implicit inputs, its outputs): those the step is the last to use, where that is their buffer's last step.
-    dying: list[list[tuple[int, int]]] = [[] for _ in order]
-    for t in tensors:
-        root = owner[t.index]
-        step = last[root]
-        if step < 0 or not activation[root]:
-            continue  # no buffer, or one that is never freed: a graph input's, a weight's, a graph output's
-        op = graph.ops[order[step]]
-        if t.index in op.inputs:
-            slot = op.inputs.index(t.index)
-        elif t.index in op.implicit_inputs:
-            slot = len(op.inputs) + op.implicit_inputs.index(t.index)
-        elif t.producer == order[step]:
-            slot = len(op.inputs) + len(op.implicit_inputs) + op.outputs.index(t.index)
-        else:
-            continue  # the buffer's last step reads another of the tensors stored in it
-        dying[step].append((slot, t.index))
-    dying_in_order = [[t for _, t in sorted(d)] if len(d) > 1 else [d[0][1]] if d else no_outputs for d in dying]
+    # A buffer dies at its last step; the tensors stored in it that this step reads or makes are those whose own
+    # last use is that step. Freed buffers of equal size are taken most recently freed first, so their order
+    # within a step is the planner's: by first appearance among the op's inputs, implicit inputs and outputs.
+    dying: list[list[int]] = [[] for _ in order]
+    for index, (step, root) in enumerate(zip(used, owner, strict=True)):
+        if step >= 0 and step == last[root] and activation[root]:
+            dying[step].append(index)  # (a graph input's, a weight's or a graph output's buffer is never freed)
+    for step, found in enumerate(dying):
+        if len(found) > 1:
+            op = graph.ops[order[step]]
+            slots = [*op.inputs, *op.implicit_inputs, *op.outputs]
+            found.sort(key=slots.index)
     transient = [(step, op_index) for step, op_index in enumerate(order) if graph.ops[op_index].subgraphs or (
         graph.ops[op_index].op_type in EXPANDED_INTERMEDIATES and graph.ops[op_index].domain in ("", "ai.onnx"))]
-    return Lifetimes(owner, first, last, in_place, take_freed, dying_in_order, activation, transient)
+    return Lifetimes(owner, first, last, in_place, take_freed, dying, activation, transient)
 
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
