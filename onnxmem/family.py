@@ -16,6 +16,7 @@ falls back to full analysis at each value. `report(value, exact=True)` always do
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,16 @@ from .load import load_model
 from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import execution_order
-from .shapes import UNKNOWN_TYPE, Dim, TensorType, bind_and_infer, bind_dims, input_dims
+from .shapes import (
+    UNKNOWN_TYPE,
+    Dim,
+    FileInference,
+    TensorType,
+    bind_and_infer,
+    bind_dims,
+    input_dims,
+    start_infer_file,
+)
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
 # seq + 5 at seq = 11), the buffer plan there is not the general one, and the next triple is tried.
@@ -77,13 +87,34 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        self.loaded = load_model(model)
+        rules = options.get("rules", DEFAULT_INFERENCE_RULES)
+        # the symbolic inference of a file starts before the file is parsed here (see analyze.analyze); the first
+        # pass that infers takes it, and an untaken one is stopped (close, or when the family is collected)
+        self._started = start_infer_file(model) if not isinstance(model, onnx.ModelProto) and \
+            (rules.in_place or rules.reuse_freed) else None
+        if self._started is not None:
+            weakref.finalize(self, self._started.cancel)
+        try:
+            self.loaded = load_model(model)
+        except BaseException:
+            self.close()
+            raise
         self.search = search
         self.dims = dict(dims or {})
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
         self._reports: dict[tuple[int, bool], Report] = {}
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
         self._symbolic_types: dict[str, TensorType] | None | bool = False  # False: not inferred yet
+
+    def close(self) -> None:
+        """Stop the symbolic inference started with the family, where no pass took it."""
+        if self._started is not None:
+            self._started.cancel()
+            self._started = None
+
+    def _take_started(self) -> FileInference | None:
+        started, self._started = self._started, None
+        return started
 
     @property
     def affine(self) -> bool:
@@ -96,7 +127,8 @@ class ModelFamily:
         if key not in self._reports:
             template = None if exact else self._affine_template()
             if template is None or not template.plan_holds(value):
-                self._reports[key] = analyze_loaded(self.loaded, self._binding(value), **self.options)
+                self._reports[key] = analyze_loaded(self.loaded, self._binding(value), inference=self._take_started(),
+                                                    **self.options)
             else:
                 self._reports[key] = self._fast_report(template, value)
         return self._reports[key]
@@ -119,6 +151,7 @@ class ModelFamily:
 
     def _symbolic(self, rules: InferenceRules) -> dict[str, TensorType] | None:
         if self._symbolic_types is False:
+            self.close()  # (inferred here from the loaded model)
             self._symbolic_types = planner_types(self.loaded.proto, rules)
         return self._symbolic_types  # type: ignore[return-value]
 
@@ -145,7 +178,8 @@ class ModelFamily:
         default_dim = self.options.get("default_dim")
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
         if self._symbolic_types is False:  # the first template: build the graph while the types are inferred
-            graph, self._symbolic_types, _ = wiring_and_planner_types(self.loaded, rules, lambda g: None)
+            graph, self._symbolic_types, _ = wiring_and_planner_types(self.loaded, rules, lambda g: None,
+                                                                      self._take_started())
             symbolic = self._symbolic_types
             first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
         else:

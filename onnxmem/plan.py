@@ -12,6 +12,7 @@ and the allocator's rounding). Every figure carries where it comes from; `--rese
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -353,68 +354,69 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     family = ModelFamily(model, search, dims, **_options(order, default_dim, training))
-    loaded = family.loaded
-    _check_search(loaded, search, dims or {})
-    needs: dict[int, _Need] = {}
-    points: dict[int, FitPoint] = {}
+    with contextlib.closing(family):  # the inference it started is not left running
+        loaded = family.loaded
+        _check_search(loaded, search, dims or {})
+        needs: dict[int, _Need] = {}
+        points: dict[int, FitPoint] = {}
 
-    def evaluate(value: int) -> FitPoint:
-        if value not in points:
-            if training is None and not shard:  # the cheap path: no summaries for the points of a search
-                peak, weights = family.inference_peak_bytes(value)
-                need = needs[value] = _Need(peak, weights, "", None)
-            else:
-                need = needs[value] = _need(family.report(value), gpus, shard)
-            required = _required(need, target)
-            points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
-        return points[value]
+        def evaluate(value: int) -> FitPoint:
+            if value not in points:
+                if training is None and not shard:  # the cheap path: no summaries for the points of a search
+                    peak, weights = family.inference_peak_bytes(value)
+                    need = needs[value] = _Need(peak, weights, "", None)
+                else:
+                    need = needs[value] = _need(family.report(value), gpus, shard)
+                required = _required(need, target)
+                points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
+            return points[value]
 
-    for value in (1, 2, 3):  # enough for the linear formula and one point to check it
-        evaluate(value)
-    largest_pow2, first_fail = 0, 0
-    probe = 1
-    while probe <= limit:
-        if not evaluate(probe).fits:
-            first_fail = probe
-            break
-        largest_pow2 = probe
-        probe *= 2
-    bounded = first_fail > 0
-    if not bounded:
-        best = largest_pow2
-    elif largest_pow2 == 0:
-        best = 0
-    else:
-        low, high = largest_pow2, first_fail  # low fits, high does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            if evaluate(middle).fits:
-                low = middle
-            else:
-                high = middle
-        best = low
-    if bounded and best > 0:
-        evaluate(best + 1)
-    curve = tuple(points[v] for v in sorted(points))
-    monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
-    linear = _linear(curve)
-    name, bound, warnings = family.header(max(best, 1))
-    notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
-    what_ifs: tuple[WhatIf, ...] = ()
-    if what_if and bounded:
-        at = best + 1
-        # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
-        answer_at = family.report(at) if training is not None else None
-        groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-        what_ifs = _what_ifs(loaded, family.graph(at), family.header(at)[1], groups, needs[at], "", 0, order,
-                             default_dim, training, gpus, shard)
-    return FitResult(
-        model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
-        mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
-        max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
-        evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
-        what_ifs=what_ifs, notes=notes, warnings=warnings,
-    )
+        for value in (1, 2, 3):  # enough for the linear formula and one point to check it
+            evaluate(value)
+        largest_pow2, first_fail = 0, 0
+        probe = 1
+        while probe <= limit:
+            if not evaluate(probe).fits:
+                first_fail = probe
+                break
+            largest_pow2 = probe
+            probe *= 2
+        bounded = first_fail > 0
+        if not bounded:
+            best = largest_pow2
+        elif largest_pow2 == 0:
+            best = 0
+        else:
+            low, high = largest_pow2, first_fail  # low fits, high does not
+            while high - low > 1:
+                middle = (low + high) // 2
+                if evaluate(middle).fits:
+                    low = middle
+                else:
+                    high = middle
+            best = low
+        if bounded and best > 0:
+            evaluate(best + 1)
+        curve = tuple(points[v] for v in sorted(points))
+        monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
+        linear = _linear(curve)
+        name, bound, warnings = family.header(max(best, 1))
+        notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
+        what_ifs: tuple[WhatIf, ...] = ()
+        if what_if and bounded:
+            at = best + 1
+            # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
+            answer_at = family.report(at) if training is not None else None
+            groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
+            what_ifs = _what_ifs(loaded, family.graph(at), family.header(at)[1], groups, needs[at], "", 0, order,
+                                 default_dim, training, gpus, shard)
+        return FitResult(
+            model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
+            mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
+            max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
+            evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
+            what_ifs=what_ifs, notes=notes, warnings=warnings,
+        )
 
 
 def _check_search(loaded: LoadedModel, search: str, dims: Mapping[str, int]) -> None:

@@ -420,7 +420,8 @@ def test_a_concat_of_an_initializer_is_merged_alike_from_the_file(tmp_path: Path
     assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
 
 
-def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # Embedded weights: a child started before loading would parse the file a second time, so none is started
     # then; the inference starts from the loaded model (in a child of its own where the graph is large).
     from onnxmem.load import load_model
@@ -434,3 +435,25 @@ def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path, 
         free = shapes.input_dims(loaded.proto)
         types = started.for_model(loaded, free).result()
     assert types == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
+
+
+def test_fit_starts_the_inference_before_loading_and_stops_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    path = save_without_weights(MANY_LAYERS, tmp_path)
+    family_module = importlib.import_module("onnxmem.family")
+    started: list[shapes.FileInference] = []
+    original = family_module.start_infer_file
+
+    def recording(model: str) -> shapes.FileInference:
+        started.append(original(model))
+        return started[-1]
+
+    monkeypatch.setattr(family_module, "start_infer_file", recording)
+    forked = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
+    assert len(started) == 1 and started[0]._job is not None and started[0]._job._pid is None  # taken, reaped
+    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same search, inference in this process
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
+    here = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
+    assert forked == here and forked.max_value > 0
