@@ -43,12 +43,22 @@ def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, 
     `order` names an order (model, ort, memory, topological) or lists the node names in the order they run.
     With `training`, the report also gives the memory of one training step (report.training).
     """
+    started = start_planner_types(model, rules)
+    try:
+        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
+                              training=training, inference=started)
+    finally:
+        if started is not None:
+            started.cancel()  # (where the analysis failed before it took the result)
+
+
+def start_planner_types(model: str | os.PathLike[str] | onnx.ModelProto, rules: InferenceRules) \
+        -> FileInference | None:
+    """Start the inference of planner_types of a model file before the file is parsed (see
+    shapes.start_infer_file); None where there is none to start: a ModelProto, or rules that compare no shapes."""
     if isinstance(model, onnx.ModelProto) or not (rules.in_place or rules.reuse_freed):
-        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
-                              training=training)
-    with start_infer_file(model) as inference:  # before the file is parsed here (see planner_types)
-        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
-                              training=training, inference=inference)
+        return None
+    return start_infer_file(model)
 
 
 def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,

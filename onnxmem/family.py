@@ -32,6 +32,7 @@ from .analyze import (
     size_graph,
     size_warnings,
     sized_graph,
+    start_planner_types,
     wiring_and_planner_types,
 )
 from .dtypes import element_bits, tensor_bytes
@@ -49,7 +50,6 @@ from .shapes import (
     bind_and_infer,
     bind_dims,
     input_dims,
-    start_infer_file,
 )
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
@@ -87,11 +87,9 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        rules = options.get("rules", DEFAULT_INFERENCE_RULES)
-        # the symbolic inference of a file starts before the file is parsed here (see analyze.analyze); the first
-        # pass that infers takes it, and an untaken one is stopped (close, or when the family is collected)
-        self._started = start_infer_file(model) if not isinstance(model, onnx.ModelProto) and \
-            (rules.in_place or rules.reuse_freed) else None
+        # the symbolic inference of a file starts before the file is parsed here (as in analyze); the first pass
+        # that infers takes it, and an untaken one is stopped (close, or when the family is collected)
+        self._started = start_planner_types(model, options.get("rules", DEFAULT_INFERENCE_RULES))
         if self._started is not None:
             weakref.finalize(self, self._started.cancel)
         try:

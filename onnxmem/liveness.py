@@ -76,10 +76,10 @@ class Lifetimes:
     owner: list[int]
     first: list[int]
     last: list[int]
-    # per step: the output that may take its op's first input's buffer (the op runs in place), else -1, and
-    # that input; the op's other buffer-owning activation outputs (those that may take a freed buffer, else
-    # none); the tensors it reads or makes whose buffer dies there (before any output joins a buffer), in the
-    # order the planner frees them: inputs, implicit inputs, outputs
+    # per step: (the op's first output, its first input) where the output may take the input's buffer (the op
+    # runs in place), else (-1, -1); the op's buffer-owning activation outputs where they may take a freed
+    # buffer, else none; the tensors it reads or makes whose buffer dies there (before any output joins a
+    # buffer), in the order the planner frees them: inputs, implicit inputs, outputs
     in_place: list[tuple[int, int]]
     take_freed: list[list[int]]
     dying: list[list[int]]

@@ -73,7 +73,6 @@ _OP_TYPES = re.compile(b'"(' + b"|".join(re.escape(bytes([len(n)]) + n.encode())
 _LAYER_METADATA = (b"pkg.torch.onnx", b"namespace")
 
 
-
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     """Give the parsed model; weight data stored outside the file is never read."""
     if isinstance(source, onnx.ModelProto):
@@ -133,8 +132,7 @@ def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool,
     main = proto.graph.initializer
     for position, tensor in enumerate(_all_initializers(proto.graph) if subgraphs else main):
         if position < len(main):
-            dims = tuple(tensor.dims)
-            weights[tensor.name] = (tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims)))
+            weights[tensor.name] = initializer_type(tensor)
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -150,6 +148,12 @@ def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool,
         )
         for location, count in missing.items()
     ]
+
+
+def initializer_type(tensor: onnx.TensorProto) -> tuple[int, tuple[int, ...], int | None]:
+    """Give an initializer's (dtype, dims, bytes), as shape inference types it (see shapes.TensorType)."""
+    dims = tuple(tensor.dims)
+    return tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims))
 
 
 def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

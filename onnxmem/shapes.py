@@ -19,7 +19,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
-from .load import NodeKinds, file_stamp, load_model
+from .load import NodeKinds, file_stamp, initializer_type, load_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
@@ -831,7 +831,7 @@ def _add_initializers_read(graph: GraphProto, nodes: list[onnx.NodeProto], types
     wanted = {name for node in nodes for name in node.input if name and name not in types}
     for tensor in graph.initializer if wanted else ():
         if tensor.name in wanted:
-            types[tensor.name] = _initializer_type(tensor)
+            types[tensor.name] = initializer_type(tensor)
 
 
 def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> ValueInfoProto | None:
@@ -937,7 +937,7 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
                 found = decoded[key] = decode_type(type_proto)
             types[value.name] = found
     for tensor in graph.initializer if initializers else ():
-        types[tensor.name] = _initializer_type(tensor)
+        types[tensor.name] = initializer_type(tensor)
     for node in graph.node if subgraphs else ():
         if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
@@ -948,11 +948,6 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
                 for sub in attr.graphs:
                     _collect_types(sub, decode, types)
     return types
-
-
-def _initializer_type(tensor: TensorProto) -> TensorType:
-    dims = tuple(tensor.dims)
-    return tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims))
 
 
 class TypeDecoder:

@@ -442,15 +442,14 @@ def test_fit_starts_the_inference_before_loading_and_stops_it(tmp_path: Path,
     import importlib
 
     path = save_without_weights(MANY_LAYERS, tmp_path)
-    family_module = importlib.import_module("onnxmem.family")
     started: list[shapes.FileInference] = []
-    original = family_module.start_infer_file
+    original = shapes.start_infer_file
 
     def recording(model: str) -> shapes.FileInference:
         started.append(original(model))
         return started[-1]
 
-    monkeypatch.setattr(family_module, "start_infer_file", recording)
+    monkeypatch.setattr(importlib.import_module("onnxmem.analyze"), "start_infer_file", recording)
     forked = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
     assert len(started) == 1 and started[0]._job is not None and started[0]._job._pid is None  # taken, reaped
     monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same search, inference in this process
