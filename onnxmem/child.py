@@ -3,13 +3,14 @@ GIL, so a thread would not overlap it), its result sent back pickled."""
 
 from __future__ import annotations
 
+import marshal
 import os
 import pickle
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ class ChildJob(Generic[T]):
             status = 1
             try:
                 os.close(read)
-                data = memoryview(pickle.dumps(work(True), protocol=pickle.HIGHEST_PROTOCOL))
+                data = memoryview(_dumps(work(True)))
                 while data:
                     data = data[os.write(write, data):]
                 status = 0
@@ -64,7 +65,7 @@ class ChildJob(Generic[T]):
             data = pipe.read()
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
-        return pickle.loads(data) if status == 0 else self._work(False)
+        return _loads(data) if status == 0 else self._work(False)
 
     def __enter__(self) -> ChildJob[T]:
         return self
@@ -79,6 +80,19 @@ class ChildJob(Generic[T]):
             os.close(self._read)
             os.waitpid(self._pid, 0)
             self._pid = None
+
+
+def _dumps(value: Any) -> bytes:
+    """Give a result as bytes: by marshal where it is made of builtins only (a 120k-entry dict of types: 10 ms,
+    where pickle takes 45), else by pickle; the first byte says which."""
+    try:
+        return b"M" + marshal.dumps(value)
+    except ValueError:  # an object marshal does not know
+        return b"P" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads(data: bytes) -> Any:
+    return marshal.loads(data[1:]) if data[:1] == b"M" else pickle.loads(data[1:])
 
 
 def _native_threads() -> bool:

@@ -456,3 +456,14 @@ def test_fit_starts_the_inference_before_loading_and_stops_it(tmp_path: Path,
     monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
     here = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
     assert forked == here and forked.max_value > 0
+
+
+def test_a_childs_result_keeps_its_types() -> None:
+    # Builtins travel by marshal (fast), anything else by pickle: a subclass of a builtin must not come back as
+    # its base class.
+    point = shapes.InputDim("batch", "x", 0)  # a NamedTuple
+    for value in ({"t": (1, ("batch", 3), None)}, point, {"dims": [point]}, child.ChildJob):
+        result = child.ChildJob(lambda in_child, v=value: (v, in_child)).result()
+        assert result == (value, True)
+        assert type(result[0]) is type(value)
+    assert type(child.ChildJob(lambda _: {"dims": [point]}).result()["dims"][0]) is shapes.InputDim
