@@ -233,9 +233,12 @@ def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ..
     allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
     for t in graph.tensors:
         if t.kind == WEIGHT:
-            readers = [c for c in t.consumers if t.index in ops[c].inputs]
-            if readers:
-                weights_of[min(readers, key=position.__getitem__)] += t.nbytes or 0
+            first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
+            for c in t.consumers:
+                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
+                    first = c
+            if first >= 0:
+                weights_of[first] += t.nbytes or 0
         elif buffer_of[t.index] == t.index and t.producer is not None:
             allocated_of[t.producer] += t.nbytes or 0
     types: dict[str, list[int]] = {}
