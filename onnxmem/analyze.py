@@ -20,6 +20,7 @@ from .shapes import (
     UNKNOWN_TYPE,
     Dim,
     FileInference,
+    InputDim,
     SizedModel,
     TensorType,
     bind_and_infer,
@@ -66,9 +67,10 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
                    training: TrainingOptions | None = None, inference: FileInference | None = None) -> Report:
     """Give the memory report of a model already loaded (see analyze); `inference`: start_infer_file() of the
     file it was loaded from, started before."""
+    free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: order_and_lifetimes(g, order, rules),
-                                                          inference)
-    sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic)
+                                                          inference, free)
+    sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
                           plan_shapes=planner_shapes(graph, symbolic), scheduled=scheduled)
     if training is None:
@@ -76,7 +78,8 @@ def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *
     # Gradient accumulation: a micro-step's activations are those of the micro-batch.
     micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
     if micro != sized.dims:
-        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic).types)
+        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic,
+                                                         free=free).types)
     result = training_memory(graph, execution_order(graph, order), training)
     return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
 
@@ -89,9 +92,10 @@ def sized_graph(model: onnx.ModelProto, dims: Mapping[str, int], default_dim: in
 
 
 def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
-               symbolic: Mapping[str, TensorType] | None) -> SizedModel:
-    """Size the model's graph in place at the dims (see bind_and_infer); give the bound dims and warnings."""
-    sized = bind_and_infer(model, dims, default_dim, symbolic=symbolic, graph=graph)
+               symbolic: Mapping[str, TensorType] | None, free: list[InputDim] | None = None) -> SizedModel:
+    """Size the model's graph in place at the dims (see bind_and_infer; `free`: the model's input_dims where the
+    caller has them); give the bound dims and warnings."""
+    sized = bind_and_infer(model, dims, default_dim, symbolic=symbolic, graph=graph, free=free)
     graph.set_types(sized.types)
     return sized
 
@@ -106,13 +110,14 @@ def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, Te
 
 
 def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T],
-                             started: FileInference | None = None) -> \
+                             started: FileInference | None = None, free: list[InputDim] | None = None) -> \
         tuple[ModelGraph, dict[str, TensorType] | None, _T]:
     """Give the model's graph, unsized, planner_types, and what `meanwhile` makes of the unsized graph: the graph
     is built, and `meanwhile` run, while onnx infers the types (in a child process where it can, see
-    shapes.start_infer_symbolic; `started`: the inference of the model's file, started before it was loaded)."""
+    shapes.start_infer_symbolic; `started`: the inference of the model's file, started before it was loaded;
+    `free`: the model's input_dims where the caller has them)."""
     model = loaded.proto
-    free = input_dims(model) if rules.in_place or rules.reuse_freed else []
+    free = (input_dims(model) if free is None else free) if rules.in_place or rules.reuse_freed else []
     metadata = loaded.nodes is None or loaded.nodes.metadata
     if not free:  # see planner_types
         if started is not None:

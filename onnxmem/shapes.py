@@ -89,15 +89,16 @@ def input_dims(model: ModelProto) -> list[InputDim]:
 
 
 def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int | None = None,
-                   symbolic: Mapping[str, TensorType] | None = None, graph: ModelGraph | None = None) -> SizedModel:
+                   symbolic: Mapping[str, TensorType] | None = None, graph: ModelGraph | None = None,
+                   free: list[InputDim] | None = None) -> SizedModel:
     """Give the type of every tensor with the user's dims bound.
 
     Where `symbolic` (infer_symbolic's types) names every dim of every tensor, the bound types are those names
     evaluated, and inference does not run again; otherwise inference runs on a copy with the dims bound, on the
     nodes the names leave unknown only where it can. `graph`, the model's graph (sized or not), saves reading
-    its wiring from the model again.
+    its wiring from the model again; `free`, the model's input_dims where the caller has them.
     """
-    free = input_dims(model)
+    free = input_dims(model) if free is None else free
     bound, bound_warnings = bind_dims(free, dims, default_dim)
     warnings = list(bound_warnings)
     if symbolic is not None:
