@@ -34,6 +34,7 @@ class ChildJob(Generic[T]):
         the size of the file `work` reads its graph from, where it is not parsed yet (see FORK_FROM_BYTES)."""
         self._work = work
         self._pid: int | None = None
+        self.forked = False  # whether `work` runs in a child
         small = (nodes is not None and nodes < FORK_FROM_NODES) or \
             (file_bytes is not None and file_bytes < FORK_FROM_BYTES)
         if small or sys.platform != "linux" or threading.active_count() != 1 or _native_threads():
@@ -57,6 +58,7 @@ class ChildJob(Generic[T]):
                 os._exit(status)
         os.close(write)
         self._pid, self._read = pid, read
+        self.forked = True
 
     def result(self) -> T:
         if self._pid is None:

@@ -439,7 +439,8 @@ class FileInference:
         self._free: list[InputDim] = []
         stamp = file_stamp(self._path)
         # A file too large to read whole (embedded weights, see _shape_only_copy) is left to SymbolicInference
-        # once the caller has parsed it: a child started now would parse it a second time.
+        # once the caller has parsed it: a child started now would parse it a second time. So is one where no
+        # child started (a small file, a platform that does not fork): SymbolicInference forks by node count.
         self._late: SymbolicInference | None = None
         self._job: ChildJob[tuple[tuple[int, int] | None, dict[str, TensorType]]] | None = ChildJob(
             self._types, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
@@ -447,14 +448,15 @@ class FileInference:
     def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
         """Give this inference the model as the caller loaded it from the file, and its input_dims."""
         self._loaded, self._free = loaded, free
-        if self._job is None:
+        if self._job is None or not self._job.forked:
+            self._job = None
             self._late = SymbolicInference(loaded.proto, loaded, free)
         return self
 
     def _types(self, in_child: bool) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
         if in_child:
             return _file_types(self._path)
-        assert self._loaded is not None, "for_model() comes before result()"
+        assert self._loaded is not None, "for_model() comes before result()"  # (the child failed)
         return self._loaded.stamp, SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
 
     def result(self) -> dict[str, TensorType]:

@@ -467,3 +467,21 @@ def test_a_childs_result_keeps_its_types() -> None:
         assert result == (value, True)
         assert type(result[0]) is type(value)
     assert type(child.ChildJob(lambda _: {"dims": [point]}).result()["dims"][0]) is shapes.InputDim
+
+
+def test_a_large_graph_in_a_small_file_is_inferred_in_a_child_once_loaded(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # No child before loading (the file is under FORK_FROM_BYTES); the graph has FORK_FROM_NODES nodes or more, so
+    # the inference from the loaded model still runs in a child.
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
+    path = save_without_weights(MANY_LAYERS, tmp_path)
+    with shapes.start_infer_file(path) as started:
+        assert started._job is not None and not started._job.forked
+        loaded = load_model(path)
+        free = shapes.input_dims(loaded.proto)
+        started.for_model(loaded, free)
+        assert started._late is not None and started._late._job.forked
+        types = started.result()
+    assert types == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
