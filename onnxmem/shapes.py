@@ -457,7 +457,12 @@ class FileInference:
         if in_child:
             return _file_types(self._path)
         assert self._loaded is not None, "for_model() comes before result()"  # (the child failed)
-        return self._loaded.stamp, SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
+        return self._loaded.stamp, self._here()
+
+    def _here(self) -> dict[str, TensorType]:
+        """Give the types inferred in this process from the loaded model."""
+        assert self._loaded is not None
+        return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
 
     def result(self) -> dict[str, TensorType]:
         assert self._loaded is not None, "for_model() comes before result()"
@@ -466,7 +471,7 @@ class FileInference:
             return self._late.result()
         stamp, types = self._job.result()
         if stamp is None or stamp != self._loaded.stamp:  # the child read another file than the caller loaded
-            return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
+            return self._here()
         types.update(self._loaded.weights or {})  # as _collect_types puts them last (they may lack them)
         return types
 
@@ -799,10 +804,14 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
+    def collect(inferred: ModelProto) -> dict[str, TensorType]:
+        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
+        if not initializers:
+            _add_initializers_read(inferred.graph, nodes, types)
+        return types
+
     learned_before: set[str] = set()
-    types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
-    if not initializers:
-        _add_initializers_read(inferred.graph, nodes, types)
+    types = collect(inferred)
     for _ in range(_PLANNER_ROUNDS):
         learned: list[ValueInfoProto] = []
         for node in nodes:
@@ -823,9 +832,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
             inferred = _inferred(light(), data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             return types
-        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
-        if not initializers:
-            _add_initializers_read(inferred.graph, nodes, types)
+        types = collect(inferred)
     return types
 
 
