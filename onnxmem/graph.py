@@ -152,9 +152,10 @@ class _Builder:
         warnings: list[Warning] = []
 
         types_get = self.types.get
+        sized = bool(self.types)  # (wiring alone: every tensor starts unsized)
 
         def add(name: str, kind: str) -> int:
-            dtype, shape, nbytes = types_get(name, UNKNOWN_TYPE)
+            dtype, shape, nbytes = types_get(name, UNKNOWN_TYPE) if sized else UNKNOWN_TYPE
             i = len(tensors)
             tensors.append(Tensor(i, name, dtype, shape, nbytes, kind, None, []))
             index[name] = i
@@ -168,17 +169,18 @@ class _Builder:
 
         ops: list[Op] = []
         unknown_ops: dict[str, int] = {}
+        known = self.known
+        metadata = self.metadata
+        index_get = index.get
         scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
         for position, node in enumerate(graph.node):
             op_type, domain = node.op_type, node.domain
             name = node.name or f"{op_type}_{position}"
-            input_names = list(node.input)
+            input_names = node.input[:]
+            op_index = len(ops)
             op_inputs = []
             for tname in input_names:
-                if not tname:
-                    op_inputs.append(-1)
-                    continue
-                found = index.get(tname)
+                found = index_get(tname) if tname else -1
                 if found is None:
                     # "?": resolved after the loop, as the file may list nodes out of order.
                     found = add(tname, OUTER if tname in outer else "?")
@@ -199,13 +201,12 @@ class _Builder:
                             if index[t.name] not in implicit:
                                 implicit.append(index[t.name])
             kind = WEIGHT if op_type == "Constant" and domain in ("", "ai.onnx") else ACTIVATION
-            op_index = len(ops)
             op_outputs = []
             for oname in node.output:
                 if not oname:
                     op_outputs.append(-1)
                     continue
-                existing = index.get(oname)
+                existing = index_get(oname)
                 if existing is None:
                     existing = add(oname, kind)
                 elif tensors[existing].kind != "?":
@@ -219,11 +220,16 @@ class _Builder:
                     tensors[in_id].consumers.append(op_index)
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
+            if metadata or "/" in name:
+                layer, origin = _layer_and_origin(node, name, metadata)
+            else:
+                layer = origin = ""
             ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
-                          subgraphs, *_layer_and_origin(node, name, self.metadata)))
-            if (domain, op_type) not in self.known:
-                self.known[(domain, op_type)] = self._lookup_known(node)
-            if not self.known[(domain, op_type)]:
+                          subgraphs, layer, origin))
+            is_known = known.get((domain, op_type))
+            if is_known is None:
+                is_known = known[(domain, op_type)] = self._lookup_known(node)
+            if not is_known:
                 key = f"{domain + '::' if domain else ''}{op_type}"
                 unknown_ops[key] = unknown_ops.get(key, 0) + 1
 

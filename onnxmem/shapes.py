@@ -7,7 +7,7 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -22,6 +22,11 @@ from .errors import DimError
 from .load import NodeKinds, file_stamp, initializer_type, load_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
+
+try:  # onnx's binding of its C++ inference: bytes in, bytes out (onnx.shape_inference parses its result)
+    from onnx.onnx_cpp2py_export import shape_inference as _onnx_c
+except ImportError:  # (another onnx layout: its public function serves)
+    _onnx_c = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .graph import ModelGraph
@@ -369,11 +374,12 @@ def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
 
 
 class SymbolicInference:
-    """infer_symbolic under way: it runs in a child process (see ChildJob) while the caller goes on; result()
-    gives the types."""
+    """infer_symbolic under way: ONNX's inference runs in a child process (see ChildJob) while the caller goes on;
+    result() reads its types."""
 
     def __init__(self, model: ModelProto, loaded: LoadedModel | None = None,
-                 free: list[InputDim] | None = None) -> None:
+                 free: list[InputDim] | None = None, start: bool = True) -> None:
+        """`start` False: no inference is started (the caller reads one made elsewhere, see read)."""
         self._model, self._free = model, input_dims(model) if free is None else free
         self._file: Path | None = None  # the model's own file, read by inference as it is (no serialization)
         self._stamp: tuple[int, int] | None = None
@@ -384,37 +390,50 @@ class SymbolicInference:
         nodes = loaded.nodes if loaded is not None else None
         self._subgraphs = nodes is None or nodes.graphs
         self._candidates = nodes is None or nodes.merges
-        self._job: ChildJob[dict[str, TensorType]] = ChildJob(self._types, nodes=len(model.graph.node))
+        self._weights = loaded.weights if loaded is not None else None
+        self._light: ModelProto | None = None
+        self._job: ChildJob[tuple[bool, bytes | None]] | None = \
+            ChildJob(self._inferred, nodes=len(model.graph.node)) if start else None
 
-    def _types(self, in_child: bool) -> dict[str, TensorType]:
-        light: list[ModelProto] = []
+    def _prepared(self, in_child: bool = False) -> ModelProto:
+        """Give the model as inference reads it (see _prepared), made at first use; a child owns its model and
+        prepares it in place."""
+        if self._light is None:
+            self._light = _prepared(self._model, self._free, {}, in_place=in_child)
+        return self._light
 
-        def prepared() -> ModelProto:  # made at first use; a child owns its model and prepares it in place
-            if not light:
-                light.append(_prepared(self._model, self._free, {}, in_place=in_child))
-            return light[0]
-
-        source: ModelProto | bytes | None = None
+    def _inferred(self, in_child: bool) -> tuple[bool, bytes | None]:
+        """Give whether inference read the model's file as it is, and its result serialized (None: it failed)."""
         if self._file is not None and file_stamp(self._file) == self._stamp:
             try:
-                source = self._file.read_bytes()
+                return True, _infer_serialized(self._file.read_bytes())
             except OSError:  # gone since: the model in memory serves, as where it changed
-                source = None
-        try:
-            inferred = _inferred(source if source is not None else prepared(), data_prop=False)
-        except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
-            return _collect_types(prepared().graph, TypeDecoder())
-        return _planner_rounds(prepared, inferred, [], subgraphs=self._subgraphs, candidates=self._candidates)
+                pass
+        return False, _infer_serialized(self._prepared(in_child))
 
-    def result(self) -> dict[str, TensorType]:
-        return self._job.result()
+    def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+        """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
+        as_is, inferred = self._job.result() if self._job is not None else self._inferred(False)
+        return self.read(as_is, inferred, wiring)
+
+    def read(self, as_is: bool, inferred: bytes | None, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+        """Give the types from ONNX's inference of the model, serialized (see _inferred): of its file as it is
+        (`as_is`), else of the model prepared."""
+        if inferred is None:  # the bound inference reports the failure
+            return _collect_types(self._prepared().graph, TypeDecoder())
+        # the file as it is has the model's own nodes and initializers
+        nodes = (_candidate_nodes(self._model, wiring) if as_is and wiring is not None else None) \
+            if self._candidates else []
+        return _planner_rounds(self._prepared, onnx.load_from_string(inferred), [], subgraphs=self._subgraphs,
+                               candidates=nodes, weights=self._weights if as_is else None)
 
     def __enter__(self) -> SymbolicInference:
         return self
 
     def cancel(self) -> None:
         """Stop the child, where the result is not wanted after all."""
-        self._job.cancel()
+        if self._job is not None:
+            self._job.cancel()
 
     def __exit__(self, *exc: object) -> None:
         self.cancel()  # a result not taken (the caller failed meanwhile): the child is not left behind
@@ -442,38 +461,38 @@ class FileInference:
         # once the caller has parsed it: a child started now would parse it a second time. So is one where no
         # child started (a small file, a platform that does not fork): SymbolicInference forks by node count.
         self._late: SymbolicInference | None = None
-        self._job: ChildJob[tuple[tuple[int, int] | None, dict[str, TensorType]]] | None = ChildJob(
-            self._types, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
+        self._job: ChildJob[tuple[tuple[int, int] | None, bool, bytes | None]] | None = ChildJob(
+            self._inferred, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
 
     def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
         """Give this inference the model as the caller loaded it from the file, and its input_dims."""
         self._loaded, self._free = loaded, free
-        if self._job is None or not self._job.forked:
+        # The child infers the file as it is where its bytes show no node to prepare; that is of no use where an
+        # input dim has no name (inference would give it none): SymbolicInference names it, as where no child ran.
+        unusable = loaded.nodes is not None and not loaded.nodes.prepared and not _names_every_dim(free)
+        if self._job is None or not self._job.forked or unusable:
+            if self._job is not None:
+                self._job.cancel()
             self._job = None
             self._late = SymbolicInference(loaded.proto, loaded, free)
         return self
 
-    def _types(self, in_child: bool) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
+    def _inferred(self, in_child: bool) -> tuple[tuple[int, int] | None, bool, bytes | None]:
         if in_child:
-            return _file_types(self._path)
-        assert self._loaded is not None, "for_model() comes before result()"  # (the child failed)
-        return self._loaded.stamp, self._here()
+            return _file_inferred(self._path)
+        return None, False, None  # (the child failed: no stamp, so result() infers here)
 
-    def _here(self) -> dict[str, TensorType]:
-        """Give the types inferred in this process from the loaded model."""
-        assert self._loaded is not None
-        return SymbolicInference(self._loaded.proto, self._loaded, self._free)._types(False)
-
-    def result(self) -> dict[str, TensorType]:
+    def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+        """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
         assert self._loaded is not None, "for_model() comes before result()"
         if self._job is None:
             assert self._late is not None
-            return self._late.result()
-        stamp, types = self._job.result()
-        if stamp is None or stamp != self._loaded.stamp:  # the child read another file than the caller loaded
-            return self._here()
-        types.update(self._loaded.weights or {})  # as _collect_types puts them last (they may lack them)
-        return types
+            return self._late.result(wiring)
+        stamp, as_is, inferred = self._job.result()
+        inference = SymbolicInference(self._loaded.proto, self._loaded, self._free, start=False)
+        if stamp is None or stamp != self._loaded.stamp or (as_is and not _file_as_is(self._loaded, self._free)):
+            return inference.result(wiring)  # the child read another file than the caller loaded: infer here
+        return inference.read(as_is, inferred, wiring)
 
     def cancel(self) -> None:
         """Stop the child, where the caller needs no planner types after all (or failed)."""
@@ -494,30 +513,18 @@ def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
     return FileInference(path)
 
 
-def _file_types(path: Path) -> tuple[tuple[int, int] | None, dict[str, TensorType]]:
-    """Give a model file's stamp and infer_symbolic's types of it, reading the file as it is where the model
-    needs no preparation (see _file_as_is); otherwise loading it as the caller does."""
+def _file_inferred(path: Path) -> tuple[tuple[int, int] | None, bool, bytes | None]:
+    """Give a model file's stamp, whether inference read it as it is, and ONNX's inference of it serialized: of the
+    file as it is where its bytes show no node to prepare (see NodeKinds), otherwise of the model loaded and
+    prepared as SymbolicInference does. (FileInference.for_model tells whether the file as it is served.)"""
     stamp = file_stamp(path)
     data = path.read_bytes()  # (FileInference starts no child for a file too large to read whole)
-    kinds = NodeKinds.of(data, ())  # the domains it declares are read once it is inferred
-    if not kinds.prepared:  # told before inference runs on the file as it is
-        try:
-            inferred: ModelProto | None = _inferred(data, data_prop=False)
-        except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
-            inferred = None
-        if inferred is not None and _names_every_dim(input_dims(inferred)):
-            nodes = kinds.declaring(o.domain for o in inferred.opset_import)
-            light: list[ModelProto] = []
-
-            def parsed() -> ModelProto:  # the model as it is, where a round adds to it
-                if not light:
-                    light.append(onnx.load_from_string(data))
-                return light[0]
-
-            return stamp, _planner_rounds(parsed, inferred, [], subgraphs=nodes.graphs, candidates=nodes.merges,
-                                          initializers=False)  # the caller has them: LoadedModel.weights
+    if not NodeKinds.of(data, ()).prepared:
+        inferred = _infer_serialized(data)
+        if inferred is not None:
+            return stamp, True, inferred
     loaded = load_model(path)
-    return loaded.stamp, SymbolicInference(loaded.proto, loaded)._types(True)
+    return loaded.stamp, False, SymbolicInference(loaded.proto, loaded)._inferred(True)[1]
 
 
 def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
@@ -606,6 +613,18 @@ def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
 
 def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
+
+
+def _infer_serialized(light: ModelProto | bytes) -> bytes | None:
+    """Give ONNX's inference (no value propagation) of a model, serialized as onnx's C++ gives it (a child sends it
+    back as it is, and the caller parses it once); None where it fails."""
+    data = light if isinstance(light, bytes) else light.SerializeToString()
+    try:
+        if _onnx_c is not None:
+            return bytes(_onnx_c.infer_shapes(data, False, False, False))
+        return _inferred(data, data_prop=False).SerializeToString()
+    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+        return None
 
 
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
@@ -782,8 +801,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 
 
 def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warnings: list[Warning],
-                    subgraphs: bool = True, candidates: bool = True, initializers: bool = True) \
-        -> dict[str, TensorType]:
+                    subgraphs: bool = True, candidates: Sequence[onnx.NodeProto] | None = None,
+                    weights: Mapping[str, TensorType] | None = None) -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -793,21 +812,23 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
     knows more than the planner: its type for a contrib operator's output is taken only where every input of
     that operator is known. Concat merges each dim from all its inputs, where ONNX's 'unk__N' names would win
     (rules.inference.PLANNER_MERGES_DIMS).
+
+    `candidates`: the nodes the rounds look at (see _candidate_nodes), where the caller has them (None: they are
+    read from `inferred`); `weights`: the types of the graph's initializers, where the caller has them.
     """
     # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
-    # (`candidates` False: the caller knows there are none, and the nodes are not read)
-    nodes = [n for n in inferred.graph.node if n.op_type in PLANNER_MERGES_DIMS or n.domain not in ("", "ai.onnx")] \
-        if candidates else []
+    nodes = [n for n in inferred.graph.node if _is_candidate(n.op_type, n.domain)] if candidates is None \
+        else candidates
     contrib: dict[str, ValueInfoProto] = {}
     if any(n.domain not in ("", "ai.onnx") for n in nodes) and _has_unknown_outputs(inferred.graph):
         found = _ort_symbolic_inference(_copy(inferred), warnings)
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
             contrib.update((v.name, v) for v in found.graph.output)
+
     def collect(inferred: ModelProto) -> dict[str, TensorType]:
-        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=initializers)
-        if not initializers:
-            _add_initializers_read(inferred.graph, nodes, types)
+        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=weights is None)
+        types.update(weights or {})  # (where _collect_types puts them: last)
         return types
 
     learned_before: set[str] = set()
@@ -836,27 +857,36 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
     return types
 
 
-def _add_initializers_read(graph: GraphProto, nodes: list[onnx.NodeProto], types: dict[str, TensorType]) -> None:
-    """Put into `types` the type of each initializer these nodes read that it lacks."""
-    wanted = {name for node in nodes for name in node.input if name and name not in types}
-    for tensor in graph.initializer if wanted else ():
-        if tensor.name in wanted:
-            types[tensor.name] = initializer_type(tensor)
+def _is_candidate(op_type: str, domain: str) -> bool:
+    """Say whether the planner rounds look at a node of this kind (see _planner_rounds)."""
+    return op_type in PLANNER_MERGES_DIMS or domain not in ("", "ai.onnx")
+
+
+def _candidate_nodes(model: ModelProto, wiring: ModelGraph) -> list[onnx.NodeProto]:
+    """Give the nodes of the model's graph the planner rounds look at, found from its graph (faster than reading
+    every node's op type from the model)."""
+    nodes = model.graph.node
+    return [nodes[op.index] for op in wiring.ops if _is_candidate(op.op_type, op.domain)]
 
 
 def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> ValueInfoProto | None:
     """Give the output type of a Concat with each dim merged as onnxruntime does (the first input dim with a
     value or a name; 'unk__N' is no name), where that names a dim ONNX's inference left 'unk__N'; else None."""
     dtype, current, _ = types.get(node.output[0], UNKNOWN_TYPE)
-    if current is None or _known((dtype, current, None)):
+    if current is None:
+        return None
+    unknown = [j for j, d in enumerate(current) if d is None or (isinstance(d, str) and d.startswith("unk__"))]
+    if not unknown:
         return None  # no dim to learn (the usual case: reading the node's inputs costs more)
     axis = next((a.i for a in node.attribute if a.name == "axis"), PLANNER_MERGES_DIMS[node.op_type])
     axis %= max(len(current), 1)
+    if unknown == [axis]:
+        return None  # the concatenated dim is never merged (a KV cache's past + new: the usual unknown one)
     shapes = [types.get(name, UNKNOWN_TYPE)[1] for name in node.input if name]
     dims: list[int | str | None] = [None if isinstance(d, str) and d.startswith("unk__") else d for d in current]
     changed = False
-    for j, now in enumerate(current):
-        if j == axis or not (now is None or (isinstance(now, str) and now.startswith("unk__"))):
+    for j in unknown:
+        if j == axis:
             continue
         for shape in shapes:
             d = shape[j] if shape is not None and len(shape) == len(current) else None

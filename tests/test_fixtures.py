@@ -88,14 +88,9 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
         assert rest is not None and set(rest) == unknown  # the part served: the whole graph was not inferred again
 
 
-def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
-    # Resize loses the batch dim (its scale on it is 1, but inference computes no symbolic product); the Concat
-    # with a skip connection takes 'batch' from the skip for onnxruntime's planner, where ONNX's 'unk__N' name
-    # for the lost dim would win the merge (measured on fixtures/unet.onnx, see rules.inference.PLANNER_MERGES_DIMS).
+def _merge_model() -> onnx.ModelProto:
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
-
-    from onnxmem.shapes import infer_symbolic, runtime_view
 
     graph = helper.make_graph(
         [helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest"),
@@ -104,12 +99,41 @@ def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
          helper.make_tensor_value_info("skip", TensorProto.FLOAT, ["batch", 4, 16, 16])],
         [helper.make_tensor_value_info("cat", TensorProto.FLOAT, None)],
         initializer=[numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
+    # Resize loses the batch dim (its scale on it is 1, but inference computes no symbolic product); the Concat
+    # with a skip connection takes 'batch' from the skip for onnxruntime's planner, where ONNX's 'unk__N' name
+    # for the lost dim would win the merge (measured on fixtures/unet.onnx, see rules.inference.PLANNER_MERGES_DIMS).
+    from onnxmem.shapes import infer_symbolic, runtime_view
+
+    model = _merge_model()
     types = infer_symbolic(model)
     assert runtime_view(types["up"][1]) == (None, 4, 16, 16)
     assert runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
     sized = onnxmem.shapes.bind_and_infer(model, {"batch": 3}, symbolic=types)
     assert sized.types["cat"][1] == (3, 8, 16, 16)
+
+
+@pytest.mark.parametrize("fork_from", [0, 10**12])
+def test_planner_merges_alike_from_a_file_and_its_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       fork_from: int) -> None:
+    # The same merge where the model's file is inferred as it is (before it is parsed, in a child or here) and the
+    # merging nodes are found from the caller's graph: a merge learned means a second inference, here.
+    from onnxmem import child, shapes
+    from onnxmem.graph import build_graph
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", fork_from)
+    onnx.save(_merge_model(), str(tmp_path / "merge.onnx"))
+    with shapes.start_infer_file(tmp_path / "merge.onnx") as started:
+        # (no child where onnxruntime ran in this process before: see child._native_threads)
+        assert started._job is not None and started._job.forked == (fork_from == 0 and not child._native_threads())
+        loaded = load_model(tmp_path / "merge.onnx")
+        types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result(build_graph(loaded.proto))
+    assert shapes.runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
+    assert types == shapes.infer_symbolic(_merge_model())
 
 
 def _shape_arithmetic_model() -> onnx.ModelProto:

@@ -15,6 +15,7 @@ import pytest
 import onnxmem
 from benchmarks.llm_graphs import LlamaShape, make_llama
 from onnxmem import child, shapes
+from onnxmem.graph import build_graph
 
 # The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
 SEVEN_B_TWO_LAYERS = LlamaShape(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
@@ -290,12 +291,13 @@ def test_inference_started_before_loading_equals_the_one_after(tmp_path: Path, m
         model.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_param")
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
-    with shapes.start_infer_file(path) as started:
-        assert (started._job._pid is not None) == (fork_from == 0)
-        loaded = load_model(path)
-        free = shapes.input_dims(loaded.proto)
-        early = started.for_model(loaded, free).result()
-    assert early == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
+    for wiring in (False, True):  # the nodes the planner rounds read: from the model, or from its graph
+        with shapes.start_infer_file(path) as started:
+            assert (started._job._pid is not None) == (fork_from == 0)
+            loaded = load_model(path)
+            free = shapes.input_dims(loaded.proto)
+            early = started.for_model(loaded, free).result(build_graph(loaded.proto) if wiring else None)
+        assert early == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
     assert early == shapes.start_infer_symbolic(onnx.load(str(path), load_external_data=False)).result()  # no file
     if variant == "a Constant node":  # folded into an initializer for inference, as onnxruntime does
         residual = next(n for n in model.graph.node if n.output[0] == "plus_zero").input[0]
@@ -312,8 +314,8 @@ def test_the_file_read_before_loading_is_not_used_where_it_changed(tmp_path: Pat
     onnx.save(make_llama(LlamaShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)), str(before))
     larger = make_llama(LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
     onnx.save(larger, str(path))
-    read_before = shapes._file_types
-    monkeypatch.setattr(shapes, "_file_types", lambda _: read_before(before))
+    read_before = shapes._file_inferred
+    monkeypatch.setattr(shapes, "_file_inferred", lambda _: read_before(before))
     with shapes.start_infer_file(path) as started:
         assert started._job._pid is not None
         loaded = load_model(path)
@@ -412,12 +414,13 @@ def test_a_concat_of_an_initializer_is_merged_alike_from_the_file(tmp_path: Path
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
                                helper.make_node("Concat", ["table", "h"], ["y"], axis=0)], "cat", [x], [y], [table])
     onnx.save(helper.make_model(graph), str(tmp_path / "cat.onnx"))
-    with shapes.start_infer_file(tmp_path / "cat.onnx") as started:
-        loaded = load_model(tmp_path / "cat.onnx")
-        free = shapes.input_dims(loaded.proto)
-        early = started.for_model(loaded, free).result()
-    assert early == shapes.start_infer_symbolic(loaded.proto).result()
-    assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
+    for wiring in (False, True):
+        with shapes.start_infer_file(tmp_path / "cat.onnx") as started:
+            loaded = load_model(tmp_path / "cat.onnx")
+            free = shapes.input_dims(loaded.proto)
+            early = started.for_model(loaded, free).result(build_graph(loaded.proto) if wiring else None)
+        assert early == shapes.start_infer_symbolic(loaded.proto).result()
+        assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
 
 
 def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path,
