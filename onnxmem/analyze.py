@@ -230,57 +230,42 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
 def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
     """Give the rows by op type (the most bytes first) and by layer (in order of execution): nodes, the weight
     bytes they are the first to read, the bytes their outputs' buffers own, and (layers) the highest live bytes."""
-    ops, buffer_of, order = graph.ops, timeline.buffer_of, timeline.order
-    position: list[int] | None = None  # per op, its step: made where a weight has several readers
+    ops, buffer_of, live = graph.ops, timeline.buffer_of, timeline.live_bytes
+    position = [0] * len(ops)
+    for step, op_index in enumerate(timeline.order):
+        position[op_index] = step
     weights_of = [0] * len(ops)  # per op: the bytes of the weights it is the first to read (as an input)
     allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
     for t in graph.tensors:
         if t.kind == WEIGHT:
             first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
-            consumers = t.consumers
-            if len(consumers) == 1:
-                if t.index in ops[consumers[0]].inputs:
-                    first = consumers[0]
-            elif consumers:
-                if position is None:
-                    position = [0] * len(ops)
-                    for step, op_index in enumerate(order):
-                        position[op_index] = step
-                for c in consumers:
-                    if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
-                        first = c
+            for c in t.consumers:
+                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
+                    first = c
             if first >= 0:
                 weights_of[first] += t.nbytes or 0
-        elif t.producer is not None and buffer_of[t.index] == t.index:
+        elif buffer_of[t.index] == t.index and t.producer is not None:
             allocated_of[t.producer] += t.nbytes or 0
     types: dict[str, list[int]] = {}
     layers: dict[str, list[int]] = {}
-    # Steps in runs of one layer (a layer's nodes run together): one row update per run, not per step.
-    run_start, run_layer = 0, None
-    steps = len(order)
-    for step in range(steps + 1):
-        layer = ops[order[step]].layer if step < steps else None
-        if layer == run_layer and step < steps:
-            continue
-        if step > 0:
-            run = order[run_start:step]
-            key = run_layer or "(top level)"
-            row = layers.get(key)
-            if row is None:
-                row = layers[key] = [0, 0, 0, 0]
-            row[0] += step - run_start
-            row[1] += sum(map(weights_of.__getitem__, run))
-            row[2] += sum(map(allocated_of.__getitem__, run))
-            row[3] = max(row[3], max(timeline.live_bytes[run_start:step]))
-        run_start, run_layer = step, layer
-    for op_index in order:
+    for step, op_index in enumerate(timeline.order):
         op = ops[op_index]
+        weights, allocated = weights_of[op_index], allocated_of[op_index]
         row = types.get(op.op_type)
         if row is None:
             row = types[op.op_type] = [0, 0, 0]
         row[0] += 1
-        row[1] += weights_of[op_index]
-        row[2] += allocated_of[op_index]
+        row[1] += weights
+        row[2] += allocated
+        layer = op.layer or "(top level)"
+        row = layers.get(layer)
+        if row is None:
+            row = layers[layer] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += weights
+        row[2] += allocated
+        if live[step] > row[3]:
+            row[3] = live[step]
     ordered = sorted(types.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
     return tuple(OpTypeRow(k, *v) for k, v in ordered), tuple(LayerRow(k, *v) for k, v in layers.items())
 
