@@ -23,11 +23,6 @@ from .load import NodeKinds, file_stamp, initializer_type, load_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
-try:  # onnx's binding of its C++ inference: bytes in, bytes out (onnx.shape_inference parses its result)
-    from onnx.onnx_cpp2py_export import shape_inference as _onnx_c
-except ImportError:  # (another onnx layout: its public function serves)
-    _onnx_c = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     from .graph import ModelGraph
     from .load import LoadedModel
@@ -392,8 +387,7 @@ class SymbolicInference:
         self._candidates = nodes is None or nodes.merges
         self._weights = loaded.weights if loaded is not None else None
         self._light: ModelProto | None = None
-        self._job: ChildJob[tuple[bool, bytes | None]] | None = \
-            ChildJob(self._inferred, nodes=len(model.graph.node)) if start else None
+        self._job: ChildJob[_Inferred] | None = ChildJob(self._inferred, nodes=len(model.graph.node)) if start else None
 
     def _prepared(self, in_child: bool = False) -> ModelProto:
         """Give the model as inference reads it (see _prepared), made at first use; a child owns its model and
@@ -402,30 +396,38 @@ class SymbolicInference:
             self._light = _prepared(self._model, self._free, {}, in_place=in_child)
         return self._light
 
-    def _inferred(self, in_child: bool) -> tuple[bool, bytes | None]:
-        """Give whether inference read the model's file as it is, and its result serialized (None: it failed)."""
+    def _inferred(self, in_child: bool) -> _Inferred:
+        source: ModelProto | bytes | None = None
         if self._file is not None and file_stamp(self._file) == self._stamp:
             try:
-                return True, _infer_serialized(self._file.read_bytes())
+                source = self._file.read_bytes()
             except OSError:  # gone since: the model in memory serves, as where it changed
-                pass
-        return False, _infer_serialized(self._prepared(in_child))
+                source = None
+        try:
+            inferred = _inferred(source if source is not None else self._prepared(in_child), data_prop=False)
+        except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+            return source is not None, True, None
+        return _read_inferred(inferred, source is not None, lambda: self._prepared(in_child), self._subgraphs,
+                              self._candidates, self._weights)
 
     def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
         """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
-        as_is, inferred = self._job.result() if self._job is not None else self._inferred(False)
-        return self.read(as_is, inferred, wiring)
+        return self.read(self._job.result() if self._job is not None else self._inferred(False), wiring)
 
-    def read(self, as_is: bool, inferred: bytes | None, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
-        """Give the types from ONNX's inference of the model, serialized (see _inferred): of its file as it is
-        (`as_is`), else of the model prepared."""
-        if inferred is None:  # the bound inference reports the failure
+    def read(self, inferred: _Inferred, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+        """Give the types from what _inferred gave (here or in a child), the planner rounds run where they were
+        left to the caller (see _read_inferred)."""
+        as_is, done, types = inferred
+        if types is None:  # inference failed: the bound inference reports it
             return _collect_types(self._prepared().graph, TypeDecoder())
-        # the file as it is has the model's own nodes and initializers
-        nodes = (_candidate_nodes(self._model, wiring) if as_is and wiring is not None else None) \
-            if self._candidates else []
-        return _planner_rounds(self._prepared, onnx.load_from_string(inferred), [], subgraphs=self._subgraphs,
-                               candidates=nodes, weights=self._weights if as_is else None)
+        if done:
+            return types
+        assert as_is and self._weights is not None  # (see _read_inferred)
+        # the file as it is has the model's own nodes
+        nodes = (_candidate_nodes(self._model, wiring) if wiring is not None else
+                 [n for n in self._model.graph.node if _is_candidate(n.op_type, n.domain)]) if self._candidates else []
+        return _planner_rounds(self._prepared, None, [], subgraphs=self._subgraphs, candidates=nodes,
+                               weights=self._weights, collected=types)
 
     def __enter__(self) -> SymbolicInference:
         return self
@@ -461,26 +463,21 @@ class FileInference:
         # once the caller has parsed it: a child started now would parse it a second time. So is one where no
         # child started (a small file, a platform that does not fork): SymbolicInference forks by node count.
         self._late: SymbolicInference | None = None
-        self._job: ChildJob[tuple[tuple[int, int] | None, bool, bytes | None]] | None = ChildJob(
+        self._job: ChildJob[tuple[tuple[int, int] | None, _Inferred]] | None = ChildJob(
             self._inferred, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
 
     def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
         """Give this inference the model as the caller loaded it from the file, and its input_dims."""
         self._loaded, self._free = loaded, free
-        # The child infers the file as it is where its bytes show no node to prepare; that is of no use where an
-        # input dim has no name (inference would give it none): SymbolicInference names it, as where no child ran.
-        unusable = loaded.nodes is not None and not loaded.nodes.prepared and not _names_every_dim(free)
-        if self._job is None or not self._job.forked or unusable:
-            if self._job is not None:
-                self._job.cancel()
+        if self._job is None or not self._job.forked:
             self._job = None
             self._late = SymbolicInference(loaded.proto, loaded, free)
         return self
 
-    def _inferred(self, in_child: bool) -> tuple[tuple[int, int] | None, bool, bytes | None]:
+    def _inferred(self, in_child: bool) -> tuple[tuple[int, int] | None, _Inferred]:
         if in_child:
             return _file_inferred(self._path)
-        return None, False, None  # (the child failed: no stamp, so result() infers here)
+        return None, (False, True, None)  # (the child failed: no stamp, so result() infers here)
 
     def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
         """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
@@ -488,11 +485,11 @@ class FileInference:
         if self._job is None:
             assert self._late is not None
             return self._late.result(wiring)
-        stamp, as_is, inferred = self._job.result()
+        stamp, inferred = self._job.result()
         inference = SymbolicInference(self._loaded.proto, self._loaded, self._free, start=False)
-        if stamp is None or stamp != self._loaded.stamp or (as_is and not _file_as_is(self._loaded, self._free)):
+        if stamp is None or stamp != self._loaded.stamp or (inferred[0] and not _file_as_is(self._loaded, self._free)):
             return inference.result(wiring)  # the child read another file than the caller loaded: infer here
-        return inference.read(as_is, inferred, wiring)
+        return inference.read(inferred, wiring)
 
     def cancel(self) -> None:
         """Stop the child, where the caller needs no planner types after all (or failed)."""
@@ -513,18 +510,46 @@ def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
     return FileInference(path)
 
 
-def _file_inferred(path: Path) -> tuple[tuple[int, int] | None, bool, bytes | None]:
-    """Give a model file's stamp, whether inference read it as it is, and ONNX's inference of it serialized: of the
-    file as it is where its bytes show no node to prepare (see NodeKinds), otherwise of the model loaded and
-    prepared as SymbolicInference does. (FileInference.for_model tells whether the file as it is served.)"""
+def _file_inferred(path: Path) -> tuple[tuple[int, int] | None, _Inferred]:
+    """Give a model file's stamp and what SymbolicInference._inferred gives for it: reading the file as it is where
+    the model needs no preparation (see _file_as_is), otherwise loading it as the caller does."""
     stamp = file_stamp(path)
     data = path.read_bytes()  # (FileInference starts no child for a file too large to read whole)
-    if not NodeKinds.of(data, ()).prepared:
-        inferred = _infer_serialized(data)
-        if inferred is not None:
-            return stamp, True, inferred
+    kinds = NodeKinds.of(data, ())  # the domains it declares are read once it is inferred
+    if not kinds.prepared:  # told before inference runs on the file as it is
+        try:
+            inferred: ModelProto | None = _inferred(data, data_prop=False)
+        except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
+            inferred = None
+        if inferred is not None and _names_every_dim(input_dims(inferred)):
+            nodes = kinds.declaring(o.domain for o in inferred.opset_import)
+            light: list[ModelProto] = []
+
+            def parsed() -> ModelProto:  # the model as it is, where a round adds to it
+                if not light:
+                    light.append(onnx.load_from_string(data))
+                return light[0]
+
+            return stamp, _read_inferred(inferred, True, parsed, nodes.graphs, nodes.merges, None)
     loaded = load_model(path)
-    return loaded.stamp, False, SymbolicInference(loaded.proto, loaded)._inferred(True)[1]
+    return loaded.stamp, SymbolicInference(loaded.proto, loaded, start=False)._inferred(True)
+
+
+# What ONNX's inference of a model gives the caller (made in a child or here): whether it read the model's file as
+# it is, whether the planner rounds were run (else the caller runs them), and the types (None: inference failed).
+_Inferred = tuple[bool, bool, dict[str, TensorType] | None]
+
+
+def _read_inferred(inferred: ModelProto, as_is: bool, light: Callable[[], ModelProto], subgraphs: bool,
+                   candidates: bool, weights: Mapping[str, TensorType] | None) -> _Inferred:
+    """Give the types of ONNX's inference of a model (see _Inferred). Of its file as it is, with operators of ONNX's
+    domains only, the types are collected and the planner rounds left to the caller, who has the model's graph to
+    find the nodes they read (SymbolicInference.read); the initializers too, whose types the caller has
+    (LoadedModel.weights). Otherwise the rounds run here (`light`: the model they add to, see _planner_rounds)."""
+    if as_is and all(o.domain in ("", "ai.onnx") for o in inferred.opset_import):
+        return True, False, _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=False)
+    return as_is, True, _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=None if candidates else [],
+                                        weights=weights if as_is else None)
 
 
 def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
@@ -613,18 +638,6 @@ def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
 
 def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
-
-
-def _infer_serialized(light: ModelProto | bytes) -> bytes | None:
-    """Give ONNX's inference (no value propagation) of a model, serialized as onnx's C++ gives it (a child sends it
-    back as it is, and the caller parses it once); None where it fails."""
-    data = light if isinstance(light, bytes) else light.SerializeToString()
-    try:
-        if _onnx_c is not None:
-            return bytes(_onnx_c.infer_shapes(data, False, False, False))
-        return _inferred(data, data_prop=False).SerializeToString()
-    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
-        return None
 
 
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
@@ -800,9 +813,10 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
 }
 
 
-def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warnings: list[Warning],
+def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None, warnings: list[Warning],
                     subgraphs: bool = True, candidates: Sequence[onnx.NodeProto] | None = None,
-                    weights: Mapping[str, TensorType] | None = None) -> dict[str, TensorType]:
+                    weights: Mapping[str, TensorType] | None = None,
+                    collected: dict[str, TensorType] | None = None) -> dict[str, TensorType]:
     """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
     knows besides, fed back into it until nothing more is learned.
 
@@ -814,13 +828,16 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
     (rules.inference.PLANNER_MERGES_DIMS).
 
     `candidates`: the nodes the rounds look at (see _candidate_nodes), where the caller has them (None: they are
-    read from `inferred`); `weights`: the types of the graph's initializers, where the caller has them.
+    read from `inferred`); `weights`: the types of the graph's initializers, where the caller has them;
+    `collected`: the types collected from `inferred` but its initializers', where they were collected before
+    (`inferred` is then not read: None, where the model has no contrib operator).
     """
     # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
-    nodes = [n for n in inferred.graph.node if _is_candidate(n.op_type, n.domain)] if candidates is None \
-        else candidates
+    nodes = [n for n in inferred.graph.node if _is_candidate(n.op_type, n.domain)] \
+        if candidates is None and inferred is not None else candidates or []
     contrib: dict[str, ValueInfoProto] = {}
-    if any(n.domain not in ("", "ai.onnx") for n in nodes) and _has_unknown_outputs(inferred.graph):
+    if inferred is not None and any(n.domain not in ("", "ai.onnx") for n in nodes) and \
+            _has_unknown_outputs(inferred.graph):
         found = _ort_symbolic_inference(_copy(inferred), warnings)
         if found is not inferred:
             contrib = {v.name: v for v in found.graph.value_info}
@@ -832,7 +849,12 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto, warni
         return types
 
     learned_before: set[str] = set()
-    types = collect(inferred)
+    if collected is not None:
+        types = collected
+        types.update(weights or {})
+    else:
+        assert inferred is not None
+        types = collect(inferred)
     for _ in range(_PLANNER_ROUNDS):
         learned: list[ValueInfoProto] = []
         for node in nodes:
