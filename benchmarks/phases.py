@@ -4,9 +4,10 @@ analyze runs them, as a table.
     python benchmarks/phases.py [--layers 1850] [--repeat 3]
 
 The graph is the Llama-shaped "deep" stack of benchmarks/llm_graphs.py (1850 layers: about 100k nodes), its
-weights absent. The symbolic inference runs in a child process (onnxmem/child.py), started before the parent
-parses the model, while the parent loads the model, builds the graph and the size-free part of liveness:
-"waiting for the child" is the part of the child's run the parent could not cover. The floor's passes
+weights absent. ONNX's symbolic inference runs in a child process (onnxmem/child.py), started before the parent
+parses the model, which then collects the types, while the parent loads the model, builds the graph and the
+size-free part of liveness. "The child's types" is the part of the child's run the parent could not cover, and
+the planner rounds the parent runs on the types (see shapes._read_inferred). The floor's passes
 (parsing, ONNX shape inference) are timed the same way for comparison. Medians of --repeat runs, each in a
 fresh process. Last, whether onnx's shape inference lets another Python thread run meanwhile.
 """
@@ -44,9 +45,10 @@ else:
     started = shapes.start_infer_file(path); marks.append(("start the child", T()))
     loaded = load_model(path); marks.append(("load (parse, node kinds; parent)", T()))
     inference = started.for_model(loaded, shapes.input_dims(loaded.proto))
-    graph = build_graph(loaded.proto); marks.append(("build the graph (parent)", T()))
+    graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+    marks.append(("build the graph (parent)", T()))
     scheduled = A.order_and_lifetimes(graph, "model", R); marks.append(("order and lifetimes (parent)", T()))
-    symbolic = inference.result(); marks.append(("waiting for the child's types", T()))
+    symbolic = inference.result(graph); marks.append(("the child's types: waiting, then the planner rounds", T()))
     sized = A.size_graph(graph, loaded.proto, dims, None, symbolic); marks.append(("sizing", T()))
     plan = A.planner_shapes(graph, symbolic); marks.append(("planner shapes", T()))
     report = A.report_graph(loaded, graph, sized.dims, [], plan_shapes=plan, scheduled=scheduled)

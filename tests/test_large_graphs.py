@@ -376,6 +376,24 @@ def test_node_kinds_told_from_the_bytes_miss_nothing(name: str) -> None:
                                         for n in nodes for p in n.metadata_props)
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "fixtures").glob("*.onnx")))
+def test_the_early_inference_of_every_fixture_equals_the_one_from_the_model(name: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every path the file's inference takes (read as it is, the rounds left to the caller and their nodes found
+    # from its graph or from the model; loaded and prepared: Constant nodes, subgraphs; contrib operators: the
+    # rounds in the child) gives the types the model gives, inferred in this process with no file.
+    from onnxmem.load import load_model
+
+    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
+    path = ROOT / "fixtures" / name
+    loaded = load_model(path)
+    expected = shapes.infer_symbolic(onnx.load(str(path), load_external_data=False))
+    for wiring in (None, build_graph(loaded.proto)):
+        with shapes.start_infer_file(path) as started:
+            types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result(wiring)
+        assert types == expected
+
+
 def test_node_kinds_of_a_plain_llama_are_exact(tmp_path: Path) -> None:
     from onnxmem.load import load_model
 
