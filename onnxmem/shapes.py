@@ -424,8 +424,7 @@ class SymbolicInference:
             return types
         assert as_is and self._weights is not None  # (see _read_inferred)
         # the file as it is has the model's own nodes
-        nodes = (_candidate_nodes(self._model, wiring) if wiring is not None else
-                 [n for n in self._model.graph.node if _is_candidate(n.op_type, n.domain)]) if self._candidates else []
+        nodes = _candidate_nodes(self._model, wiring) if self._candidates else []
         return _planner_rounds(self._prepared, None, [], subgraphs=self._subgraphs, candidates=nodes,
                                weights=self._weights, collected=types)
 
@@ -833,8 +832,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None
     (`inferred` is then not read: None, where the model has no contrib operator).
     """
     # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
-    nodes = [n for n in inferred.graph.node if _is_candidate(n.op_type, n.domain)] \
-        if candidates is None and inferred is not None else candidates or []
+    nodes = _candidate_nodes(inferred) if candidates is None and inferred is not None else candidates or []
     contrib: dict[str, ValueInfoProto] = {}
     if inferred is not None and any(n.domain not in ("", "ai.onnx") for n in nodes) and \
             _has_unknown_outputs(inferred.graph):
@@ -884,10 +882,12 @@ def _is_candidate(op_type: str, domain: str) -> bool:
     return op_type in PLANNER_MERGES_DIMS or domain not in ("", "ai.onnx")
 
 
-def _candidate_nodes(model: ModelProto, wiring: ModelGraph) -> list[onnx.NodeProto]:
-    """Give the nodes of the model's graph the planner rounds look at, found from its graph (faster than reading
-    every node's op type from the model)."""
+def _candidate_nodes(model: ModelProto, wiring: ModelGraph | None = None) -> list[onnx.NodeProto]:
+    """Give the nodes of the model's graph the planner rounds look at: found from its graph where the caller has it
+    (faster than reading every node's op type from the model)."""
     nodes = model.graph.node
+    if wiring is None:
+        return [n for n in nodes if _is_candidate(n.op_type, n.domain)]
     return [nodes[op.index] for op in wiring.ops if _is_candidate(op.op_type, op.domain)]
 
 
