@@ -486,7 +486,8 @@ class FileInference:
             return self._late.result(wiring)
         stamp, inferred = self._job.result()
         inference = SymbolicInference(self._loaded.proto, self._loaded, self._free, start=False)
-        if stamp is None or stamp != self._loaded.stamp or (inferred[0] and not _file_as_is(self._loaded, self._free)):
+        # (inference._file: the model's file as it is serves, see _file_as_is, asked once there)
+        if stamp is None or stamp != self._loaded.stamp or (inferred[0] and inference._file is None):
             return inference.result(wiring)  # the child read another file than the caller loaded: infer here
         return inference.read(inferred, wiring)
 
