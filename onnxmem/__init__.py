@@ -1,6 +1,6 @@
 """onnxmem: static memory analysis of ONNX models (import onnxmem; onnxmem.analyze("model.onnx", {"batch": 8}))."""
 
-from .analyze import analyze
+from .analyze import Analysis, analysis, analyze
 from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError, TargetError
 from .plan import check, fit, parse_size
 from .report import CheckResult, FitResult, InferenceReport, Report, Warning
@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "analyze",
+    "analysis",
+    "Analysis",
     "validate",
     "fit",
     "check",

@@ -1,25 +1,26 @@
-"""analyze(): model -> Report, by the passes load, bind + infer, graph, order, liveness, summarize."""
+"""The pipeline: model -> Analysis, by the passes load, graph, planner types, bind + infer, order, liveness,
+summarize (and the training step). Every view reads an Analysis or its Report; a what-if is the same pipeline
+run again on a changed model or with changed options."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import onnx
 
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
-from .liveness import Lifetimes, Timeline, lifetimes, liveness
+from .liveness import Timeline, liveness
 from .load import LoadedModel, load_model
-from .report import InferenceReport, LayerRow, LiveTensor, OpTypeRow, Report, Warning
+from .orders import DEFAULT_ORDER, execution_order
+from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
-from .schedule import execution_order
 from .shapes import (
     UNKNOWN_TYPE,
     Dim,
-    FileInference,
     InputDim,
     SizedModel,
     TensorType,
@@ -27,68 +28,92 @@ from .shapes import (
     infer_symbolic,
     input_dims,
     runtime_view,
-    start_infer_file,
-    start_infer_symbolic,
 )
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
-_T = TypeVar("_T")
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
+Model = str | os.PathLike[str] | onnx.ModelProto | LoadedModel
 
-def analyze(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
-            default_dim: int | None = None, order: str | Sequence[str] = "model",
-            rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None) -> Report:
-    """Give the memory report of a model (a path or a ModelProto) at the given binding of its dims.
 
-    `order` names an order (model, ort, memory, topological) or lists the node names in the order they run.
-    With `training`, the report also gives the memory of one training step (report.training).
+@dataclass(frozen=True)
+class Analysis:
+    """One model analysed at one binding of its dims: what every pass made, and the report they give.
+
+    The report, its JSON timeline, the plots, the HTML page, fit, check and the what-ifs all read this (or the
+    Analysis of a changed model): the numbers a user sees are the numbers of one run of the passes.
     """
-    started = start_planner_types(model, rules)
-    try:
-        return analyze_loaded(load_model(model), dims, default_dim=default_dim, order=order, rules=rules,
-                              training=training, inference=started)
-    finally:
-        if started is not None:
-            started.cancel()  # (where the analysis failed before it took the result)
+
+    loaded: LoadedModel
+    graph: ModelGraph  # sized at `dims` (for training with micro-batches: at the micro-batch)
+    dims: dict[str, int]  # every input dim, bound
+    plan_shapes: tuple[tuple[Dim, ...] | None, ...] | None  # per tensor, the shape onnxruntime's planner compares
+    order: tuple[int, ...]  # the ops in execution order
+    timeline: Timeline  # inference liveness in that order
+    report: Report
 
 
-def start_planner_types(model: str | os.PathLike[str] | onnx.ModelProto, rules: InferenceRules) \
-        -> FileInference | None:
-    """Start the inference of planner_types of a model file before the file is parsed (see
-    shapes.start_infer_file); None where there is none to start: a ModelProto, or rules that compare no shapes."""
-    if isinstance(model, onnx.ModelProto) or not (rules.in_place or rules.reuse_freed):
-        return None
-    return start_infer_file(model)
+def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+             training: TrainingOptions | None = None) -> Analysis:
+    """Run the passes once and give their results (see Analysis).
 
+    Parameters
+    ----------
+    model
+        A path to an ONNX file, a ModelProto, or a model already loaded (load.load_model).
+    dims
+        Values of the model's symbolic input dims, by name (e.g. {"batch": 8, "seq": 512}).
+    default_dim
+        The value of every symbolic dim not in `dims` (a warning names them); None: an unbound dim is an error.
+    order
+        An order's name (ort: onnxruntime's, the default; model: the file's node order; memory; topological) or
+        the node names in the order they run.
+    rules
+        The buffer rules (aliases, in-place reuse) of the runtime.
+    training
+        Also simulate one training step with these options (report.training).
 
-def analyze_loaded(loaded: LoadedModel, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-                   order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-                   training: TrainingOptions | None = None, inference: FileInference | None = None) -> Report:
-    """Give the memory report of a model already loaded (see analyze); `inference`: start_infer_file() of the
-    file it was loaded from, started before."""
+    Returns
+    -------
+    Analysis
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a readable ONNX model.
+    DimError
+        A symbolic dim is unbound or bound to a bad value.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
-    graph, symbolic, scheduled = wiring_and_planner_types(loaded, rules, lambda g: order_and_lifetimes(g, order, rules),
-                                                          inference, free)
+    graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+    symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
-    report = report_graph(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], order=order, rules=rules,
-                          plan_shapes=planner_shapes(graph, symbolic), scheduled=scheduled)
-    if training is None:
-        return report
-    # Gradient accumulation: a micro-step's activations are those of the micro-batch.
-    micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
-    if micro != sized.dims:
-        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic,
-                                                         free=free).types)
-    result = training_memory(graph, execution_order(graph, order), training)
-    return dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
+    plan_shapes = planner_shapes(graph, symbolic)
+    steps = execution_order(graph, order)
+    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
+    report = summarize(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], timeline, order)
+    if training is not None:
+        # Gradient accumulation: a micro-step's activations are those of the micro-batch.
+        micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
+        if micro != sized.dims:
+            graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic,
+                                                             free=free).types)
+            steps = execution_order(graph, order)
+        result = training_memory(graph, steps, training)
+        report = dataclasses.replace(report, training=result,
+                                     warnings=(*report.warnings, *training_warnings(result)))
+    return Analysis(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
+                    tuple(steps), timeline, report)
 
 
-def sized_graph(model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
-                symbolic: Mapping[str, TensorType] | None) -> tuple[ModelGraph, SizedModel]:
-    """Give the model's graph sized at the dims (see bind_and_infer), and the sizing's bound dims and warnings."""
-    graph = build_graph(model)
-    return graph, size_graph(graph, model, dims, default_dim, symbolic)
+def analyze(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+            order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+            training: TrainingOptions | None = None) -> Report:
+    """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis
+    for the parameters). With `training`, the report also gives the memory of one training step."""
+    return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training).report
 
 
 def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
@@ -100,45 +125,18 @@ def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int
     return sized
 
 
-def planner_types(model: onnx.ModelProto, rules: InferenceRules) -> dict[str, TensorType] | None:
+def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDim] | None = None,
+                  wiring: ModelGraph | None = None) -> dict[str, TensorType] | None:
     """Give the types onnxruntime's planner compares to reuse buffers: the model's before its dims are bound
     (None where the graph's own shapes serve: no symbolic input dim, or no rule that compares shapes).
 
     The same types, evaluated at the bound dims, size the tensors without a second inference where they name
-    every dim (see bind_and_infer)."""
-    return infer_symbolic(model) if (rules.in_place or rules.reuse_freed) and input_dims(model) else None
-
-
-def wiring_and_planner_types(loaded: LoadedModel, rules: InferenceRules, meanwhile: Callable[[ModelGraph], _T],
-                             started: FileInference | None = None, free: list[InputDim] | None = None) -> \
-        tuple[ModelGraph, dict[str, TensorType] | None, _T]:
-    """Give the model's graph, unsized, planner_types, and what `meanwhile` makes of the unsized graph: the graph
-    is built, and `meanwhile` run, while onnx infers the types (in a child process where it can, see
-    shapes.start_infer_symbolic; `started`: the inference of the model's file, started before it was loaded;
-    `free`: the model's input_dims where the caller has them)."""
-    model = loaded.proto
-    free = (input_dims(model) if free is None else free) if rules.in_place or rules.reuse_freed else []
-    metadata = loaded.nodes is None or loaded.nodes.metadata
-    if not free:  # see planner_types
-        if started is not None:
-            started.cancel()
-        graph = build_graph(model, metadata=metadata)
-        return graph, None, meanwhile(graph)
-    with started.for_model(loaded, free) if started is not None else start_infer_symbolic(model, loaded, free) \
-            as inference:
-        graph = build_graph(model, metadata=metadata)
-        made = meanwhile(graph)
-        return graph, inference.result(graph), made
-
-
-def order_and_lifetimes(graph: ModelGraph, order: str | Sequence[str], rules: InferenceRules) -> \
-        tuple[list[int], Lifetimes] | None:
-    """Give the execution order and the size-free part of liveness (lifetimes) of an unsized graph; None for the
-    memory-aware order, which reads the sizes."""
-    if order == "memory":
+    every dim (see bind_and_infer). `free`: the model's input_dims, `wiring`: its graph, where the caller has them.
+    """
+    if not (rules.in_place or rules.reuse_freed):
         return None
-    steps = execution_order(graph, order)
-    return steps, lifetimes(graph, steps, rules)
+    free = input_dims(loaded.proto) if free is None else free
+    return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
 
 
 def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None) -> list[tuple[Dim, ...] | None] | None:
@@ -155,14 +153,9 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
     return shapes
 
 
-def report_graph(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning], *,
-                 order: str | Sequence[str] = "model", rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-                 plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None,
-                 scheduled: tuple[list[int], Lifetimes] | None = None) -> Report:
-    """Give the report of a sized graph: schedule, liveness and summaries (the passes after sizing).
-    `scheduled`: order_and_lifetimes() of the same graph, order and rules, made beforehand."""
-    steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order), None)
-    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, prepared=prepared)
+def summarize(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning],
+              timeline: Timeline, order: str | Sequence[str]) -> Report:
+    """Give the report of a sized graph and its inference timeline (the last pass)."""
     return Report(
         model=model_name(loaded),
         dims=dict(dims),
@@ -215,6 +208,9 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         by_op_type=by_op_type,
         by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
+        timeline=InferenceTimeline(tuple(graph.ops[i].name for i in timeline.order),
+                                   tuple(graph.ops[i].op_type for i in timeline.order),
+                                   tuple(weights_bytes + input_bytes + live for live in timeline.live_bytes)),
     )
 
 

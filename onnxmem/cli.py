@@ -15,13 +15,14 @@ import click
 
 from .analyze import analyze
 from .errors import OnnxMemError
-from .plan import RUNTIMES, SHARD_STAGES, inference_timeline, training_timeline
+from .orders import DEFAULT_ORDER, ORDERS, orders_help
+from .plan import RUNTIMES, SHARD_STAGES
 from .plan import check as plan_check
 from .plan import fit as plan_fit
 from .render import render, render_check, render_fit, render_targets, render_validation
 from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
-from .schedule import ORDERS
+from .series import series_of
 from .shapes import parse_dims
 from .training import DEVICES, PRECISIONS, training_options
 from .validate import PROVIDERS
@@ -115,17 +116,21 @@ def main() -> None:
               help="Bind a symbolic dim, e.g. --dim batch=8 --dim seq=512 (repeatable).")
 @click.option("--default-dim", type=int, default=None, metavar="N",
               help="Bind every dim not given with --dim to N (a warning names them).")
-@click.option("--order", type=click.Choice(ORDERS), default="model", show_default=True,
-              help="Execution order: the model's own node order, or a topological sort.")
+@click.option("--order", type=click.Choice(list(ORDERS)), default=DEFAULT_ORDER, show_default=True,
+              help=f"Execution order. {orders_help()}.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table",
               show_default=True, help="html: one self-contained page with the timeline and the live set at the peak.")
+@click.option("--timeline", "with_timeline", is_flag=True,
+              help="JSON: add inference.timeline[] ({step, node, op_type, live_bytes} for every step: weights + "
+                   "inputs + live activations, the series the plots draw), and training.timeline[] with "
+                   "--training.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in each table.")
 @click.option("--plot", "plot_file", default=None, metavar="FILE.png|FILE.svg",
               help="Also draw the memory timeline, its peak marked (needs the extra 'plot': matplotlib).")
 @training_click_options
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
-def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str, top: int,
-           plot_file: str | None,
+def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str, with_timeline: bool,
+           top: int, plot_file: str | None,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
            grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
            debug: bool) -> None:
@@ -139,17 +144,16 @@ def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: st
                                        train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
                                        checkpoint=checkpoint, device=device, loss=loss)
         result = analyze(model, bound, default_dim=default_dim, order=order, training=options)
-        timeline = _timeline(model, result, default_dim, order) if fmt == "html" or plot_file else None
         if plot_file:
             from .plot import save_plot
 
-            save_plot(plot_file, timeline=timeline)
+            save_plot(plot_file, timeline=series_of(result))
         if fmt == "html":
             from .html import report_page
 
-            click.echo(report_page(result, timeline), nl=False)
+            click.echo(report_page(result, series_of(result)), nl=False)
         else:
-            click.echo(render(result, fmt, top))
+            click.echo(render(result, fmt, top, timeline=with_timeline))
 
     _run(debug, work)
 
@@ -173,8 +177,8 @@ def _plan_options(command: Any) -> Any:
                      help="Fixed costs taken off the memory before the model (replaces the stated defaults)."),
         click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable)."),
         click.option("--default-dim", type=int, default=None, metavar="N", help="Bind every other dim to N."),
-        click.option("--order", type=click.Choice(ORDERS), default="model", show_default=True,
-                     help="Execution order."),
+        click.option("--order", type=click.Choice(list(ORDERS)), default=DEFAULT_ORDER, show_default=True,
+                     help="Execution order (see `onnxmem report --help`)."),
         click.option("--gpus", type=int, default=1, show_default=True, metavar="N",
                      help="Training: data-parallel GPUs; with --shard, model states are divided across them."),
         click.option("--shard", type=click.Choice(SHARD_STAGES), default=None,
@@ -206,10 +210,7 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
         result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
                           dims=parse_dims(dims), default_dim=default_dim, order=order,
                           training=_training_from(training_flags), gpus=gpus, shard=shard, what_if=what_if)
-        timeline = None
-        if fmt == "html" or plot_file:
-            at = {**result.dims, search: max(result.max_value, 1)}
-            timeline = _plan_timeline(model, at, default_dim, order, training_flags)
+        timeline = series_of(result.report) if result.report is not None else None
         if plot_file:
             from .plot import save_plot
 
@@ -241,9 +242,7 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
         result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,
                             default_dim=default_dim, order=order, training=_training_from(training_flags),
                             gpus=gpus, shard=shard, what_if=what_if)
-        timeline = None
-        if fmt == "html" or plot_file:
-            timeline = _plan_timeline(model, result.dims, default_dim, order, training_flags)
+        timeline = series_of(result.report) if result.report is not None else None
         if plot_file:
             from .plot import save_plot
 
@@ -303,19 +302,6 @@ def gpus() -> None:
     """List the GPU catalog, the runtimes' fixed costs and their allocators (what --gpu and --runtime take)."""
     click.echo(render_targets())
 
-
-def _timeline(model: str, result: Any, default_dim: int | None, order: str) -> Any:
-    if result.training is not None:
-        return training_timeline(result)
-    return inference_timeline(model, result.dims, default_dim=default_dim, order=order)
-
-
-def _plan_timeline(model: str, dims: dict[str, int], default_dim: int | None, order: str,
-                   training_flags: dict[str, Any]) -> Any:
-    training = _training_from(training_flags)
-    if training is None:
-        return inference_timeline(model, dims, default_dim=default_dim, order=order)
-    return training_timeline(analyze(model, dims, default_dim=default_dim, order=order, training=training))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

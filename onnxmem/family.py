@@ -16,7 +16,6 @@ falls back to full analysis at each value. `report(value, exact=True)` always do
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,28 +23,24 @@ from typing import Any
 import onnx
 
 from .analyze import (
-    analyze_loaded,
+    analysis,
     model_name,
     planner_shapes,
     planner_types,
-    report_graph,
     size_graph,
     size_warnings,
-    sized_graph,
-    start_planner_types,
-    wiring_and_planner_types,
+    summarize,
 )
 from .dtypes import element_bits, tensor_bytes
-from .graph import INPUT, WEIGHT, ModelGraph
+from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness
 from .load import load_model
+from .orders import DEFAULT_ORDER, execution_order
 from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
-from .schedule import execution_order
 from .shapes import (
     UNKNOWN_TYPE,
     Dim,
-    FileInference,
     TensorType,
     bind_and_infer,
     bind_dims,
@@ -87,32 +82,13 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        # the symbolic inference of a file starts before the file is parsed here (as in analyze); the first pass
-        # that infers takes it, and an untaken one is stopped (close, or when the family is collected)
-        self._started = start_planner_types(model, options.get("rules", DEFAULT_INFERENCE_RULES))
-        if self._started is not None:
-            weakref.finalize(self, self._started.cancel)
-        try:
-            self.loaded = load_model(model)
-        except BaseException:
-            self.close()
-            raise
+        self.loaded = load_model(model)
         self.search = search
         self.dims = dict(dims or {})
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
         self._reports: dict[tuple[int, bool], Report] = {}
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
         self._symbolic_types: dict[str, TensorType] | None | bool = False  # False: not inferred yet
-
-    def close(self) -> None:
-        """Stop the symbolic inference started with the family, where no pass took it."""
-        if self._started is not None:
-            self._started.cancel()
-            self._started = None
-
-    def _take_started(self) -> FileInference | None:
-        started, self._started = self._started, None
-        return started
 
     @property
     def affine(self) -> bool:
@@ -125,8 +101,7 @@ class ModelFamily:
         if key not in self._reports:
             template = None if exact else self._affine_template()
             if template is None or not template.plan_holds(value):
-                self._reports[key] = analyze_loaded(self.loaded, self._binding(value), inference=self._take_started(),
-                                                    **self.options)
+                self._reports[key] = analysis(self.loaded, self._binding(value), **self.options).report
             else:
                 self._reports[key] = self._fast_report(template, value)
         return self._reports[key]
@@ -149,8 +124,7 @@ class ModelFamily:
 
     def _symbolic(self, rules: InferenceRules) -> dict[str, TensorType] | None:
         if self._symbolic_types is False:
-            self.close()  # (inferred here from the loaded model)
-            self._symbolic_types = planner_types(self.loaded.proto, rules)
+            self._symbolic_types = planner_types(self.loaded, rules)
         return self._symbolic_types  # type: ignore[return-value]
 
     def _binding(self, value: int) -> dict[str, int]:
@@ -175,14 +149,11 @@ class ModelFamily:
         shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
         rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        if self._symbolic_types is False:  # the first template: build the graph while the types are inferred
-            graph, self._symbolic_types, _ = wiring_and_planner_types(self.loaded, rules, lambda g: None,
-                                                                      self._take_started())
-            symbolic = self._symbolic_types
-            first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
-        else:
-            symbolic = self._symbolic(rules)
-            graph, first = sized_graph(self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
+        graph = build_graph(self.loaded.proto, metadata=self.loaded.nodes is None or self.loaded.nodes.metadata)
+        if self._symbolic_types is False:  # the first template: the planner types found from its graph
+            self._symbolic_types = planner_types(self.loaded, rules, wiring=graph)
+        symbolic = self._symbolic(rules)
+        first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
@@ -200,7 +171,7 @@ class ModelFamily:
                 return None
             dims.append(affine)
         plan_shapes = planner_shapes(graph, symbolic)
-        timeline = liveness(graph, execution_order(graph, self.options.get("order", "model")), rules,
+        timeline = liveness(graph, execution_order(graph, self.options.get("order", DEFAULT_ORDER), rules), rules,
                             plan_shapes=plan_shapes)
         polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in
                  zip(graph.tensors, dims, strict=True)]
@@ -222,9 +193,7 @@ class ModelFamily:
         template = self._affine_template()
         if template is not None and template.plan_holds(value):
             return self._sized_graph(template, value)
-        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        return sized_graph(self.loaded.proto, self._binding(value), self.options.get("default_dim"),
-                           self._symbolic(rules))[0]
+        return analysis(self.loaded, self._binding(value), **self.options).graph
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the
@@ -254,11 +223,14 @@ class ModelFamily:
         return template.graph.with_sizes(shapes, sizes)
 
     def _fast_report(self, template: _Template, value: int) -> Report:
+        """Give the report at `value` by the passes after sizing (analyze.analysis's), on the template's graph
+        sized at `value` (the same sizes inference gives: verified affine at three probes)."""
         graph = self._sized_graph(template, value)
         bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
-        options = {k: v for k, v in self.options.items() if k in ("order", "rules")}
-        return report_graph(self.loaded, graph, bound, list(template.warnings), plan_shapes=template.plan_shapes,
-                            **options)
+        order = self.options.get("order", DEFAULT_ORDER)
+        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
+        timeline = liveness(graph, execution_order(graph, order, rules), rules, plan_shapes=template.plan_shapes)
+        return summarize(self.loaded, graph, bound, list(template.warnings), timeline, order)
 
 
 def _all_ints(shape: Sequence[Dim]) -> bool:

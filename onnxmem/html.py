@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
-from .plan import TimelineSeries
 from .render import format_bytes, render_check, render_fit, render_table
 from .report import CheckResult, FitResult, Report
+from .series import TimelineSeries
 
 _W, _H, _PAD_L, _PAD_R, _PAD_T, _PAD_B = 900, 300, 80, 20, 30, 40
 _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",

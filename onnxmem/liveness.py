@@ -10,6 +10,7 @@ from .dtypes import element_bits
 from .graph import ACTIVATION, OUTER, OUTPUT, ModelGraph
 from .rules import InferenceRules
 from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES, EXPANDED_INTERMEDIATES
+from .schedule import model_order
 from .shapes import Dim
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
@@ -290,8 +291,6 @@ def _size_keys(graph: ModelGraph,
 def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False, loop_body: bool = False) -> int:
     """Give the most bytes a subgraph holds at once: its intermediates, and its outputs when they are buffers of
     their own (a Loop's body) rather than its node's outputs (an If's branch)."""
-    from .schedule import model_order
-
     if not sub.ops:
         return 0
     return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs, loop_body=loop_body).peak_bytes

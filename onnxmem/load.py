@@ -27,9 +27,6 @@ class LoadedModel:
     path: Path | None
     warnings: tuple[Warning, ...]
     nodes: NodeKinds | None = None  # what the file's bytes tell of its nodes; None where it was not read so
-    stamp: tuple[int, int] | None = None  # the file's size and modification time when it was read
-    # the main graph's initializers: name -> (dtype, dims, bytes), as shape inference types them (a file's)
-    weights: dict[str, tuple[int, tuple[int, ...], int | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,6 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         raise ModelFileError(f"{path}: no such file")
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not an ONNX file")
-    stamp = file_stamp(path)
     fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
     try:
         data = path.read_bytes()
@@ -97,18 +93,8 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         raise ModelFileError(f"{path}: could not be read as ONNX: {_one_line(exc)}") from None
     _check_is_model(proto, str(path))
     nodes = NodeKinds.of(data, [o.domain for o in proto.opset_import]) if fmt == "protobuf" else None
-    weights: dict[str, tuple[int, tuple[int, ...], int | None]] = {}
-    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs, weights)
-    return LoadedModel(proto, path, tuple(warnings), nodes, stamp, weights)
-
-
-def file_stamp(path: Path) -> tuple[int, int] | None:
-    """Give a file's size and modification time (nanoseconds), or None where it cannot be read."""
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return status.st_size, status.st_mtime_ns
+    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs)
+    return LoadedModel(proto, path, tuple(warnings), nodes)
 
 
 def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
@@ -122,17 +108,12 @@ def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
         )
 
 
-def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool,
-                           weights: dict[str, tuple[int, tuple[int, ...], int | None]]) -> list[Warning]:
+def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool) -> list[Warning]:
     """Give a warning per external data file that is missing (`subgraphs` False: no node holds a graph, so only
-    the main graph's initializers are read); put the main graph's initializers' types into `weights` (the walk
-    reads them anyway)."""
+    the main graph's initializers are read)."""
     missing: dict[str, int] = {}
     present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
-    main = proto.graph.initializer
-    for position, tensor in enumerate(_all_initializers(proto.graph) if subgraphs else main):
-        if position < len(main):
-            weights[tensor.name] = initializer_type(tensor)
+    for tensor in _all_initializers(proto.graph) if subgraphs else proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")

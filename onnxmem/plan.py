@@ -12,7 +12,6 @@ and the allocator's rounding). Every figure carries where it comes from; `--rese
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -22,15 +21,12 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import onnx
-from onnx import TensorProto
 
-from .analyze import analyze_loaded
+from .analyze import analysis
 from .errors import DimError, TargetError
 from .family import ModelFamily
-from .graph import INPUT, WEIGHT, ModelGraph, build_graph
-from .liveness import liveness
 from .load import LoadedModel, load_model
-from .order import reorder
+from .orders import DEFAULT_ORDER
 from .report import (
     CheckResult,
     FitPoint,
@@ -43,9 +39,8 @@ from .report import (
     TrainingParameterGroup,
     WhatIf,
 )
-from .rules import DEFAULT_INFERENCE_RULES
-from .schedule import execution_order
-from .shapes import bind_and_infer, input_dims
+from .shapes import input_dims
+from .transforms import half_precision
 
 if TYPE_CHECKING:
     from .training import TrainingOptions
@@ -344,8 +339,8 @@ def _options(order: str, default_dim: int | None, training: TrainingOptions | No
 def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | None = None,
         gpu: str | None = None, runtime: str | None = None, reserve: str | int | None = None,
         search: str = "batch", dims: Mapping[str, int] | None = None, default_dim: int | None = None,
-        order: str = "model", training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
-        what_if: bool = True, limit: int = SEARCH_LIMIT) -> FitResult:
+        order: str = DEFAULT_ORDER, training: TrainingOptions | None = None, gpus: int = 1,
+        shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT) -> FitResult:
     """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
@@ -354,69 +349,68 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     family = ModelFamily(model, search, dims, **_options(order, default_dim, training))
-    with contextlib.closing(family):  # the inference it started is not left running
-        loaded = family.loaded
-        _check_search(loaded, search, dims or {})
-        needs: dict[int, _Need] = {}
-        points: dict[int, FitPoint] = {}
+    loaded = family.loaded
+    _check_search(loaded, search, dims or {})
+    needs: dict[int, _Need] = {}
+    points: dict[int, FitPoint] = {}
 
-        def evaluate(value: int) -> FitPoint:
-            if value not in points:
-                if training is None and not shard:  # the cheap path: no summaries for the points of a search
-                    peak, weights = family.inference_peak_bytes(value)
-                    need = needs[value] = _Need(peak, weights, "", None)
-                else:
-                    need = needs[value] = _need(family.report(value), gpus, shard)
-                required = _required(need, target)
-                points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
-            return points[value]
+    def evaluate(value: int) -> FitPoint:
+        if value not in points:
+            if training is None and not shard:  # the cheap path: no summaries for the points of a search
+                peak, weights = family.inference_peak_bytes(value)
+                need = needs[value] = _Need(peak, weights, "", None)
+            else:
+                need = needs[value] = _need(family.report(value), gpus, shard)
+            required = _required(need, target)
+            points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
+        return points[value]
 
-        for value in (1, 2, 3):  # enough for the linear formula and one point to check it
-            evaluate(value)
-        largest_pow2, first_fail = 0, 0
-        probe = 1
-        while probe <= limit:
-            if not evaluate(probe).fits:
-                first_fail = probe
-                break
-            largest_pow2 = probe
-            probe *= 2
-        bounded = first_fail > 0
-        if not bounded:
-            best = largest_pow2
-        elif largest_pow2 == 0:
-            best = 0
-        else:
-            low, high = largest_pow2, first_fail  # low fits, high does not
-            while high - low > 1:
-                middle = (low + high) // 2
-                if evaluate(middle).fits:
-                    low = middle
-                else:
-                    high = middle
-            best = low
-        if bounded and best > 0:
-            evaluate(best + 1)
-        curve = tuple(points[v] for v in sorted(points))
-        monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
-        linear = _linear(curve)
-        name, bound, warnings = family.header(max(best, 1))
-        notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
-        what_ifs: tuple[WhatIf, ...] = ()
-        if what_if and bounded:
-            at = best + 1
-            # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
-            answer_at = family.report(at) if training is not None else None
-            groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-            what_ifs = _what_ifs(loaded, family.graph(at), family.header(at)[1], groups, needs[at], "", 0, order,
-                                 default_dim, training, gpus, shard)
-        return FitResult(
-            model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
-            mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
-            max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
-            evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
-            what_ifs=what_ifs, notes=notes, warnings=warnings,
-        )
+    for value in (1, 2, 3):  # enough for the linear formula and one point to check it
+        evaluate(value)
+    largest_pow2, first_fail = 0, 0
+    probe = 1
+    while probe <= limit:
+        if not evaluate(probe).fits:
+            first_fail = probe
+            break
+        largest_pow2 = probe
+        probe *= 2
+    bounded = first_fail > 0
+    if not bounded:
+        best = largest_pow2
+    elif largest_pow2 == 0:
+        best = 0
+    else:
+        low, high = largest_pow2, first_fail  # low fits, high does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if evaluate(middle).fits:
+                low = middle
+            else:
+                high = middle
+        best = low
+    if bounded and best > 0:
+        evaluate(best + 1)
+    curve = tuple(points[v] for v in sorted(points))
+    monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
+    linear = _linear(curve)
+    name, bound, warnings = family.header(max(best, 1))
+    notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
+    what_ifs: tuple[WhatIf, ...] = ()
+    if what_if and bounded:
+        at = best + 1
+        # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
+        answer_at = family.report(at) if training is not None else None
+        groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
+        what_ifs = _what_ifs(loaded, family.header(at)[1], groups, needs[at], "", 0, order, default_dim,
+                             training, gpus, shard)
+    return FitResult(
+        model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
+        mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
+        max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
+        evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
+        what_ifs=what_ifs, notes=notes, warnings=warnings, report=family.report(max(best, 1)),
+    )
 
 
 def _check_search(loaded: LoadedModel, search: str, dims: Mapping[str, int]) -> None:
@@ -468,14 +462,14 @@ def _fit_notes(search: str, best: int, largest_pow2: int, bounded: bool, limit: 
 
 def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
           memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
-          reserve: str | int | None = None, default_dim: int | None = None, order: str = "model",
+          reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
           what_if: bool = True) -> CheckResult:
     """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1)."""
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     loaded = load_model(model)
-    report = analyze_loaded(loaded, dims, **_options(order, default_dim, training))
+    report = analysis(loaded, dims, **_options(order, default_dim, training)).report
     need = _need(report, gpus, shard)
     required = _required(need, target)
     fits = required <= budget
@@ -483,143 +477,77 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     if what_if:
         search = "batch" if "batch" in report.dims else ""
         groups = report.training.parameter_groups if report.training else ()
-        what_ifs = _what_ifs(loaded, None, dict(report.dims), groups, need, search, report.dims.get(search, 0), order,
+        what_ifs = _what_ifs(loaded, dict(report.dims), groups, need, search, report.dims.get(search, 0), order,
                              default_dim, training, gpus, shard)
     return CheckResult(
         model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
         target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
         headroom_bytes=budget - required, fits=fits, peak_where=need.where, sharding=need.sharding,
-        what_ifs=what_ifs, warnings=report.warnings,
+        what_ifs=what_ifs, warnings=report.warnings, report=report,
     )
 
 
 # --- what-ifs ---------------------------------------------------------------------------------------------------
 
 
-def _what_ifs(loaded: LoadedModel, graph: ModelGraph | None, dims: dict[str, int],
-              groups: Sequence[TrainingParameterGroup], need: _Need, search: str, value: int, order: str,
-              default_dim: int | None, training: TrainingOptions | None, gpus: int,
-              shard: str | None) -> tuple[WhatIf, ...]:
-    """Give the single changes that lower the peak at this binding (`graph`: the model sized there, or None),
-    the one that saves most first. `groups`: the training report's parameter groups."""
+def _what_ifs(loaded: LoadedModel, dims: dict[str, int], groups: Sequence[TrainingParameterGroup], need: _Need,
+              search: str, value: int, order: str, default_dim: int | None, training: TrainingOptions | None,
+              gpus: int, shard: str | None) -> tuple[WhatIf, ...]:
+    """Give the single changes that lower the peak at this binding, the one that saves most first. Each is the
+    analysis of the changed model or options (analyze.analysis): its peak is what `report` says of that change.
+    `groups`: the training report's parameter groups."""
     found: list[WhatIf] = []
 
     def add(change: str, peak: int, detail: str) -> None:
         if peak < need.peak_bytes:
             found.append(WhatIf(change, peak, need.peak_bytes - peak, detail))
 
-    def peak_with(options: TrainingOptions | None, at: Mapping[str, int], run_order: str = order) -> int:
-        return _need(analyze_loaded(loaded, at, **_options(run_order, default_dim, options)), gpus, shard).peak_bytes
+    def report_of(model: LoadedModel = loaded, at: Mapping[str, int] = dims, run_order: str = order,
+                  options: TrainingOptions | None = training) -> Report:
+        return analysis(model, at, **_options(run_order, default_dim, options)).report
+
+    def peak_of(report: Report) -> int:
+        return _need(report, gpus, shard).peak_bytes
 
     if search and value >= 2:
-        add(f"{search} {value} -> {value // 2}", peak_with(training, {**dims, search: value // 2}),
+        add(f"{search} {value} -> {value // 2}", peak_of(report_of(at={**dims, search: value // 2})),
             f"halve {search}")
-    if graph is None:
-        graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, dims, default_dim).types)
-    reordered = reorder(graph, execution_order(graph, order), DEFAULT_INFERENCE_RULES)
+    if order != "memory":
+        add("memory-aware execution order", peak_of(report_of(run_order="memory")),
+            "greedy least-peak-first order (--order memory)" if training is None else
+            "forward ops in the greedy least-peak-first order (--order memory)")
     if training is None:
-        if reordered.saved_bytes > 0:
-            add("memory-aware execution order", need.peak_bytes - reordered.saved_bytes,
-                f"greedy least-peak-first order (onnxmem.order): reordering saves {reordered.saved_bytes} B of "
-                "activations at the peak")
-        add("float32 -> float16 (weights and activations)", _half_precision_peak(graph, order),
-            "every float32 tensor stored as float16")
-    else:
-        from .training import training_memory  # only with --training
-
-        if reordered.saved_bytes > 0:
-            peak = training_memory(graph, list(reordered.order), training).peak_bytes
-            if shard:
-                peak -= need.sharding.saved_bytes if need.sharding else 0
-            add("memory-aware execution order", peak, "forward ops in the greedy least-peak-first order")
-        changes: list[tuple[str, TrainingOptions, str]] = []
-        if training.precision == "fp32":
-            changes.append(("mixed precision (amp-bf16)", dataclasses.replace(training, precision="amp-bf16"),
-                            "autocast: matmuls and convs in bf16, fp32 master weights"))
-        if training.checkpoint is None:
-            changes.append(("activation checkpointing", dataclasses.replace(training, checkpoint="auto"),
-                            "sqrt(n) segments keep only their inputs and run forward twice"))
-        if training.optimizer_impl != "fused":
-            changes.append(("fused optimizer", dataclasses.replace(training, optimizer_impl="fused"),
-                            "a fused update keeps no full-size temporaries"))
-        if groups:
-            largest = max(groups, key=lambda g: g.trainable_bytes)
-            if largest.trainable_bytes > 0:
-                changes.append((f"freeze {largest.layer}",
-                                dataclasses.replace(training, freeze=(*training.freeze, largest.layer)),
-                                "its weights get no gradient and no optimizer state"))
-        for change, options, detail in changes:
-            try:
-                result = analyze_loaded(loaded, dims, **_options(order, default_dim, options))
-            except (ValueError, DimError, TargetError):
-                continue
-            if options.checkpoint is not None and result.training and result.training.checkpoint:
-                peak = result.training.checkpoint.peak_bytes
-                if shard and need.sharding:
-                    peak -= need.sharding.saved_bytes
-            else:
-                peak = _need(result, gpus, shard).peak_bytes
-            add(change, peak, detail)
+        add("float32 -> float16 (weights and activations)", peak_of(report_of(half_precision(loaded))),
+            "every float32 tensor stored as float16 (the model converted, then analysed)")
+        found.sort(key=lambda w: -w.saved_bytes)
+        return tuple(found)
+    changes: list[tuple[str, TrainingOptions, str]] = []
+    if training.precision == "fp32":
+        changes.append(("mixed precision (amp-bf16)", dataclasses.replace(training, precision="amp-bf16"),
+                        "autocast: matmuls and convs in bf16, fp32 master weights"))
+    if training.checkpoint is None:
+        changes.append(("activation checkpointing", dataclasses.replace(training, checkpoint="auto"),
+                        "sqrt(n) segments keep only their inputs and run forward twice"))
+    if training.optimizer_impl != "fused":
+        changes.append(("fused optimizer", dataclasses.replace(training, optimizer_impl="fused"),
+                        "a fused update keeps no full-size temporaries"))
+    if groups:
+        largest = max(groups, key=lambda g: g.trainable_bytes)
+        if largest.trainable_bytes > 0:
+            changes.append((f"freeze {largest.layer}",
+                            dataclasses.replace(training, freeze=(*training.freeze, largest.layer)),
+                            "its weights get no gradient and no optimizer state"))
+    for change, options, detail in changes:
+        try:
+            result = report_of(options=options)
+        except (ValueError, DimError, TargetError):
+            continue
+        if options.checkpoint is not None and result.training and result.training.checkpoint:
+            peak = result.training.checkpoint.peak_bytes
+            if shard and need.sharding:
+                peak -= need.sharding.saved_bytes
+        else:
+            peak = peak_of(result)
+        add(change, peak, detail)
     found.sort(key=lambda w: -w.saved_bytes)
     return tuple(found)
-
-
-def _half_precision_peak(graph: ModelGraph, order: str) -> int:
-    def half(dtype: int, nbytes: int | None) -> int | None:
-        return nbytes // 2 if nbytes is not None and dtype == TensorProto.FLOAT else nbytes
-
-    halved = graph.with_sizes([t.shape for t in graph.tensors], [half(t.dtype, t.nbytes) for t in graph.tensors])
-    timeline = liveness(halved, execution_order(halved, order), DEFAULT_INFERENCE_RULES)
-    fixed = sum(t.nbytes or 0 for t in halved.tensors_of_kind(WEIGHT, INPUT))
-    return fixed + timeline.peak_bytes
-
-
-
-# --- the memory timeline, for pictures ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TimelineSeries:
-    """Total bytes live at each step of a run (weights and inputs included), for a plot or a page."""
-
-    title: str
-    labels: tuple[str, ...]  # per step: the node (inference) or the phase's peak event (training)
-    phases: tuple[str, ...]  # per step: forward | data | loss | backward | optimizer
-    live_bytes: tuple[int, ...]
-    peak_index: int
-    peak_label: str
-
-
-def inference_timeline(model: str | os.PathLike[str] | onnx.ModelProto | LoadedModel,
-                       dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-                       order: str = "model") -> TimelineSeries:
-    """Give the inference run's live bytes at every step: weights + inputs + live activations."""
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
-    graph = build_graph(loaded.proto, sized.types)
-    timeline = liveness(graph, execution_order(graph, order), DEFAULT_INFERENCE_RULES)
-    fixed = sum(t.nbytes or 0 for t in graph.tensors_of_kind(WEIGHT, INPUT))
-    labels = tuple(f"{graph.ops[i].op_type} {graph.ops[i].name}" for i in timeline.order)
-    step = max(timeline.peak_step, 0)
-    bound = ", ".join(f"{k}={v}" for k, v in sized.dims.items())
-    return TimelineSeries(f"inference, {bound}" if bound else "inference", labels, ("forward",) * len(labels),
-                          tuple(fixed + b for b in timeline.live_bytes), step, labels[step] if labels else "")
-
-
-def training_timeline(report: Report) -> TimelineSeries:
-    """Give a training step's memory phase by phase (first step, then a later step): each phase's peak and end."""
-    training = report.training
-    if training is None:
-        raise ValueError("the report has no training part")
-    labels: list[str] = []
-    phases: list[str] = []
-    live: list[int] = []
-    for step in (training.first_step, training.later_step):
-        for row in step.phases:
-            labels += [f"{step.step} step {row.phase}: {row.peak_event}", f"{step.step} step end of {row.phase}"]
-            phases += [row.phase, row.phase]
-            live += [row.peak_bytes, row.end_bytes]
-    peak = max(range(len(live)), key=live.__getitem__) if live else 0
-    bound = ", ".join(f"{k}={v}" for k, v in report.dims.items())
-    return TimelineSeries(f"training step, {bound}", tuple(labels), tuple(phases), tuple(live), peak,
-                          labels[peak] if labels else "")

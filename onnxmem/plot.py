@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OnnxMemError, require_extra
-from .plan import TimelineSeries
 from .render import format_bytes
 from .report import FitResult
+from .series import TimelineSeries
 
 PLOT_SUFFIXES = (".png", ".svg")
 _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",

@@ -37,10 +37,11 @@ def format_bytes(n: int | None) -> str:
     return f"{n} B" if unit == 0 else f"{value:.2f} {_UNITS[unit]}"
 
 
-def render(report: Report, fmt: str, top: int = 10) -> str:
-    """Give the report in the named format: table, json or markdown."""
+def render(report: Report, fmt: str, top: int = 10, timeline: bool = False) -> str:
+    """Give the report in the named format: table, json or markdown (`timeline`: JSON with the timelines, see
+    Report.to_dict)."""
     if fmt == "json":
-        return render_json(report)
+        return json_text(report.to_dict(timeline=True)) if timeline else render_json(report)
     if fmt == "markdown":
         return render_markdown(report, top)
     return render_table(report, top)

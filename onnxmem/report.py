@@ -55,6 +55,25 @@ class LayerRow:
     peak_live_bytes: int  # the most activation bytes live while one of its nodes runs
 
 
+_NOT_IN_JSON: dict[str, Any] = {"json": False}  # a field to_dict() leaves out (see plain)
+
+
+@dataclass(frozen=True)
+class InferenceTimeline:
+    """The inference run step by step: at step s, node nodes[s] runs with live_bytes[s] bytes held (weights +
+    inputs + live activations): the series every picture of the run draws; its maximum is the report's peak."""
+
+    nodes: tuple[str, ...]
+    op_types: tuple[str, ...]
+    live_bytes: tuple[int, ...]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Give the steps as JSON-ready objects {step, node, op_type, live_bytes}."""
+        return [{"step": s, "node": node, "op_type": op_type, "live_bytes": live}
+                for s, (node, op_type, live) in enumerate(zip(self.nodes, self.op_types, self.live_bytes,
+                                                               strict=True))]
+
+
 @dataclass(frozen=True)
 class InferenceReport:
     """Inference memory: weights, inputs, and the peak of activations by liveness."""
@@ -73,6 +92,8 @@ class InferenceReport:
     by_op_type: tuple[OpTypeRow, ...]
     by_layer: tuple[LayerRow, ...]
     unsized_tensors: int  # activations of unknown size, not counted: the peak is then a lower bound
+    timeline: InferenceTimeline | None = dataclasses.field(default=None, compare=False, repr=False,
+                                                           metadata=_NOT_IN_JSON)
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,26 @@ class CheckpointWhatIf:
 
 
 @dataclass(frozen=True)
+class TrainingTimeline:
+    """A training step event by event (data, forward, loss, backward, optimizer): the first step's live bytes and
+    a later step's (whose optimizer state exists from the start) at each event; the maximum is the report's peak."""
+
+    phases: tuple[str, ...]  # per event
+    events: tuple[str, ...]
+    first_live_bytes: tuple[int, ...]
+    later_live_bytes: tuple[int, ...]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Give the events of both steps, the first step's then the later one's, as JSON-ready objects
+        {step, run, phase, event, live_bytes}."""
+        rows: list[dict[str, Any]] = []
+        for run, live in (("first", self.first_live_bytes), ("later", self.later_live_bytes)):
+            for phase, event, nbytes in zip(self.phases, self.events, live, strict=True):
+                rows.append({"step": len(rows), "run": run, "phase": phase, "event": event, "live_bytes": nbytes})
+        return rows
+
+
+@dataclass(frozen=True)
 class TrainingReport:
     """Training memory of one step: each part apart, and the peak of the whole step with its phase."""
 
@@ -171,6 +212,8 @@ class TrainingReport:
     checkpoint: CheckpointWhatIf | None
     hand_formula_bytes: int  # weights x (2 + optimizer states) + 2 x every activation + inputs
     assumptions: tuple[str, ...]
+    timeline: TrainingTimeline | None = dataclasses.field(default=None, compare=False, repr=False,
+                                                          metadata=_NOT_IN_JSON)
 
 
 @dataclass(frozen=True)
@@ -188,9 +231,16 @@ class Report:
     schema: str = SCHEMA
     training: TrainingReport | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Give the report as JSON-ready builtins (the documented schema)."""
-        return plain(self)
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """Give the report as JSON-ready builtins (the documented schema); `timeline`: with inference.timeline[]
+        (and training.timeline[]), the live bytes at every step."""
+        result = plain(self)
+        if timeline:
+            if self.inference.timeline is not None:
+                result["inference"]["timeline"] = self.inference.timeline.to_list()
+            if self.training is not None and self.training.timeline is not None:
+                result["training"]["timeline"] = self.training.timeline.to_list()
+        return result
 
 
 def plain(value: Any) -> Any:
@@ -208,9 +258,11 @@ def plain(value: Any) -> Any:
 
 @functools.cache
 def field_names(cls: type) -> tuple[str, ...] | None:
-    """Give a dataclass's field names (None for any other type), once per class: a report of a deep model has
-    tens of thousands of rows."""
-    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+    """Give a dataclass's JSON field names (None for any other type; fields marked _NOT_IN_JSON are left out),
+    once per class: a report of a deep model has tens of thousands of rows."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("json", True))
 
 
 # --- Plan: fit and check (onnxmem/plan.py) ---------------------------------------------------------------------
@@ -310,6 +362,8 @@ class FitResult:
     notes: tuple[str, ...]
     warnings: tuple[Warning, ...]
     schema: str = FIT_SCHEMA
+    # the report at max_value (at 1 where nothing fits): what the pictures of the answer draw
+    report: Report | None = dataclasses.field(default=None, compare=False, repr=False, metadata=_NOT_IN_JSON)
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
@@ -334,6 +388,7 @@ class CheckResult:
     what_ifs: tuple[WhatIf, ...]
     warnings: tuple[Warning, ...]
     schema: str = CHECK_SCHEMA
+    report: Report | None = dataclasses.field(default=None, compare=False, repr=False, metadata=_NOT_IN_JSON)
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""

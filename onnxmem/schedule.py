@@ -1,4 +1,5 @@
-"""Execution orders over a ModelGraph: the model's own order, and others a runtime or a planner might use."""
+"""Execution orders over a ModelGraph that read only its wiring: the model's own, onnxruntime's, a topological
+sort, and one given by node names (the registry of orders is orders.py; the memory-aware one is order.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from collections.abc import Sequence
 
 from .errors import ModelFileError
 from .graph import ModelGraph
-
-ORDERS = ("model", "ort", "memory", "topological")
 
 
 def model_order(graph: ModelGraph) -> list[int]:
@@ -93,22 +92,9 @@ def ort_order(graph: ModelGraph) -> list[int]:
         stack.extend((j, False) for j in inputs_of[index] if not visited[j])
     if len(order) != len(ops):  # unreachable ops only exist in a graph with a cycle: report it
         return topological_order(graph)
+    position = [0] * len(ops)
+    for step, index in enumerate(order):
+        position[index] = step
+    if any(position[j] > position[i] for i, producers in enumerate(inputs_of) for j in producers):
+        return topological_order(graph)  # a cycle the walk went through: reported there
     return order
-
-
-def execution_order(graph: ModelGraph, name: str | Sequence[str]) -> list[int]:
-    """Give the named order (the model's, onnxruntime's, a memory-aware greedy one, a topological sort), or the
-    order given as a list of node names (as a runtime's profile lists them)."""
-    if not isinstance(name, str):
-        return named_order(graph, name)
-    if name == "model":
-        return model_order(graph)
-    if name == "ort":
-        return ort_order(graph)
-    if name == "memory":
-        from .order import memory_order  # the greedy pass lives apart; it imports this module
-
-        return memory_order(graph)
-    if name == "topological":
-        return topological_order(graph)
-    raise ValueError(f"unknown order '{name}'; choose from {', '.join(ORDERS)}")

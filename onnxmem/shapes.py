@@ -5,21 +5,18 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
-from .child import ChildJob
 from .dtypes import tensor_bytes
 from .errors import DimError
-from .load import NodeKinds, file_stamp, initializer_type, load_model
+from .load import initializer_type
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS, PLANNER_MERGES_DIMS, SHAPE_AS
 
@@ -362,208 +359,29 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
     return found
 
 
-def infer_symbolic(model: ModelProto) -> dict[str, TensorType]:
+def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
+                   wiring: ModelGraph | None = None) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
-    any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes)."""
-    return start_infer_symbolic(model).result()
+    any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes).
 
-
-class SymbolicInference:
-    """infer_symbolic under way: ONNX's inference runs in a child process (see ChildJob) while the caller goes on;
-    result() reads its types."""
-
-    def __init__(self, model: ModelProto, loaded: LoadedModel | None = None,
-                 free: list[InputDim] | None = None, start: bool = True) -> None:
-        """`start` False: no inference is started (the caller reads one made elsewhere, see read)."""
-        self._model, self._free = model, input_dims(model) if free is None else free
-        self._file: Path | None = None  # the model's own file, read by inference as it is (no serialization)
-        self._stamp: tuple[int, int] | None = None
-        if loaded is not None and _file_as_is(loaded, self._free):
-            self._file, self._stamp = loaded.path, loaded.stamp
-        # whether a node may hold a graph (see _collect_types), or merge dims (see _planner_rounds): unknown where
-        # the model was not loaded from a file
-        nodes = loaded.nodes if loaded is not None else None
-        self._subgraphs = nodes is None or nodes.graphs
-        self._candidates = nodes is None or nodes.merges
-        self._weights = loaded.weights if loaded is not None else None
-        self._light: ModelProto | None = None
-        self._job: ChildJob[_Inferred] | None = ChildJob(self._inferred, nodes=len(model.graph.node)) if start else None
-
-    def _prepared(self, in_child: bool = False) -> ModelProto:
-        """Give the model as inference reads it (see _prepared), made at first use; a child owns its model and
-        prepares it in place."""
-        if self._light is None:
-            self._light = _prepared(self._model, self._free, {}, in_place=in_child)
-        return self._light
-
-    def _inferred(self, in_child: bool) -> _Inferred:
-        source: ModelProto | bytes | None = None
-        if self._file is not None and file_stamp(self._file) == self._stamp:
-            try:
-                source = self._file.read_bytes()
-            except OSError:  # gone since: the model in memory serves, as where it changed
-                source = None
-        try:
-            inferred = _inferred(source if source is not None else self._prepared(in_child), data_prop=False)
-        except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
-            return source is not None, True, None
-        return _read_inferred(inferred, source is not None, lambda: self._prepared(in_child), self._subgraphs,
-                              self._candidates, self._weights)
-
-    def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
-        """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
-        return self.read(self._job.result() if self._job is not None else self._inferred(False), wiring)
-
-    def read(self, inferred: _Inferred, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
-        """Give the types from what _inferred gave (here or in a child), the planner rounds run where they were
-        left to the caller (see _read_inferred)."""
-        as_is, done, types = inferred
-        if types is None:  # inference failed: the bound inference reports it
-            return _collect_types(self._prepared().graph, TypeDecoder())
-        if done:
-            return types
-        assert as_is and self._weights is not None  # (see _read_inferred)
-        # the file as it is has the model's own nodes
-        nodes = _candidate_nodes(self._model, wiring) if self._candidates else []
-        return _planner_rounds(self._prepared, None, [], subgraphs=self._subgraphs, candidates=nodes,
-                               weights=self._weights, collected=types)
-
-    def __enter__(self) -> SymbolicInference:
-        return self
-
-    def cancel(self) -> None:
-        """Stop the child, where the result is not wanted after all."""
-        if self._job is not None:
-            self._job.cancel()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cancel()  # a result not taken (the caller failed meanwhile): the child is not left behind
-
-
-def start_infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None,
-                         free: list[InputDim] | None = None) -> SymbolicInference:
-    """Start infer_symbolic; its result() gives the types. onnx's C++ inference holds the GIL for its whole run
-    (1 s on a 100k-node graph), so a thread would not overlap it: on Linux it runs in a forked child meanwhile.
-    `loaded` (the model as loaded from its file) lets inference read that file where the model needs no
-    preparation; `free`, the model's input_dims where the caller has them."""
-    return SymbolicInference(model, loaded, free)
-
-
-class FileInference:
-    """infer_symbolic of a model file, started before the caller parses the file (see start_infer_file); for_model
-    gives it the parsed model, then result() the types."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        self._loaded: LoadedModel | None = None
-        self._free: list[InputDim] = []
-        stamp = file_stamp(self._path)
-        # A file too large to read whole (embedded weights, see _shape_only_copy) is left to SymbolicInference
-        # once the caller has parsed it: a child started now would parse it a second time. So is one where no
-        # child started (a small file, a platform that does not fork): SymbolicInference forks by node count.
-        self._late: SymbolicInference | None = None
-        self._job: ChildJob[tuple[tuple[int, int] | None, _Inferred]] | None = ChildJob(
-            self._inferred, file_bytes=stamp[0]) if stamp is not None and stamp[0] <= _EMBEDDED_BYTES_TO_COPY else None
-
-    def for_model(self, loaded: LoadedModel, free: list[InputDim]) -> FileInference:
-        """Give this inference the model as the caller loaded it from the file, and its input_dims."""
-        self._loaded, self._free = loaded, free
-        if self._job is None or not self._job.forked:
-            self._job = None
-            self._late = SymbolicInference(loaded.proto, loaded, free)
-        return self
-
-    def _inferred(self, in_child: bool) -> tuple[tuple[int, int] | None, _Inferred]:
-        if in_child:
-            return _file_inferred(self._path)
-        return None, (False, True, None)  # (the child failed: no stamp, so result() infers here)
-
-    def result(self, wiring: ModelGraph | None = None) -> dict[str, TensorType]:
-        """Give the types; `wiring`, the model's graph, saves reading its nodes again."""
-        assert self._loaded is not None, "for_model() comes before result()"
-        if self._job is None:
-            assert self._late is not None
-            return self._late.result(wiring)
-        stamp, inferred = self._job.result()
-        inference = SymbolicInference(self._loaded.proto, self._loaded, self._free, start=False)
-        # (inference._file: the model's file as it is serves, see _file_as_is, asked once there)
-        if stamp is None or stamp != self._loaded.stamp or (inferred[0] and inference._file is None):
-            return inference.result(wiring)  # the child read another file than the caller loaded: infer here
-        return inference.read(inferred, wiring)
-
-    def cancel(self) -> None:
-        """Stop the child, where the caller needs no planner types after all (or failed)."""
-        for job in (self._job, self._late):
-            if job is not None:
-                job.cancel()
-
-    def __enter__(self) -> FileInference:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.cancel()
-
-
-def start_infer_file(path: str | os.PathLike[str]) -> FileInference:
-    """Start infer_symbolic of the model file at `path` before the caller parses it: on a large file, a forked
-    child reads and infers it while the caller loads the model and builds its graph (see FileInference)."""
-    return FileInference(path)
-
-
-def _file_inferred(path: Path) -> tuple[tuple[int, int] | None, _Inferred]:
-    """Give a model file's stamp and what SymbolicInference._inferred gives for it: reading the file as it is where
-    the model needs no preparation (see _file_as_is), otherwise loading it as the caller does."""
-    stamp = file_stamp(path)
-    data = path.read_bytes()  # (FileInference starts no child for a file too large to read whole)
-    kinds = NodeKinds.of(data, ())  # the domains it declares are read once it is inferred
-    if not kinds.prepared:  # told before inference runs on the file as it is
-        try:
-            inferred: ModelProto | None = _inferred(data, data_prop=False)
-        except Exception:  # noqa: BLE001 - onnx raises several types; the caller's inference reports it
-            inferred = None
-        if inferred is not None and _names_every_dim(input_dims(inferred)):
-            nodes = kinds.declaring(o.domain for o in inferred.opset_import)
-            light: list[ModelProto] = []
-
-            def parsed() -> ModelProto:  # the model as it is, where a round adds to it
-                if not light:
-                    light.append(onnx.load_from_string(data))
-                return light[0]
-
-            return stamp, _read_inferred(inferred, True, parsed, nodes.graphs, nodes.merges, None)
-    loaded = load_model(path)
-    return loaded.stamp, SymbolicInference(loaded.proto, loaded, start=False)._inferred(True)
-
-
-# What ONNX's inference of a model gives the caller (made in a child or here): whether it read the model's file as
-# it is, whether the planner rounds were run (else the caller runs them), and the types (None: inference failed).
-_Inferred = tuple[bool, bool, dict[str, TensorType] | None]
-
-
-def _read_inferred(inferred: ModelProto, as_is: bool, light: Callable[[], ModelProto], subgraphs: bool,
-                   candidates: bool, weights: Mapping[str, TensorType] | None) -> _Inferred:
-    """Give the types of ONNX's inference of a model (see _Inferred). Of its file as it is, with operators of ONNX's
-    domains only, the types are collected and the planner rounds left to the caller, who has the model's graph to
-    find the nodes they read (SymbolicInference.read); the initializers too, whose types the caller has
-    (LoadedModel.weights). Otherwise the rounds run here (`light`: the model they add to, see _planner_rounds)."""
-    if as_is and all(o.domain in ("", "ai.onnx") for o in inferred.opset_import):
-        return True, False, _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=False)
-    return as_is, True, _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=None if candidates else [],
-                                        weights=weights if as_is else None)
-
-
-def _file_as_is(loaded: LoadedModel, free: list[InputDim]) -> bool:
-    """Say whether inference can read the model's own file: the model needs no preparation (see _prepared: no
-    Constant node to fold, no fused operator to standardize, every free input dim named), the file is small
-    enough to read whole (see _shape_only_copy) and is still the one the model was loaded from."""
-    return loaded.path is not None and loaded.nodes is not None and loaded.stamp is not None and \
-        not loaded.nodes.prepared and _names_every_dim(free) and loaded.stamp[0] <= _EMBEDDED_BYTES_TO_COPY and \
-        file_stamp(loaded.path) == loaded.stamp
-
-
-def _names_every_dim(free: list[InputDim]) -> bool:
-    """Say whether the inputs name each of their free dims (input_dims calls an unnamed one '<input>_dim<axis>')."""
-    return all(d.name != f"{d.input}_dim{d.axis}" for d in free)
+    `loaded`: the model as loaded from its file, whose NodeKinds tell which passes can be skipped; `free`: the
+    model's input_dims where the caller has them; `wiring`: the model's graph, where the caller has built it (its
+    ops find the nodes the planner rounds read faster than the model's nodes do).
+    """
+    free = input_dims(model) if free is None else free
+    nodes = loaded.nodes if loaded is not None else None
+    subgraphs = nodes is None or nodes.graphs  # whether a node may hold a graph (see _collect_types)
+    merges = nodes is None or nodes.merges  # whether a node may merge dims (see _planner_rounds)
+    light = _prepared(model, free, {})
+    try:
+        inferred = _inferred(light, data_prop=False)
+    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+        return _collect_types(light.graph, TypeDecoder())
+    candidates: list[onnx.NodeProto] | None = []
+    if merges:  # the model's own nodes serve where preparation changed none of them (no fused op was rewritten)
+        candidates = _candidate_nodes(model, wiring) if wiring is not None and nodes is not None and \
+            not nodes.prepared else None
+    return _planner_rounds(lambda: light, inferred, [], subgraphs=subgraphs, candidates=candidates)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -624,11 +442,10 @@ def _fold_constant_nodes(graph: GraphProto) -> None:
         graph.value_info.extend(declared)
 
 
-def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int], in_place: bool = False) -> ModelProto:
+def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
     """Give the copy of the model that inference reads: Constant nodes as initializers, fused operators as their
-    standard forms, every free input dim named, and the `bound` ones substituted (`in_place`: the model itself,
-    changed so, where it is a child process's own copy)."""
-    light = model if in_place else _shape_only_copy(model)
+    standard forms, every free input dim named, and the `bound` ones substituted."""
+    light = _shape_only_copy(model)
     _fold_constant_nodes(light.graph)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)

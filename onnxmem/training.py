@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto
 
-from .child import ChildJob
 from .errors import OnnxMemError
 from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
 from .report import (
@@ -37,6 +36,7 @@ from .report import (
     TrainingParameterGroup,
     TrainingReport,
     TrainingStep,
+    TrainingTimeline,
     Warning,
 )
 from .rules.training import (
@@ -239,11 +239,9 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     _check_options(options)
     rule = options.optimizer_rule()
     model = _build_model(graph, order, options)
-    # the what-if simulates the step twice more: in a child process meanwhile, where one can be forked
-    with ChildJob(lambda in_child: _recompute_what_if(model, options, rule), nodes=len(model.nodes)) as recompute:
-        first = _simulate(model, options, rule, first_step=True)
-        later = _simulate(model, options, rule, first_step=False)
-        recompute_rows, recompute_peak = recompute.result()
+    first = _simulate(model, options, rule, first_step=True)
+    later = _simulate(model, options, rule, first_step=False)
+    recompute_rows, recompute_peak = _recompute_what_if(model, options, rule)
     worst = first if first.peak >= later.peak else later
     weights_bytes = sum(v.nbytes for v in model.values if v.kind == WEIGHT)
     input_bytes = sum(v.nbytes for v in model.values if v.kind == INPUT)
@@ -281,6 +279,9 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
         assumptions=_assumptions(graph, options, rule),
+        # (both steps simulate the same events: only the live bytes differ)
+        timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
+                                  tuple(later.live)),
     )
 
 

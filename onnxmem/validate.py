@@ -19,14 +19,14 @@ from typing import Any
 
 import onnx
 
-from .analyze import analyze, analyze_loaded, size_warnings
+from .analyze import analysis, size_warnings
 from .graph import WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
+from .orders import execution_order
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
 from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_PADDED_COLUMNS, PREPACKED
-from .schedule import execution_order
 from .shapes import UNKNOWN_TYPE, bind_and_infer, declared_types, infer_symbolic, runtime_view
 
 SCHEMA = "onnxmem.validate/1"
@@ -143,7 +143,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
             activation_difference_percent=round(100 * difference / peak, 3) if peak else None,
             weights_difference_bytes=weights - held,
             measured_peak_node=getattr(measured.runs[run_index], "peak_node", "")))
-    raw = analyze_loaded(loaded, sized.dims).inference
+    raw = analysis(loaded, sized.dims).report.inference
     return Validation(
         model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
@@ -290,4 +290,4 @@ def _cuda_notes(measured: Any) -> tuple[str, ...]:
     return tuple(notes)
 
 
-__all__ = ["Figures", "RunValidation", "Validation", "analyze", "arena_weight_bytes", "take_ran_branches", "validate"]
+__all__ = ["Figures", "RunValidation", "Validation", "arena_weight_bytes", "take_ran_branches", "validate"]

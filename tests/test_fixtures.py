@@ -116,22 +116,16 @@ def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
     assert sized.types["cat"][1] == (3, 8, 16, 16)
 
 
-@pytest.mark.parametrize("fork_from", [0, 10**12])
-def test_planner_merges_alike_from_a_file_and_its_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       fork_from: int) -> None:
-    # The same merge where the model's file is inferred as it is (before it is parsed, in a child or here) and the
-    # merging nodes are found from the caller's graph: a merge learned means a second inference, here.
-    from onnxmem import child, shapes
+def test_planner_merges_alike_from_a_file_and_its_graph(tmp_path: Path) -> None:
+    # The same merge where the model comes from a file and the merging nodes are found from the caller's graph
+    # (a merge learned means a second inference).
+    from onnxmem import shapes
     from onnxmem.graph import build_graph
     from onnxmem.load import load_model
 
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", fork_from)
     onnx.save(_merge_model(), str(tmp_path / "merge.onnx"))
-    with shapes.start_infer_file(tmp_path / "merge.onnx") as started:
-        # (no child where onnxruntime ran in this process before: see child._native_threads)
-        assert started._job is not None and started._job.forked == (fork_from == 0 and not child._native_threads())
-        loaded = load_model(tmp_path / "merge.onnx")
-        types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result(build_graph(loaded.proto))
+    loaded = load_model(tmp_path / "merge.onnx")
+    types = shapes.infer_symbolic(loaded.proto, loaded, shapes.input_dims(loaded.proto), build_graph(loaded.proto))
     assert shapes.runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
     assert types == shapes.infer_symbolic(_merge_model())
 

@@ -30,11 +30,22 @@ def test_chain_peak_is_one_input_plus_one_output() -> None:
 
 
 def test_fanout_peak_holds_all_branches() -> None:
-    # u0, u1, u2 are all live when s1 = u0 + u1 runs, and s1 is new: 4T at s1.
-    inf = onnxmem.analyze(graphs.fanout()).inference
+    # In the file's order u0, u1, u2 are all live when s1 = u0 + u1 runs, and s1 is new: 4T at s1.
+    inf = onnxmem.analyze(graphs.fanout(), order="model").inference
     assert inf.peak_activation_bytes == 4 * T
     assert inf.peak_node == "Add_s1"
     assert {t.name for t in inf.live_at_peak} == {"u0", "u1", "u2", "s1"}
+
+
+def test_fanout_in_onnxruntimes_order_is_the_default() -> None:
+    # onnxruntime walks back from the output y = s1 + u2, its highest-index input first: s1's inputs u1 then u0
+    # (again the highest index first, so Mul_u1 runs first), then s1, then u2: u0, u1 and s1 are live at s1 (3T);
+    # u2 is made once u0 and u1 are gone (s1, u2 and y: 3T again; the first step to reach it is the peak).
+    inf = onnxmem.analyze(graphs.fanout()).inference
+    assert inf.timeline is not None and inf.timeline.nodes == ("Mul_u1", "Add_u0", "Add_s1", "Sub_u2", "Add_y")
+    assert inf.peak_activation_bytes == 3 * T
+    assert inf.peak_node == "Add_s1"
+    assert onnxmem.analyze(graphs.fanout(), order="ort") == onnxmem.analyze(graphs.fanout())
 
 
 def test_skip_connection_keeps_its_source_alive() -> None:

@@ -1,5 +1,4 @@
-"""The large-graph path: LLM-shaped graphs whose weight data must never be read, and the child process that
-runs onnx's shape inference while the graph is built."""
+"""The large-graph path: LLM-shaped graphs whose weight data must never be read, analysed in one process."""
 
 from __future__ import annotations
 
@@ -14,22 +13,15 @@ import pytest
 
 import onnxmem
 from benchmarks.llm_graphs import LlamaShape, make_llama
-from onnxmem import child, shapes
+from onnxmem import shapes
 from onnxmem.graph import build_graph
 
 # The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
 SEVEN_B_TWO_LAYERS = LlamaShape(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
-# Small layers, enough of them (about 5,400 nodes) that onnx's inference runs in a child process.
+# Small layers, many of them (about 5,400 nodes).
 MANY_LAYERS = LlamaShape(layers=100, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
 DIMS = {"batch": 2, "seq": 16, "past": 3}
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True)
-def forks_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Other tests load onnxruntime into this process, where ChildJob then declines to fork (see the test of
-    # that below); these tests are about the child itself.
-    monkeypatch.setattr(child, "_native_threads", lambda: False)
 
 
 def parameters(s: LlamaShape) -> int:
@@ -66,98 +58,8 @@ def test_seven_b_layers_are_sized_from_headers_without_reading_weights(tmp_path:
     assert any(w["code"] == "missing-external-data" for w in data["warnings"])
 
 
-def test_many_layers_through_the_child_process_equal_the_analysis_in_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = save_without_weights(MANY_LAYERS, tmp_path, "fifo")
-    assert len(onnx.load(str(model), load_external_data=False).graph.node) >= child.FORK_FROM_NODES
-    done = run_cli("report", str(model), *[a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")],
-                   "--format", "json")
-    assert done.returncode == 0, done.stderr
-    assert model.stat().st_size >= child.FORK_FROM_BYTES  # the inference started before loading forks too
-    forked = onnxmem.analyze(model, DIMS)
-    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same analysis, inference in this process
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
-    here = onnxmem.analyze(model, DIMS)
-    assert forked.inference == here.inference
-    assert forked.inference.weights_by_dtype["FLOAT16"] == 2 * parameters(MANY_LAYERS)
-    assert forked.inference.peak_activation_bytes > 0 and forked.inference.unsized_tensors == 0
-
-
-def test_symbolic_types_from_the_child_equal_those_inferred_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
-    monkeypatch.setattr(child, "FORK_FROM_NODES", 0)
-    inference = shapes.start_infer_symbolic(model)
-    assert inference._job._pid is not None  # a child runs it
-    forked = inference.result()
-    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)
-    inference = shapes.start_infer_symbolic(model)
-    assert inference._job._pid is None
-    assert inference.result() == forked
-    assert any(isinstance(d, str) and not d.startswith("unk__") for _, shape, _ in forked.values() if shape
-               for d in shape)  # symbolic names survive the trip through the pipe
-
-
-def test_child_job_gives_the_childs_result() -> None:
-    parent = os.getpid()
-    job = child.ChildJob(lambda in_child: (os.getpid(), in_child, b"x" * 1_000_000))  # more than a pipe holds
-    pid, in_child, data = job.result()
-    assert data == b"x" * 1_000_000 and pid != parent and in_child is True
-
-
-def test_a_failing_child_leaves_the_work_to_the_caller() -> None:
-    parent = os.getpid()
-
-    def work(in_child: bool) -> bytes:
-        if os.getpid() != parent:
-            raise RuntimeError("fails in the child only")
-        assert not in_child
-        return b"done here"
-
-    assert child.ChildJob(work).result() == b"done here"
-
-    def always_fails(in_child: bool) -> bytes:
-        raise ValueError("bad model")
-
-    with pytest.raises(ValueError, match="bad model"):  # the error surfaces in the caller, as without a child
-        child.ChildJob(always_fails).result()
-
-
-def test_a_cancelled_child_is_gone() -> None:
-    import time
-
-    job = child.ChildJob(lambda in_child: time.sleep(60) or b"")
-    pid = job._pid
-    assert pid is not None
-    job.cancel()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # killed and reaped: no such child any more
-
-
-def test_no_child_where_the_process_has_threads() -> None:
-    import threading
-
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        job = child.ChildJob(lambda in_child: b"child" if in_child else b"here")
-        assert job._pid is None and job.result() == b"here"
-    finally:
-        stop.set()
-        thread.join()
-
-
-def test_no_child_where_a_library_with_thread_pools_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.undo()  # the real check
-    monkeypatch.setitem(sys.modules, "onnxruntime", sys)  # loaded (any module object stands for it)
-    job = child.ChildJob(lambda in_child: b"child" if in_child else b"here")
-    assert job._pid is None and job.result() == b"here"
-
-
-@pytest.mark.parametrize("fork_from", [0, 10**9])
-def test_the_callers_model_is_left_untouched(monkeypatch: pytest.MonkeyPatch, fork_from: int) -> None:
-    # Inference reads a prepared model (Constant nodes folded, dims named): a copy, or the child's own.
-    monkeypatch.setattr(child, "FORK_FROM_NODES", fork_from)
+def test_the_callers_model_is_left_untouched() -> None:
+    # Inference reads a prepared copy of the model (Constant nodes folded, dims named).
     for model in (onnx.load(str(ROOT / "fixtures" / "gpt_decoder.onnx")), make_llama(MANY_LAYERS)):
         before = model.SerializeToString()
         names = [d.name for d in shapes.input_dims(model)]
@@ -200,22 +102,9 @@ def test_dims_by_rule(rule: str, rank: int, inputs: list[tuple[object, ...]], ax
     assert shapes._dims_by_rule(rule, rank, inputs, axis) == sizes  # type: ignore[arg-type]
 
 
-def test_inference_reads_the_models_own_file_where_it_needs_no_preparation(tmp_path: Path) -> None:
-    from onnxmem.load import load_model
-
-    llama = load_model(save_without_weights(MANY_LAYERS, tmp_path))
-    as_is = shapes.start_infer_symbolic(llama.proto, llama)
-    assert as_is._file == llama.path  # no Constant node, no fused operator, every dim named
-    assert as_is.result() == shapes.start_infer_symbolic(llama.proto).result()
-    decoder = load_model(ROOT / "fixtures" / "gpt_decoder.onnx")  # Constant nodes: inference reads a prepared copy
-    assert decoder.nodes is not None and decoder.nodes.prepared
-    assert shapes.start_infer_symbolic(decoder.proto, decoder)._file is None
-
-
 @pytest.mark.parametrize("extra", [[], ["--training"], ["--format", "html"]])
 def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
-    # Start-up counts on every graph: report loads only what it needs (and a loaded onnxruntime would also stop
-    # the inference child, see ChildJob).
+    # Start-up counts on every graph: report loads only what it needs.
     script = ("import sys, runpy; sys.argv = ['onnxmem', *sys.argv[1:]]\n"
               "try:\n    runpy.run_module('onnxmem.cli', run_name='not_main').get('main')()\n"
               "except SystemExit:\n    pass\n"
@@ -224,27 +113,6 @@ def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", script, "report", str(ROOT / "fixtures" / "gpt_decoder.onnx"),
                            "--default-dim", "2", *extra], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "HEAVY []" in done.stderr, done.stderr[-2000:]
-
-
-def test_a_model_file_gone_or_changed_after_loading_is_inferred_from_memory(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxmem.load import load_model
-
-    path = save_without_weights(MANY_LAYERS, tmp_path)
-    llama = load_model(path)
-    expected = shapes.start_infer_symbolic(llama.proto).result()
-    for fork_from in (10**9, 0):  # here (the file is read at result()) and in a child (which may read it first)
-        monkeypatch.setattr(child, "FORK_FROM_NODES", fork_from)
-        llama = load_model(path)
-        inference = shapes.start_infer_symbolic(llama.proto, llama)
-        assert inference._file == path
-        path.unlink()  # removed after the inference chose to read it
-        assert inference.result() == expected
-        onnx.save(llama.proto, str(path))
-    assert shapes.start_infer_symbolic(llama.proto, llama)._file is None  # rewritten since it was loaded
-    changed = load_model(path)
-    path.write_bytes(path.read_bytes() + b"\x00")  # changed after loading, before the inference starts
-    assert shapes.start_infer_symbolic(changed.proto, changed)._file is None
 
 
 @pytest.mark.parametrize(("shape", "target", "allowzero", "dims"), [
@@ -274,82 +142,6 @@ def _with_a_constant_node(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("variant", ["as it is", "a Constant node", "an unnamed input dim"])
-@pytest.mark.parametrize("fork_from", [0, 10**12])
-def test_inference_started_before_loading_equals_the_one_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               variant: str, fork_from: int) -> None:
-    # start_infer_file reads the file before the caller parses it: as it is where it needs no preparation (no
-    # Constant, no fused operator: told from its bytes; its dims named: told from the inferred inputs), else
-    # loaded the caller's way. Either way, in a child or here, the types are those of the loaded model's.
-    from onnxmem.load import load_model
-
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", fork_from)
-    model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
-    if variant == "a Constant node":
-        model = _with_a_constant_node(model)
-    elif variant == "an unnamed input dim":
-        model.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_param")
-    path = tmp_path / "model.onnx"
-    onnx.save(model, str(path))
-    for wiring in (False, True):  # the nodes the planner rounds read: from the model, or from its graph
-        with shapes.start_infer_file(path) as started:
-            assert (started._job._pid is not None) == (fork_from == 0)
-            loaded = load_model(path)
-            free = shapes.input_dims(loaded.proto)
-            early = started.for_model(loaded, free).result(build_graph(loaded.proto) if wiring else None)
-        assert early == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
-    assert early == shapes.start_infer_symbolic(onnx.load(str(path), load_external_data=False)).result()  # no file
-    if variant == "a Constant node":  # folded into an initializer for inference, as onnxruntime does
-        residual = next(n for n in model.graph.node if n.output[0] == "plus_zero").input[0]
-        assert early["zero_constant"][1] == (1,) and early["plus_zero"] == early[residual]
-
-
-def test_the_file_read_before_loading_is_not_used_where_it_changed(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # The child read the file as it was before it was replaced: its size and time differ from the loaded one's.
-    from onnxmem.load import load_model
-
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
-    before, path = tmp_path / "before.onnx", tmp_path / "model.onnx"
-    onnx.save(make_llama(LlamaShape(layers=1, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)), str(before))
-    larger = make_llama(LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256))
-    onnx.save(larger, str(path))
-    read_before = shapes._file_inferred
-    monkeypatch.setattr(shapes, "_file_inferred", lambda _: read_before(before))
-    with shapes.start_infer_file(path) as started:
-        assert started._job._pid is not None
-        loaded = load_model(path)
-        types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result()
-    assert types == shapes.start_infer_symbolic(larger).result()
-    assert any(name.startswith("/layers.1/") for name in types)
-
-
-def test_an_inference_started_for_a_model_without_symbolic_dims_is_stopped(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    from onnx import helper
-
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
-    started: list[shapes.FileInference] = []
-    original = shapes.start_infer_file
-
-    def recording(path: str) -> shapes.FileInference:
-        started.append(original(path))
-        assert started[-1]._job._pid is not None
-        return started[-1]
-
-    monkeypatch.setattr(importlib.import_module("onnxmem.analyze"), "start_infer_file", recording)
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])
-    static = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
-                                                  helper.make_node("Relu", ["h"], ["y"])], "static", [x], [y]))
-    onnx.save(static, str(tmp_path / "static.onnx"))
-    report = onnxmem.analyze(tmp_path / "static.onnx")
-    assert report.inference.peak_activation_bytes == 2 * 4 * 8 * 4  # h and y live while the second Relu runs
-    assert len(started) == 1 and started[0]._job._pid is None  # its child was stopped and reaped
-
-
 def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     found = list(graph.node)
     for node in graph.node:
@@ -376,24 +168,6 @@ def test_node_kinds_told_from_the_bytes_miss_nothing(name: str) -> None:
                                         for n in nodes for p in n.metadata_props)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "fixtures").glob("*.onnx")))
-def test_the_early_inference_of_every_fixture_equals_the_one_from_the_model(name: str,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every path the file's inference takes (read as it is, the rounds left to the caller and their nodes found
-    # from its graph or from the model; loaded and prepared: Constant nodes, subgraphs; contrib operators: the
-    # rounds in the child) gives the types the model gives, inferred in this process with no file.
-    from onnxmem.load import load_model
-
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
-    path = ROOT / "fixtures" / name
-    loaded = load_model(path)
-    expected = shapes.infer_symbolic(onnx.load(str(path), load_external_data=False))
-    for wiring in (None, build_graph(loaded.proto)):
-        with shapes.start_infer_file(path) as started:
-            types = started.for_model(loaded, shapes.input_dims(loaded.proto)).result(wiring)
-        assert types == expected
-
-
 def test_node_kinds_of_a_plain_llama_are_exact(tmp_path: Path) -> None:
     from onnxmem.load import load_model
 
@@ -417,92 +191,47 @@ def test_layers_named_by_node_metadata_in_a_file(tmp_path: Path) -> None:
     assert [row.layer for row in report.inference.by_layer] == ["encoder.block0", "encoder.block1"]
 
 
-def test_a_concat_of_an_initializer_is_merged_alike_from_the_file(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # The child leaves the model's initializers to the caller (LoadedModel.weights) but for those a Concat reads:
-    # the planner's merge of its dims reads their types.
-    from onnx import helper
-
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "fixtures").glob("*.onnx")))
+def test_the_inference_with_the_graphs_nodes_equals_the_one_from_the_model(name: str) -> None:
+    # The planner rounds find their nodes from the caller's graph where the model needed no preparation: the same
+    # types as from a model inferred with nothing else known.
     from onnxmem.load import load_model
 
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "width"])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
-    table = helper.make_tensor("table", onnx.TensorProto.FLOAT, [3, 8], [0.0] * 24)
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
-                               helper.make_node("Concat", ["table", "h"], ["y"], axis=0)], "cat", [x], [y], [table])
-    onnx.save(helper.make_model(graph), str(tmp_path / "cat.onnx"))
-    for wiring in (False, True):
-        with shapes.start_infer_file(tmp_path / "cat.onnx") as started:
-            loaded = load_model(tmp_path / "cat.onnx")
-            free = shapes.input_dims(loaded.proto)
-            early = started.for_model(loaded, free).result(build_graph(loaded.proto) if wiring else None)
-        assert early == shapes.start_infer_symbolic(loaded.proto).result()
-        assert early["table"] == (onnx.TensorProto.FLOAT, (3, 8), 96)
+    path = ROOT / "fixtures" / name
+    loaded = load_model(path)
+    expected = shapes.infer_symbolic(onnx.load(str(path), load_external_data=False))
+    for wiring in (None, build_graph(loaded.proto)):
+        assert shapes.infer_symbolic(loaded.proto, loaded, shapes.input_dims(loaded.proto), wiring) == expected
 
 
-def test_a_file_too_large_to_read_whole_is_inferred_once_loaded(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # Embedded weights: a child started before loading would parse the file a second time, so none is started
-    # then; the inference starts from the loaded model (in a child of its own where the graph is large).
-    from onnxmem.load import load_model
+def test_one_process_no_child_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole analysis (report, training, fit) runs in the caller's process: a fork or a subprocess fails here.
+    import multiprocessing
 
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 0)
-    monkeypatch.setattr(shapes, "_EMBEDDED_BYTES_TO_COPY", 1000)
-    path = save_without_weights(LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256), tmp_path)
-    with shapes.start_infer_file(path) as started:
-        assert started._job is None
-        loaded = load_model(path)
-        free = shapes.input_dims(loaded.proto)
-        types = started.for_model(loaded, free).result()
-    assert types == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(os, "fork", refused)
+    monkeypatch.setattr(subprocess, "Popen", refused)
+    monkeypatch.setattr(multiprocessing, "Process", refused)
+    model = make_llama(MANY_LAYERS)
+    report = onnxmem.analyze(model, DIMS, training=onnxmem.TrainingOptions(optimizer="sgd"))
+    assert report.inference.unsized_tensors == 0 and report.training is not None
+    fitted = onnxmem.fit(model, memory="64MiB", dims={"seq": 16, "past": 3}, what_if=False)
+    assert fitted.max_value > 0
 
 
-def test_fit_starts_the_inference_before_loading_and_stops_it(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
+def test_a_model_read_from_a_pipe_is_the_files_model(tmp_path: Path) -> None:
+    # `cat m.onnx | onnxmem report /dev/stdin`: the model is read once, from the pipe, and reported as the file is.
     path = save_without_weights(MANY_LAYERS, tmp_path)
-    started: list[shapes.FileInference] = []
-    original = shapes.start_infer_file
-
-    def recording(model: str) -> shapes.FileInference:
-        started.append(original(model))
-        return started[-1]
-
-    monkeypatch.setattr(importlib.import_module("onnxmem.analyze"), "start_infer_file", recording)
-    forked = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
-    assert len(started) == 1 and started[0]._job is not None and started[0]._job._pid is None  # taken, reaped
-    monkeypatch.setattr(child, "FORK_FROM_NODES", 10**9)  # the same search, inference in this process
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
-    here = onnxmem.fit(path, memory="80GiB", dims={"seq": 16, "past": 3})
-    assert forked == here and forked.max_value > 0
-
-
-def test_a_childs_result_keeps_its_types() -> None:
-    # Builtins travel by marshal (fast), anything else by pickle: a subclass of a builtin must not come back as
-    # its base class.
-    point = shapes.InputDim("batch", "x", 0)  # a NamedTuple
-    for value in ({"t": (1, ("batch", 3), None)}, point, {"dims": [point]}, child.ChildJob):
-        result = child.ChildJob(lambda in_child, v=value: (v, in_child)).result()
-        assert result == (value, True)
-        assert type(result[0]) is type(value)
-    assert type(child.ChildJob(lambda _: {"dims": [point]}).result()["dims"][0]) is shapes.InputDim
-
-
-def test_a_large_graph_in_a_small_file_is_inferred_in_a_child_once_loaded(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # No child before loading (the file is under FORK_FROM_BYTES); the graph has FORK_FROM_NODES nodes or more, so
-    # the inference from the loaded model still runs in a child.
-    from onnxmem.load import load_model
-
-    monkeypatch.setattr(child, "FORK_FROM_BYTES", 10**12)
-    path = save_without_weights(MANY_LAYERS, tmp_path)
-    with shapes.start_infer_file(path) as started:
-        assert started._job is not None and not started._job.forked
-        loaded = load_model(path)
-        free = shapes.input_dims(loaded.proto)
-        started.for_model(loaded, free)
-        assert started._late is not None and started._late._job.forked
-        types = started.result()
-    assert types == shapes.start_infer_symbolic(loaded.proto, loaded, free).result()
+    dims = [a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")]
+    from_file = run_cli("report", str(path), *dims, "--format", "json")
+    piped = subprocess.run(f"cat '{path}' | '{sys.executable}' -m onnxmem report /dev/stdin "
+                           + " ".join(dims) + " --format json", shell=True, capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert from_file.returncode == 0 and piped.returncode == 0, piped.stderr
+    expected, got = json.loads(from_file.stdout), json.loads(piped.stdout)
+    assert got["inference"]["input_bytes"] > 0 and got["inference"]["peak_activation_bytes"] > 0
+    expected["model"] = got["model"]
+    # the weight file is next to the model, not next to /dev/stdin: its warning names another folder
+    assert {k: v for k, v in got.items() if k != "warnings"} == {k: v for k, v in expected.items() if k != "warnings"}

@@ -316,7 +316,7 @@ def test_memory_order_is_topological_and_never_kept_when_worse(make) -> None:  #
 
 
 def test_check_what_ifs_name_the_reordering_and_the_precision() -> None:
-    result = onnxmem.check(graphs.fanout(), memory="16MiB")
+    result = onnxmem.check(graphs.fanout(), memory="16MiB", order="model")  # (onnxruntime's order is the best one)
     changes = {w.change: w for w in result.what_ifs}
     assert changes["memory-aware execution order"].saved_bytes == T
     assert changes["float32 -> float16 (weights and activations)"].peak_bytes == result.peak_bytes // 2

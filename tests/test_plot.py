@@ -16,7 +16,7 @@ from benchmarks.llm_graphs import SHAPES, make_llama
 from onnxmem.cli import main
 from onnxmem.errors import MissingExtraError, OnnxMemError
 from onnxmem.html import check_page, fit_page, report_page
-from onnxmem.plan import inference_timeline, training_timeline
+from onnxmem.series import inference_series, series_of, training_series
 from onnxmem.training import TrainingOptions
 
 from . import graphs
@@ -59,11 +59,15 @@ def assert_self_contained(page: str) -> _Page:
 
 
 def test_inference_timeline_is_worked_by_hand() -> None:
-    # fanout (T = 4 MiB): x stays; u0, u1, u2 accumulate; at s1 all four activations are live.
-    series = inference_timeline(graphs.fanout())
+    # fanout (T = 4 MiB) in the file's order: x stays; u0, u1, u2 accumulate; at s1 all four activations are live.
+    series = inference_series(onnxmem.analyze(graphs.fanout(), order="model"))
     t = graphs.T
     assert series.live_bytes == (2 * t, 3 * t, 4 * t, 5 * t, 4 * t)
     assert series.peak_index == 3 and series.peak_label == "Add Add_s1"
+    # onnxruntime's order (the default): u1, u0, s1 (x, u0, u1, s1 live), then u2 once u0 and u1 are gone
+    series = inference_series(onnxmem.analyze(graphs.fanout()))
+    assert series.live_bytes == (2 * t, 3 * t, 4 * t, 3 * t, 4 * t)
+    assert series.peak_index == 2 and series.peak_label == "Add Add_s1"
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
@@ -72,7 +76,8 @@ def test_plots_are_written(tmp_path: Path, suffix: str) -> None:
     from onnxmem.plot import save_plot
 
     result = onnxmem.fit(graphs.symbolic_mlp(), memory="1MiB")
-    series = inference_timeline(graphs.symbolic_mlp(), {"batch": result.max_value})
+    assert result.report is not None and result.report.dims["batch"] == result.max_value
+    series = series_of(result.report)
     path = save_plot(tmp_path / f"fit{suffix}", timeline=series, fit=result, budget_bytes=result.budget_bytes)
     data = path.read_bytes()
     assert len(data) > 5000
@@ -96,7 +101,7 @@ def test_plot_needs_a_png_or_svg_name(tmp_path: Path) -> None:
     from onnxmem.plot import save_plot
 
     with pytest.raises(OnnxMemError, match=r"\.png or \.svg"):
-        save_plot(tmp_path / "fit.bmp", timeline=inference_timeline(graphs.chain()))
+        save_plot(tmp_path / "fit.bmp", timeline=series_of(onnxmem.analyze(graphs.chain())))
 
 
 def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +109,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(MissingExtraError, match=r'pip install "onnxmem\[plot\]"'):
-        save_plot(tmp_path / "x.png", timeline=inference_timeline(graphs.chain()))
+        save_plot(tmp_path / "x.png", timeline=series_of(onnxmem.analyze(graphs.chain())))
     code, _, err = run("report", save(graphs.chain(), tmp_path / "m.onnx"), "--plot", str(tmp_path / "x.png"))
     assert code == 2 and "onnxmem[plot]" in err
 
@@ -112,18 +117,20 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.
 def test_html_pages_are_self_contained() -> None:
     model = graphs.fanout()
     report = onnxmem.analyze(model)
-    page = report_page(report, inference_timeline(model))
+    page = report_page(report, series_of(report))
     parsed = assert_self_contained(page)
     assert "svg" in parsed.tags and "table" in parsed.tags
     assert "Add_s1" in page  # the peak node, named
     for t in report.inference.live_at_peak:
         assert t.name in page  # the live set at the peak
     result = onnxmem.fit(graphs.symbolic_mlp(), memory="1MiB")
-    page = fit_page(result, inference_timeline(graphs.symbolic_mlp(), {"batch": result.max_value}))
+    assert result.report is not None
+    page = fit_page(result, series_of(result.report))
     assert_self_contained(page)
     assert page.count("<svg") == 2 and f"largest batch that fits: {result.max_value}" in page
-    gate = onnxmem.check(model, memory="16MiB")
-    assert "DOES NOT FIT" in assert_self_contained_and_return(check_page(gate, inference_timeline(model)))
+    gate = onnxmem.check(model, memory="15MiB")
+    assert gate.report is not None
+    assert "DOES NOT FIT" in assert_self_contained_and_return(check_page(gate, series_of(gate.report)))
 
 
 def assert_self_contained_and_return(page: str) -> str:
@@ -150,7 +157,7 @@ def test_training_timeline_has_both_steps_and_marks_the_peak() -> None:
     model = make_llama(SHAPES["tiny"], TensorProto.FLOAT)
     report = onnxmem.analyze(model, {"batch": 2, "seq": 16, "past": 1}, training=TrainingOptions())
     assert report.training is not None
-    series = training_timeline(report)
+    series = training_series(report)
     assert {"forward", "backward", "optimizer"} <= set(series.phases)
     assert max(series.live_bytes) == report.training.peak_bytes
     assert series.live_bytes[series.peak_index] == report.training.peak_bytes
