@@ -4,12 +4,9 @@ analyze runs them, as a table.
     python benchmarks/phases.py [--layers 1850] [--repeat 3]
 
 The graph is the Llama-shaped "deep" stack of benchmarks/llm_graphs.py (1850 layers: about 100k nodes), its
-weights absent. ONNX's symbolic inference runs in a child process (onnxmem/child.py), started before the parent
-parses the model, which then collects the types, while the parent loads the model, builds the graph and the
-size-free part of liveness. "The child's types" is the part of the child's run the parent could not cover, and
-the planner rounds the parent runs on the types (see shapes._read_inferred). The floor's passes
+weights absent. The passes are those of analyze.analysis, in one process, in its order. The floor's passes
 (parsing, ONNX shape inference) are timed the same way for comparison. Medians of --repeat runs, each in a
-fresh process. Last, whether onnx's shape inference lets another Python thread run meanwhile.
+fresh process.
 """
 
 from __future__ import annotations
@@ -34,7 +31,9 @@ import onnx
 A = importlib.import_module("onnxmem.analyze")  # the package's `analyze` is the function
 from onnxmem import render, shapes
 from onnxmem.graph import build_graph
+from onnxmem.liveness import liveness
 from onnxmem.load import load_model
+from onnxmem.orders import execution_order
 from onnxmem.rules import DEFAULT_INFERENCE_RULES as R
 marks = [("imports", T())]
 path, dims = sys.argv[1], json.loads(sys.argv[2])
@@ -42,49 +41,21 @@ if sys.argv[3] == "floor":
     model = onnx.load(path, load_external_data=False); marks.append(("parse", T()))
     onnx.shape_inference.infer_shapes(model); marks.append(("ONNX shape inference", T()))
 else:
-    started = shapes.start_infer_file(path); marks.append(("start the child", T()))
-    loaded = load_model(path); marks.append(("load (parse, node kinds; parent)", T()))
-    inference = started.for_model(loaded, shapes.input_dims(loaded.proto))
+    loaded = load_model(path); marks.append(("load (parse, node kinds)", T()))
+    free = shapes.input_dims(loaded.proto)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
-    marks.append(("build the graph (parent)", T()))
-    scheduled = A.order_and_lifetimes(graph, "model", R); marks.append(("order and lifetimes (parent)", T()))
-    symbolic = inference.result(graph); marks.append(("the child's types: waiting, then the planner rounds", T()))
-    sized = A.size_graph(graph, loaded.proto, dims, None, symbolic); marks.append(("sizing", T()))
+    marks.append(("build the graph", T()))
+    symbolic = A.planner_types(loaded, R, free, graph); marks.append(("planner types (ONNX inference, rounds)", T()))
+    sized = A.size_graph(graph, loaded.proto, dims, None, symbolic, free); marks.append(("sizing", T()))
     plan = A.planner_shapes(graph, symbolic); marks.append(("planner shapes", T()))
-    report = A.report_graph(loaded, graph, sized.dims, [], plan_shapes=plan, scheduled=scheduled)
-    marks.append(("liveness and summaries", T()))
+    steps = execution_order(graph, "ort", R); marks.append(("onnxruntime's order", T()))
+    timeline = liveness(graph, steps, R, plan_shapes=plan); marks.append(("liveness", T()))
+    report = A.summarize(loaded, graph, sized.dims, [], timeline, "ort"); marks.append(("summaries", T()))
     render.render(report, "json"); marks.append(("JSON", T()))
 times, previous = {}, start
 for name, at in marks:
     times[name], previous = at - previous, at
 print(json.dumps(times))
-"""
-
-
-# Whether onnx's shape inference lets another thread run: a Python loop's rate alone, then while infer_shapes
-# runs in a second thread (started first, and given the GIL to begin).
-GIL = r"""
-import json, sys, threading, time
-import onnx
-model = onnx.load(sys.argv[1], load_external_data=False)
-def count(seconds):
-    n, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        n += 1
-    return n
-alone = count(0.5)
-started = threading.Event()
-def infer():
-    started.set()
-    onnx.shape_inference.infer_shapes(model)
-thread = threading.Thread(target=infer)
-thread.start()
-started.wait()
-begin = time.perf_counter()
-beside = count(0.5)
-took = time.perf_counter() - begin
-thread.join()
-print(json.dumps({"alone": alone, "beside": beside, "took": took}))
 """
 
 
@@ -110,8 +81,6 @@ def main() -> None:
                 out = subprocess.run([sys.executable, "-c", RUN, str(path), json.dumps(dims), kind],
                                      capture_output=True, text=True, check=True)
                 runs[kind].append(json.loads(out.stdout))
-        gil = json.loads(subprocess.run([sys.executable, "-c", GIL, str(path)], capture_output=True, text=True,
-                                        check=True).stdout)
     print(f"{len(model.graph.node)} nodes; median of {args.repeat} runs per column, seconds")
     for kind, samples in runs.items():
         print(f"\n| {kind} phase | s |\n|---|---|")
@@ -121,9 +90,6 @@ def main() -> None:
             total += value
             print(f"| {phase} | {value:.3f} |")
         print(f"| total (in-process; the interpreter's own start not counted) | {total:.3f} |")
-    print(f"\nA Python loop meant to run 0.5 s took {gil['took']:.2f} s while infer_shapes ran in another thread, "
-          f"at {gil['beside'] / gil['alone']:.0%} of its rate alone: the inference holds the GIL, so a thread "
-          "cannot overlap it (a child process does).")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from html import escape
 
 from .render import format_bytes, render_check, render_fit, render_table
 from .report import CheckResult, FitResult, Report
-from .series import TimelineSeries
+from .series import TimelineSeries, aggregated
 
 _W, _H, _PAD_L, _PAD_R, _PAD_T, _PAD_B = 900, 300, 80, 20, 30, 40
 _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",
@@ -61,13 +61,24 @@ def check_page(result: CheckResult, timeline: TimelineSeries | None = None) -> s
     return _page(f"onnxmem check: {result.model}", body)
 
 
+_BARS = 600  # a timeline is drawn in at most this many bars (see series.aggregated): the page stays small
+
+
 def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str:
-    """Give an inline SVG of live bytes per step, coloured by phase, the peak marked and labelled."""
+    """Give an inline SVG of live bytes per step, coloured by phase, the peak marked and labelled (a long run in
+    at most _BARS bars, each the highest of its steps)."""
+    series = aggregated(series, _BARS)
     n = len(series.live_bytes)
     top = max([*series.live_bytes, budget_bytes or 0, 1])
-    x = _axis(0, max(n, 1), _PAD_L, _W - _PAD_R)
+    edges = [*series.steps, series.total_steps] if series.steps else list(range(n + 1))  # in the run's steps
+    place = _axis(0, max(edges[-1], 1), _PAD_L, _W - _PAD_R)
+
+    def x(point: float) -> float:  # a point's left edge (point + 0.5: its middle)
+        whole = int(point)
+        return place(edges[whole] + (point - whole) * (edges[min(whole + 1, n)] - edges[whole]))
+
     y = _axis(0, top, _H - _PAD_B, _PAD_T)
-    parts = [_frame(top, f"step (of {n})")]
+    parts = [_frame(top, f"step (of {series.total_steps or n})")]
     for i, value in enumerate(series.live_bytes):
         colour = _PHASE_COLOURS.get(series.phases[i], "#4c72b0")
         parts.append(f'<rect x="{x(i):.1f}" y="{y(value):.1f}" width="{max(x(i + 1) - x(i), 0.5):.2f}" '

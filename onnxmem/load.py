@@ -27,6 +27,9 @@ class LoadedModel:
     path: Path | None
     warnings: tuple[Warning, ...]
     nodes: NodeKinds | None = None  # what the file's bytes tell of its nodes; None where it was not read so
+    # the serialized model as it was read (protobuf, up to SERIALIZED_BYTES_KEPT): shape inference reads it as it
+    # is where the model needs no preparation, instead of a copy serialized again (see shapes.infer_symbolic)
+    data: bytes | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ _OP_TYPES = re.compile(b'"(' + b"|".join(re.escape(bytes([len(n)]) + n.encode())
 _LAYER_METADATA = (b"pkg.torch.onnx", b"namespace")
 
 
+# A model file up to this size is kept as read (a larger one holds embedded weights inference does not need).
+SERIALIZED_BYTES_KEPT = 64 * 1024 * 1024
+
+
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     """Give the parsed model; weight data stored outside the file is never read."""
     if isinstance(source, onnx.ModelProto):
@@ -94,7 +101,8 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     _check_is_model(proto, str(path))
     nodes = NodeKinds.of(data, [o.domain for o in proto.opset_import]) if fmt == "protobuf" else None
     warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs)
-    return LoadedModel(proto, path, tuple(warnings), nodes)
+    kept = data if nodes is not None and len(data) <= SERIALIZED_BYTES_KEPT else None
+    return LoadedModel(proto, path, tuple(warnings), nodes, kept)
 
 
 def _check_is_model(proto: onnx.ModelProto, where: str) -> None:

@@ -12,9 +12,10 @@ from typing import Any
 from .errors import OnnxMemError, require_extra
 from .render import format_bytes
 from .report import FitResult
-from .series import TimelineSeries
+from .series import TimelineSeries, aggregated
 
 PLOT_SUFFIXES = (".png", ".svg")
+_POINTS = 2000
 _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",
                   "optimizer": "#55a868"}
 
@@ -47,11 +48,13 @@ def save_plot(path: str | os.PathLike[str], timeline: TimelineSeries | None = No
 
 
 def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = None) -> None:
-    """Draw live bytes over the steps of a run, coloured by phase, with the peak marked and labelled."""
+    """Draw live bytes over the steps of a run, coloured by phase, with the peak marked and labelled (a long run
+    aggregated, see series.aggregated: each point the highest of its steps)."""
+    series = aggregated(series, _POINTS)
     scale, unit = _scale(max([*series.live_bytes, budget_bytes or 0], default=1))
     n = len(series.live_bytes)
     values = [b / scale for b in series.live_bytes]
-    edges = list(range(n + 1))
+    edges = [*series.steps, series.total_steps] if series.steps else list(range(n + 1))  # in the run's steps
     ax.step(edges, [*values, values[-1]] if values else [0], where="post", color="#333333", linewidth=1)
     labelled: set[str] = set()
     ticks: list[tuple[float, str]] = []
@@ -67,11 +70,12 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
         start = i
     if n:
         peak = series.live_bytes[series.peak_index]
-        ax.plot([series.peak_index + 0.5], [peak / scale], "v", color="#c44e52")
-        ax.annotate(f"peak {format_bytes(peak)}\n{_short(series.peak_label)}",
-                    (series.peak_index + 0.5, peak / scale), textcoords="offset points",
-                    xytext=(-10 if series.peak_index > n / 2 else 8, 8), fontsize=8,
-                    ha="right" if series.peak_index > n / 2 else "left")
+        at = (edges[series.peak_index] + edges[series.peak_index + 1]) / 2
+        right = at > edges[-1] / 2
+        ax.plot([at], [peak / scale], "v", color="#c44e52")
+        ax.annotate(f"peak {format_bytes(peak)}\n{_short(series.peak_label)}", (at, peak / scale),
+                    textcoords="offset points", xytext=(-10 if right else 8, 8), fontsize=8,
+                    ha="right" if right else "left")
     if len(ticks) > 1:
         ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks], rotation=30, fontsize=8)
     if budget_bytes is not None:
@@ -79,7 +83,7 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
                    label=f"budget {format_bytes(budget_bytes)}")
     ax.set_title(f"Memory over the run ({series.title})")
     ax.set_xlabel("step (node in execution order)" if len(ticks) <= 1 else
-                  "phases of a first and a later training step (each: its peak, then its end)")
+                  "events of a first and a later training step, by phase")
     ax.set_ylabel(f"live bytes ({unit}): weights + inputs + live tensors")
     ax.set_ylim(0, max([*values, (budget_bytes or 0) / scale, 1e-9]) * 1.2)  # room for the peak's label
     ax.legend(loc="upper left", fontsize=8)

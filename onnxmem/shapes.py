@@ -372,16 +372,26 @@ def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: l
     nodes = loaded.nodes if loaded is not None else None
     subgraphs = nodes is None or nodes.graphs  # whether a node may hold a graph (see _collect_types)
     merges = nodes is None or nodes.merges  # whether a node may merge dims (see _planner_rounds)
-    light = _prepared(model, free, {})
+    # The model as it was read serves inference where preparation would change nothing in it (no Constant node
+    # to fold, no fused operator to rewrite, every free dim named): no copy, no serialization.
+    as_read = loaded.data if loaded is not None and nodes is not None and not nodes.prepared and \
+        all(d.name != f"{d.input}_dim{d.axis}" for d in free) else None
+    prepared: list[ModelProto] = []
+
+    def light() -> ModelProto:  # the model inference reads, where a round adds to it: made at first use
+        if not prepared:
+            prepared.append(_prepared(model, free, {}))
+        return prepared[0]
+
     try:
-        inferred = _inferred(light, data_prop=False)
+        inferred = _inferred(as_read if as_read is not None else light(), data_prop=False)
     except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
-        return _collect_types(light.graph, TypeDecoder())
+        return _collect_types(light().graph, TypeDecoder())
     candidates: list[onnx.NodeProto] | None = []
     if merges:  # the model's own nodes serve where preparation changed none of them (no fused op was rewritten)
         candidates = _candidate_nodes(model, wiring) if wiring is not None and nodes is not None and \
             not nodes.prepared else None
-    return _planner_rounds(lambda: light, inferred, [], subgraphs=subgraphs, candidates=candidates)
+    return _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=candidates)
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:

@@ -28,7 +28,7 @@ def half_precision(loaded: LoadedModel) -> LoadedModel:
     model = ModelProto()
     model.CopyFrom(_shell(loaded.proto))
     _half_graph(loaded.proto.graph, model.graph)
-    return dataclasses.replace(loaded, proto=model)
+    return dataclasses.replace(loaded, proto=model, data=None)  # (the bytes read are the unchanged model)
 
 
 def _shell(model: ModelProto) -> ModelProto:
