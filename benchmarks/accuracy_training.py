@@ -333,8 +333,8 @@ def _quiet() -> Iterator[None]:
 
 
 def batch_dims(path: Path, batch: int) -> dict[str, int]:
+    from onnxmem.dims import input_dims
     from onnxmem.load import load_model
-    from onnxmem.shapes import input_dims
 
     # The batch axis takes the batch; a sequence axis the length the fixture's example inputs use (16).
     return {d.name: batch if d.axis == 0 else 16 for d in input_dims(load_model(path).proto)}

@@ -29,7 +29,8 @@ start = T()
 gc.disable()  # as the CLI does
 import onnx
 A = importlib.import_module("onnxmem.analyze")  # the package's `analyze` is the function
-from onnxmem import render, shapes
+from onnxmem import render
+from onnxmem.dims import input_dims
 from onnxmem.graph import build_graph
 from onnxmem.liveness import liveness
 from onnxmem.load import load_model
@@ -42,7 +43,7 @@ if sys.argv[3] == "floor":
     onnx.shape_inference.infer_shapes(model); marks.append(("ONNX shape inference", T()))
 else:
     loaded = load_model(path); marks.append(("load (parse, node kinds)", T()))
-    free = shapes.input_dims(loaded.proto)
+    free = input_dims(loaded.proto)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     marks.append(("build the graph", T()))
     symbolic = A.planner_types(loaded, R, free, graph); marks.append(("planner types (ONNX inference, rounds)", T()))

@@ -11,24 +11,17 @@ from dataclasses import dataclass
 
 import onnx
 
+from .dims import InputDim, input_dims
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Timeline, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, execution_order
+from .planner import infer_symbolic, runtime_view
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
-from .shapes import (
-    UNKNOWN_TYPE,
-    Dim,
-    InputDim,
-    SizedModel,
-    TensorType,
-    bind_and_infer,
-    infer_symbolic,
-    input_dims,
-    runtime_view,
-)
+from .shapes import SizedModel, bind_and_infer
+from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals

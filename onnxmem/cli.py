@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from .analyze import analyze
+from .dims import parse_dims
 from .errors import OnnxMemError
 from .orders import DEFAULT_ORDER, ORDERS, orders_help
 from .plan import RUNTIMES, SHARD_STAGES
@@ -23,7 +24,6 @@ from .render import render, render_check, render_fit, render_targets, render_val
 from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
-from .shapes import parse_dims
 from .training import DEVICES, PRECISIONS, training_options
 from .validate import PROVIDERS
 

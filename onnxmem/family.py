@@ -31,6 +31,7 @@ from .analyze import (
     size_warnings,
     summarize,
 )
+from .dims import bind_dims, input_dims
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Timeline, liveness
@@ -38,14 +39,8 @@ from .load import load_model
 from .orders import DEFAULT_ORDER, execution_order
 from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
-from .shapes import (
-    UNKNOWN_TYPE,
-    Dim,
-    TensorType,
-    bind_and_infer,
-    bind_dims,
-    input_dims,
-)
+from .shapes import bind_and_infer
+from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
 # seq + 5 at seq = 11), the buffer plan there is not the general one, and the next triple is tried.

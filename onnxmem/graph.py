@@ -12,7 +12,7 @@ from onnx import AttributeProto, GraphProto
 from .errors import ModelFileError
 from .report import Warning
 from .rules.inference import CONTROL_FLOW
-from .shapes import UNKNOWN_TYPE, Dim, TensorType
+from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -11,7 +11,7 @@ from .graph import ACTIVATION, OUTER, OUTPUT, ModelGraph
 from .rules import InferenceRules
 from .rules.inference import BODY_OUTPUTS_SEPARATE, BODY_STATE_BYTES, EXPANDED_INTERMEDIATES
 from .schedule import model_order
-from .shapes import Dim
+from .tensor_types import Dim
 
 _OWNS_BUFFER = (ACTIVATION, OUTPUT)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from .analyze import analysis
+from .dims import input_dims
 from .errors import DimError, TargetError
 from .family import ModelFamily
 from .load import LoadedModel, load_model
@@ -39,7 +40,6 @@ from .report import (
     TrainingParameterGroup,
     WhatIf,
 )
-from .shapes import input_dims
 from .transforms import half_precision
 
 if TYPE_CHECKING:

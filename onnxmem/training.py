@@ -193,7 +193,7 @@ def micro_batch_dims(model: onnx.ModelProto, dims: dict[str, int], options: Trai
     """Give the dims a micro-step runs at: the batch dim divided by grad_accum (the same dims when it is 1)."""
     if not options.accumulates:
         return dict(dims)
-    from .shapes import input_dims
+    from .dims import input_dims
 
     batch = options.batch_dim
     if batch is None:

@@ -21,13 +21,16 @@ import onnx
 
 from .analyze import analysis, size_warnings
 from .graph import WEIGHT, ModelGraph, build_graph
+from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
 from .orders import execution_order
+from .planner import infer_symbolic, runtime_view
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
 from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_PADDED_COLUMNS, PREPACKED
-from .shapes import UNKNOWN_TYPE, bind_and_infer, declared_types, infer_symbolic, runtime_view
+from .shapes import bind_and_infer
+from .tensor_types import UNKNOWN_TYPE
 
 SCHEMA = "onnxmem.validate/1"
 PROVIDERS = ("cpu", "cuda")
@@ -211,7 +214,7 @@ def ran_order(graph: ModelGraph, names: Sequence[str]) -> list[int]:
 
 
 def _dims_of(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, int]:
-    from .shapes import input_dims
+    from .dims import input_dims
 
     names = {d.name for d in input_dims(model)}
     return {k: v for k, v in dims.items() if k in names}

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 import onnxmem
 from onnxmem.cli import main
+from onnxmem.dims import input_dims
 from onnxmem.graph import build_graph
-from onnxmem.shapes import input_dims
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODELS = sorted(FIXTURES.glob("*.onnx"))
@@ -71,13 +71,14 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
     # analyze() infers once on the symbolic model, evaluates the dims where every dim is named and infers only
     # the part that makes the rest (shape_inference._infer_rest); that must give exactly what inference of the
     # whole graph with the dims bound gives.
-    from onnxmem import shapes
+    from onnxmem import planner, shapes
+    from onnxmem.dims import input_dims
 
     model = onnxmem.load.load_model(path).proto
     names = {d.name for d in input_dims(model)}
     dims = {name: DIMS[name] for name in names}
     whole = shapes.bind_and_infer(model, dims)
-    symbolic = shapes.infer_symbolic(model)
+    symbolic = planner.infer_symbolic(model)
     sized = {name: t for name, t in whole.types.items() if t[2] is not None}
     for graph in (None, build_graph(model)):  # with the graph, the sizing rules run first (_size_from_inputs)
         fast = shapes.bind_and_infer(model, dims, symbolic=symbolic, graph=graph)
@@ -106,7 +107,7 @@ def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
     # Resize loses the batch dim (its scale on it is 1, but inference computes no symbolic product); the Concat
     # with a skip connection takes 'batch' from the skip for onnxruntime's planner, where ONNX's 'unk__N' name
     # for the lost dim would win the merge (measured on fixtures/unet.onnx, see rules.inference.PLANNER_MERGES_DIMS).
-    from onnxmem.shapes import infer_symbolic, runtime_view
+    from onnxmem.planner import infer_symbolic, runtime_view
 
     model = _merge_model()
     types = infer_symbolic(model)
@@ -119,15 +120,16 @@ def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
 def test_planner_merges_alike_from_a_file_and_its_graph(tmp_path: Path) -> None:
     # The same merge where the model comes from a file and the merging nodes are found from the caller's graph
     # (a merge learned means a second inference).
-    from onnxmem import shapes
+    from onnxmem import planner
+    from onnxmem.dims import input_dims
     from onnxmem.graph import build_graph
     from onnxmem.load import load_model
 
     onnx.save(_merge_model(), str(tmp_path / "merge.onnx"))
     loaded = load_model(tmp_path / "merge.onnx")
-    types = shapes.infer_symbolic(loaded.proto, loaded, shapes.input_dims(loaded.proto), build_graph(loaded.proto))
-    assert shapes.runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
-    assert types == shapes.infer_symbolic(_merge_model())
+    types = planner.infer_symbolic(loaded.proto, loaded, input_dims(loaded.proto), build_graph(loaded.proto))
+    assert planner.runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
+    assert types == planner.infer_symbolic(_merge_model())
 
 
 def _shape_arithmetic_model() -> onnx.ModelProto:
@@ -160,10 +162,10 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
 
 
 def test_shape_values_data_propagation_misses_are_computed() -> None:
-    from onnxmem import shapes
+    from onnxmem import planner, shapes
 
     model = _shape_arithmetic_model()
-    for symbolic in (None, shapes.infer_symbolic(model)):  # the whole graph, and only the part left unknown
+    for symbolic in (None, planner.infer_symbolic(model)):  # the whole graph, and only the part left unknown
         types = shapes.bind_and_infer(model, {"batch": 3}, symbolic=symbolic).types
         assert types["w_part"][1:] == ((64, 24), 64 * 24 * 4)
         assert types["ones"][1:] == ((3, 64), 3 * 64 * 4)
@@ -173,7 +175,7 @@ def test_shape_values_stay_small() -> None:
     # An Expand of a constant to an activation's shape is no shape value: it is neither computed nor built.
     import numpy as np
 
-    from onnxmem.shapes import SHAPE_VALUE_OPS
+    from onnxmem.shape_values import SHAPE_VALUE_OPS
 
     expand = SHAPE_VALUE_OPS["Expand"]
     assert expand is not None

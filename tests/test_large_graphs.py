@@ -13,7 +13,8 @@ import pytest
 
 import onnxmem
 from benchmarks.llm_graphs import LlamaShape, make_llama
-from onnxmem import shapes
+from onnxmem import planner, shapes
+from onnxmem.dims import input_dims
 from onnxmem.graph import build_graph
 
 # The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
@@ -62,7 +63,7 @@ def test_the_callers_model_is_left_untouched() -> None:
     # Inference reads a prepared copy of the model (Constant nodes folded, dims named).
     for model in (onnx.load(str(ROOT / "fixtures" / "gpt_decoder.onnx")), make_llama(MANY_LAYERS)):
         before = model.SerializeToString()
-        names = [d.name for d in shapes.input_dims(model)]
+        names = [d.name for d in input_dims(model)]
         onnxmem.analyze(model, {name: 3 for name in names})
         assert model.SerializeToString() == before
 
@@ -75,7 +76,7 @@ def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypa
     from onnxmem.graph import build_graph
 
     model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=kv_heads, ffn=128, vocab=256))
-    symbolic = shapes.infer_symbolic(model)
+    symbolic = planner.infer_symbolic(model)
     _, unknown = shapes.evaluate_known(symbolic, DIMS)
     assert len(unknown) >= 3 * 5  # per layer: the two Concats and what carries their dims
     whole = shapes.bind_and_infer(model, DIMS)
@@ -199,9 +200,9 @@ def test_the_inference_with_the_graphs_nodes_equals_the_one_from_the_model(name:
 
     path = ROOT / "fixtures" / name
     loaded = load_model(path)
-    expected = shapes.infer_symbolic(onnx.load(str(path), load_external_data=False))
+    expected = planner.infer_symbolic(onnx.load(str(path), load_external_data=False))
     for wiring in (None, build_graph(loaded.proto)):
-        assert shapes.infer_symbolic(loaded.proto, loaded, shapes.input_dims(loaded.proto), wiring) == expected
+        assert planner.infer_symbolic(loaded.proto, loaded, input_dims(loaded.proto), wiring) == expected
 
 
 def test_one_process_no_child_is_started(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,267 @@
+"""Running ONNX's shape inference on a light copy of the model (Constant nodes folded, fused operators as their
+standard forms, dims named or bound), and collecting the types it finds; onnxruntime's symbolic inference as the
+last resort for contrib operators."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
+
+from .dims import InputDim
+from .load import initializer_type
+from .report import Warning
+from .rules.inference import CONTROL_FLOW, SHAPE_AS
+from .shape_values import _constant_value, _is_shape_constant, _shape_values
+from .tensor_types import TensorType, TypeDecoder, decode_type
+
+_REST_ROUNDS = 3
+
+
+def declared_types(model: ModelProto) -> dict[str, TensorType]:
+    """Give the types the model itself declares (inputs, outputs, value_info, initializers), inferring nothing."""
+    return _collect_types(model.graph, TypeDecoder())
+
+
+def _fold_constant_nodes(graph: GraphProto) -> None:
+    """Turn the graph's Constant nodes into initializers, in place (the copy given to inference only)."""
+    values = [(i, _constant_value(n)) for i, n in enumerate(graph.node) if n.op_type == "Constant"]
+    folded = {i: tensor for i, tensor in values if tensor is not None}
+    if not folded:
+        return
+    kept = [n for i, n in enumerate(graph.node) if i not in folded]
+    graph.initializer.extend(folded.values())
+    del graph.node[:]
+    graph.node.extend(kept)
+    # an initializer's own type is exact; a declaration of the same name (exporters declare Constant outputs,
+    # often with no shape) would override it in inference
+    names = {tensor.name for tensor in folded.values()}
+    if any(v.name in names for v in graph.value_info):
+        declared = [v for v in graph.value_info if v.name not in names]
+        del graph.value_info[:]
+        graph.value_info.extend(declared)
+
+
+def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
+    """Give the copy of the model that inference reads: Constant nodes as initializers, fused operators as their
+    standard forms, every free input dim named, and the `bound` ones substituted."""
+    light = _shape_only_copy(model)
+    _fold_constant_nodes(light.graph)
+    _standardize_fused_ops(light.graph)
+    _name_unnamed_dims(light.graph, free)
+    _substitute(light.graph, bound)
+    return light
+
+
+def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
+    return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
+
+
+def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
+           warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
+    light = _prepared(model, free, bound)
+    try:
+        inferred = _inferred(light, data_prop)
+    except Exception as exc:  # onnx raises several types here; any of them means "no inference"
+        warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
+        return _collect_types(light.graph, TypeDecoder())
+    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
+        inferred = _ort_symbolic_inference(inferred, warnings)
+        return _collect_types(inferred.graph, TypeDecoder())
+    types = _collect_types(inferred.graph, TypeDecoder())
+    if data_prop and _has_unknown_outputs(inferred.graph):
+        # shape values ONNX's data propagation does not carry (see _shape_values), computed and given back
+        for _ in range(_REST_ROUNDS):
+            initializers = {t.name: t for t in light.graph.initializer}
+            folded = _shape_values(list(light.graph.node), initializers, types)
+            fresh = [t for name, t in folded.items() if name not in initializers]
+            if not fresh:
+                break
+            light.graph.initializer.extend(fresh)
+            try:
+                inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
+                                                             data_prop=True)
+            except Exception:  # noqa: BLE001 - keep what the first inference found
+                break
+            types = _collect_types(inferred.graph, TypeDecoder())
+            if not _has_unknown_outputs(inferred.graph):
+                break
+    return types
+
+
+def _copy(model: ModelProto) -> ModelProto:
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, TensorType] | None = None,
+                   subgraphs: bool = True, initializers: bool = True) -> dict[str, TensorType]:
+    """Give the type of every value the graph declares and of its initializers, its subgraphs' included
+    (`subgraphs` False: the caller knows the graph has none, and its nodes are not read; `initializers` False:
+    the caller has the graph's own, see LoadedModel.weights)."""
+    types = {} if into is None else into
+    decoded = decode.decoded
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:  # the loop of TypeDecoder.__call__, inlined: 100k values on a large graph
+            type_proto = value.type
+            key = type_proto.SerializeToString()
+            found = decoded.get(key)
+            if found is None:
+                found = decoded[key] = decode_type(type_proto)
+            types[value.name] = found
+    for tensor in graph.initializer if initializers else ():
+        types[tensor.name] = initializer_type(tensor)
+    for node in graph.node if subgraphs else ():
+        if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                _collect_types(attr.g, decode, types)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _collect_types(sub, decode, types)
+    return types
+
+
+_EMBEDDED_BYTES_TO_COPY = 64 * 1024 * 1024
+
+
+def _shape_only_copy(model: ModelProto) -> ModelProto:
+    # Shape inference needs every initializer's type and the values of small integer ones; copying the
+    # weights themselves would double the memory of a model with embedded data for nothing. A model whose
+    # weights are external (or small) is copied whole: one C++ copy beats a Python walk over its nodes.
+    if model.ByteSize() <= _EMBEDDED_BYTES_TO_COPY:
+        whole = ModelProto()
+        whole.CopyFrom(model)
+        return whole
+    copy = ModelProto()
+    copy.CopyFrom(_without_initializers(model))
+    _slim_graph(model.graph, copy.graph)
+    return copy
+
+
+def _standardize_fused_ops(graph: GraphProto) -> None:
+    # The copy given to inference only: the graph the passes read keeps every node as it is.
+    for node in graph.node:
+        if node.domain in ("", "ai.onnx"):
+            continue  # the fused operators are all in onnxruntime's domains
+        rule = SHAPE_AS.get(f"{node.domain}::{node.op_type}")
+        if rule is None:
+            continue
+        op_type, inputs, dropped = rule
+        if op_type == "MatMul" and any(a.name.startswith("trans") and a.i for a in node.attribute):
+            continue  # a transposing FusedMatMul is not a MatMul's shape: left for onnxruntime's inference
+        kept = [a for a in node.attribute if a.name not in dropped]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        del node.input[inputs:]
+        node.op_type, node.domain = op_type, ""
+
+
+def _without_initializers(model: ModelProto) -> ModelProto:
+    shell = ModelProto()
+    shell.ir_version = model.ir_version
+    shell.opset_import.extend(model.opset_import)
+    shell.functions.extend(model.functions)
+    shell.graph.name = model.graph.name
+    return shell
+
+
+def _slim_graph(source: GraphProto, target: GraphProto) -> None:
+    target.input.extend(source.input)
+    target.output.extend(source.output)
+    target.value_info.extend(source.value_info)
+    declared = {v.name for v in source.input}
+    for tensor in source.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL or _is_shape_constant(tensor):
+            target.initializer.append(tensor)  # a header only, or a small constant inference may need
+            continue
+        if tensor.name not in declared:
+            target.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    for node in source.node:
+        copy = target.node.add()
+        copy.CopyFrom(node)
+        for attr, original in zip(copy.attribute, node.attribute, strict=True):
+            if attr.type == AttributeProto.GRAPH:
+                attr.g.ClearField("initializer")
+                del attr.g.input[:], attr.g.output[:], attr.g.value_info[:], attr.g.node[:]
+                _slim_graph(original.g, attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub, orig in zip(attr.graphs, original.graphs, strict=True):
+                    sub.ClearField("initializer")
+                    del sub.input[:], sub.output[:], sub.value_info[:], sub.node[:]
+                    _slim_graph(orig, sub)
+
+
+def _name_unnamed_dims(graph: GraphProto, free: list[InputDim]) -> None:
+    by_input = {v.name: v for v in graph.input}
+    for d in free:
+        dim = by_input[d.input].type.tensor_type.shape.dim[d.axis]
+        if not (dim.HasField("dim_param") and dim.dim_param):
+            dim.dim_param = d.name
+
+
+def _substitute(graph: GraphProto, bound: Mapping[str, int]) -> None:
+    if not bound:
+        return
+    for value in _value_infos(graph):
+        if not value.type.HasField("tensor_type"):
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in bound:
+                dim.dim_value = bound[dim.dim_param]
+
+
+def _value_infos(graph: GraphProto) -> Iterator[ValueInfoProto]:
+    yield from graph.input
+    yield from graph.output
+    yield from graph.value_info
+
+
+def _has_unknown_outputs(graph: GraphProto) -> bool:
+    known = {v.name for v in _value_infos(graph) if _is_static(v)}
+    return any(out and out not in known for node in graph.node for out in node.output)
+
+
+def _is_static(value: ValueInfoProto) -> bool:
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
+
+
+def _has_custom_domains(model: ModelProto) -> bool:
+    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
+
+
+def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> ModelProto:
+    # onnxruntime's symbolic shape inference knows the com.microsoft contrib ops that ONNX's does not.
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError as exc:  # onnxruntime, or the sympy its symbolic inference needs
+        warnings.append(Warning(
+            "contrib-shapes",
+            "the model has non-standard operators that ONNX shape inference does not know, and onnxruntime's "
+            f"symbolic shape inference cannot run ({_one_line(exc)}): pip install \"onnxmem[cpu]\"",
+        ))
+        return model
+    # Its public infer_shapes() saves the model into the current directory whenever any shape stays
+    # unknown, and then throws the partial result away; running its steps ourselves keeps what it found
+    # and writes nothing.
+    try:
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+        inference._update_output_from_vi()
+        result: ModelProto = inference.out_mp_
+    except Exception as exc:  # its failures are many and untyped; fall back to what ONNX found
+        warnings.append(Warning("contrib-shapes", f"onnxruntime symbolic shape inference failed: {_one_line(exc)}"))
+        return model
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__

@@ -1,0 +1,180 @@
+"""The planner-shape pass: every tensor's type with the input dims left symbolic, as onnxruntime's memory planner
+sees the model before any input arrives (it decides buffer reuse on these shapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import onnx
+from onnx import ModelProto, ValueInfoProto
+
+from .dims import InputDim, input_dims
+from .infer import _collect_types, _copy, _has_unknown_outputs, _inferred, _ort_symbolic_inference, _prepared
+from .report import Warning
+from .rules.inference import PLANNER_MERGES_DIMS
+from .tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
+
+if TYPE_CHECKING:
+    from .graph import ModelGraph
+    from .load import LoadedModel
+
+
+def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
+                   wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+    """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
+    any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes).
+
+    `loaded`: the model as loaded from its file, whose NodeKinds tell which passes can be skipped; `free`: the
+    model's input_dims where the caller has them; `wiring`: the model's graph, where the caller has built it (its
+    ops find the nodes the planner rounds read faster than the model's nodes do).
+    """
+    free = input_dims(model) if free is None else free
+    nodes = loaded.nodes if loaded is not None else None
+    subgraphs = nodes is None or nodes.graphs  # whether a node may hold a graph (see _collect_types)
+    merges = nodes is None or nodes.merges  # whether a node may merge dims (see _planner_rounds)
+    # The model as it was read serves inference where preparation would change nothing in it (no Constant node
+    # to fold, no fused operator to rewrite, every free dim named): no copy, no serialization.
+    as_read = loaded.data if loaded is not None and nodes is not None and not nodes.prepared and \
+        all(d.name != f"{d.input}_dim{d.axis}" for d in free) else None
+    prepared: list[ModelProto] = []
+
+    def light() -> ModelProto:  # the model inference reads, where a round adds to it: made at first use
+        if not prepared:
+            prepared.append(_prepared(model, free, {}))
+        return prepared[0]
+
+    try:
+        inferred = _inferred(as_read if as_read is not None else light(), data_prop=False)
+    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+        return _collect_types(light().graph, TypeDecoder())
+    candidates: list[onnx.NodeProto] | None = []
+    if merges:  # the model's own nodes serve where preparation changed none of them (no fused op was rewritten)
+        candidates = _candidate_nodes(model, wiring) if wiring is not None and nodes is not None and \
+            not nodes.prepared else None
+    return _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=candidates)
+
+
+def runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+    """Give a shape as onnxruntime's planner holds it: ONNX names every dim it cannot infer 'unk__N', where
+    onnxruntime leaves the dim empty, and an empty dim equals nothing (measured: Softmax after a dynamic Reshape
+    is not done in place)."""
+    if shape is None:
+        return None
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
+
+
+_PLANNER_ROUNDS = 8
+
+
+def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None, warnings: list[Warning],
+                    subgraphs: bool = True, candidates: Sequence[onnx.NodeProto] | None = None,
+                    weights: Mapping[str, TensorType] | None = None,
+                    collected: dict[str, TensorType] | None = None) -> dict[str, TensorType]:
+    """Give the types onnxruntime's planner knows: ONNX's inference (no value propagation), and what onnxruntime
+    knows besides, fed back into it until nothing more is learned.
+
+    Contrib operators: onnxruntime infers their outputs from their schemas, from their inputs' shapes, and
+    propagates no shape values (measured: after a Reshape whose target is computed, it knows no shape). Its
+    Python symbolic inference knows the contrib operators but also propagates shape values symbolically, so it
+    knows more than the planner: its type for a contrib operator's output is taken only where every input of
+    that operator is known. Concat merges each dim from all its inputs, where ONNX's 'unk__N' names would win
+    (rules.inference.PLANNER_MERGES_DIMS).
+
+    `candidates`: the nodes the rounds look at (see _candidate_nodes), where the caller has them (None: they are
+    read from `inferred`); `weights`: the types of the graph's initializers, where the caller has them;
+    `collected`: the types collected from `inferred` but its initializers', where they were collected before
+    (`inferred` is then not read: None, where the model has no contrib operator).
+    """
+    # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
+    nodes = _candidate_nodes(inferred) if candidates is None and inferred is not None else candidates or []
+    contrib: dict[str, ValueInfoProto] = {}
+    if inferred is not None and any(n.domain not in ("", "ai.onnx") for n in nodes) and \
+            _has_unknown_outputs(inferred.graph):
+        found = _ort_symbolic_inference(_copy(inferred), warnings)
+        if found is not inferred:
+            contrib = {v.name: v for v in found.graph.value_info}
+            contrib.update((v.name, v) for v in found.graph.output)
+
+    def collect(inferred: ModelProto) -> dict[str, TensorType]:
+        types = _collect_types(inferred.graph, TypeDecoder(), subgraphs=subgraphs, initializers=weights is None)
+        types.update(weights or {})  # (where _collect_types puts them: last)
+        return types
+
+    learned_before: set[str] = set()
+    if collected is not None:
+        types = collected
+        types.update(weights or {})
+    else:
+        assert inferred is not None
+        types = collect(inferred)
+    for _ in range(_PLANNER_ROUNDS):
+        learned: list[ValueInfoProto] = []
+        for node in nodes:
+            if node.domain not in ("", "ai.onnx"):
+                if contrib and not all(out in types and _known(types[out]) for out in node.output if out) \
+                        and all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
+                    learned.extend(contrib[out] for out in node.output if out in contrib
+                                   and out not in learned_before and not (out in types and _known(types[out])))
+            elif node.op_type in PLANNER_MERGES_DIMS and node.output and node.output[0] not in learned_before:
+                merged = _merged_dims(node, types)
+                if merged is not None:
+                    learned.append(merged)
+        if not learned:
+            return types
+        learned_before.update(v.name for v in learned)
+        light().graph.value_info.extend(learned)
+        try:
+            inferred = _inferred(light(), data_prop=False)
+        except Exception:  # noqa: BLE001 - keep what the rounds before found
+            return types
+        types = collect(inferred)
+    return types
+
+
+def _is_candidate(op_type: str, domain: str) -> bool:
+    """Say whether the planner rounds look at a node of this kind (see _planner_rounds)."""
+    return op_type in PLANNER_MERGES_DIMS or domain not in ("", "ai.onnx")
+
+
+def _candidate_nodes(model: ModelProto, wiring: ModelGraph | None = None) -> list[onnx.NodeProto]:
+    """Give the nodes of the model's graph the planner rounds look at: found from its graph where the caller has it
+    (faster than reading every node's op type from the model)."""
+    nodes = model.graph.node
+    if wiring is None:
+        return [n for n in nodes if _is_candidate(n.op_type, n.domain)]
+    return [nodes[op.index] for op in wiring.ops if _is_candidate(op.op_type, op.domain)]
+
+
+def _merged_dims(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> ValueInfoProto | None:
+    """Give the output type of a Concat with each dim merged as onnxruntime does (the first input dim with a
+    value or a name; 'unk__N' is no name), where that names a dim ONNX's inference left 'unk__N'; else None."""
+    dtype, current, _ = types.get(node.output[0], UNKNOWN_TYPE)
+    if current is None:
+        return None
+    unknown = [j for j, d in enumerate(current) if d is None or (isinstance(d, str) and d.startswith("unk__"))]
+    if not unknown:
+        return None  # no dim to learn (the usual case: reading the node's inputs costs more)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), PLANNER_MERGES_DIMS[node.op_type])
+    axis %= max(len(current), 1)
+    if unknown == [axis]:
+        return None  # the concatenated dim is never merged (a KV cache's past + new: the usual unknown one)
+    shapes = [types.get(name, UNKNOWN_TYPE)[1] for name in node.input if name]
+    dims: list[int | str | None] = [None if isinstance(d, str) and d.startswith("unk__") else d for d in current]
+    changed = False
+    for j in unknown:
+        if j == axis:
+            continue
+        for shape in shapes:
+            d = shape[j] if shape is not None and len(shape) == len(current) else None
+            if isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__")):
+                dims[j] = d
+                changed = True
+                break
+    return onnx.helper.make_tensor_value_info(node.output[0], dtype, dims) if changed else None
+
+
+def _known(t: TensorType) -> bool:
+    shape = t[1]
+    return shape is not None and all(isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__"))
+                                     for d in shape)

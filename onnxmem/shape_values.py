@@ -1,0 +1,198 @@
+"""The shape-value rules: the small integer tensors (shapes, sizes, indices) that nodes compute from constants and
+from the sizes of known tensors, where ONNX's data propagation stops. One entry per operator in SHAPE_VALUE_OPS."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy
+import onnx
+from onnx import TensorProto
+
+from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
+
+
+def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, TensorProto],
+                  known: Mapping[str, TensorType]) -> dict[str, TensorProto]:
+    """Give the values of the small integer tensors these nodes compute from constants and from the sizes of
+    tensors whose shapes are `known` (Shape of a known tensor, then Gather, Concat, Mul, ...), as initializers.
+
+    ONNX's data propagation carries such values to Reshape and Expand but not to Slice's bounds, and not through
+    Reshape or Identity (the dynamo exporter writes a symbolic size as Reshape(size, [-1]) and slices an RNN's
+    weights by it); computing them here sizes what they shape.
+    """
+    values: dict[str, numpy.ndarray] = {}
+
+    def value(name: str) -> numpy.ndarray | None:
+        if name in values:
+            return values[name]
+        tensor = initializers.get(name)
+        if tensor is None or tensor.data_type not in _INT_TYPES or not _is_shape_constant(tensor):
+            return None  # sized from its header before any data is decoded
+        return onnx.numpy_helper.to_array(tensor)
+
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or node.op_type not in SHAPE_VALUE_OPS:
+            continue
+        constant = _constant_value(node)
+        if constant is not None:
+            if constant.data_type in _INT_TYPES:
+                values[node.output[0]] = onnx.numpy_helper.to_array(constant)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Shape":
+            shape = known.get(node.input[0], UNKNOWN_TYPE)[1]
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                continue
+            start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+            values[node.output[0]] = numpy.array(shape[start:end] if end else shape[start:0], dtype=numpy.int64)
+            continue
+        arguments = [value(name) if name else None for name in node.input]
+        compute = SHAPE_VALUE_OPS[node.op_type]
+        if not arguments or arguments[0] is None or compute is None:
+            continue
+        try:
+            result = compute(arguments, attrs)
+        except Exception:  # noqa: BLE001 - an unexpected form: leave the node to inference
+            continue
+        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and result.dtype.kind in "iu":
+            values[node.output[0]] = result
+    return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()}
+
+
+Values = list["numpy.ndarray | None"]
+
+
+def _axes(a: Values, k: Mapping[str, Any]) -> tuple[int, ...] | None:
+    if len(a) > 1 and a[1] is not None:
+        return tuple(int(x) for x in a[1].reshape(-1))
+    return tuple(int(x) for x in k["axes"]) if "axes" in k else None
+
+
+def _unsqueeze(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    axes = _axes(a, k)
+    return None if axes is None or a[0] is None else numpy.expand_dims(a[0], axes)
+
+
+def _squeeze(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    axes = _axes(a, k)
+    return None if a[0] is None else numpy.squeeze(a[0], axis=axes)
+
+
+def _reshape(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None or a[1] is None or 0 in a[1]:
+        return None  # a 0 copies the input's dim (allowzero 0): left to inference
+    return a[0].reshape([int(d) for d in a[1]])
+
+
+def _concat(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if any(x is None for x in a):
+        return None
+    return numpy.concatenate([x.reshape(-1) if x.ndim == 0 else x for x in a if x is not None], int(k.get("axis", 0)))
+
+
+def _gather(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    return None if a[0] is None or a[1] is None else numpy.take(a[0], a[1], axis=int(k.get("axis", 0)))
+
+
+def _slice(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if len(a) < 3 or a[0] is None or a[1] is None or a[2] is None or a[0].ndim != 1 or len(a[1]) != 1:
+        return None
+    if len(a) > 3 and a[3] is not None and int(a[3][0]) not in (0, -1):
+        return None
+    step = int(a[4][0]) if len(a) > 4 and a[4] is not None else 1
+    return a[0][int(a[1][0]):int(a[2][0]):step]
+
+
+def _arithmetic(function: Callable[[numpy.ndarray, numpy.ndarray], numpy.ndarray]) -> \
+        Callable[[Values, Mapping[str, Any]], numpy.ndarray | None]:
+    def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+        return None if len(a) < 2 or a[0] is None or a[1] is None else function(a[0], a[1])
+    return apply
+
+
+def _divide(x: numpy.ndarray, y: numpy.ndarray) -> numpy.ndarray:
+    return numpy.trunc(x / y).astype(numpy.result_type(x, y))  # ONNX integer division truncates
+
+
+def _expand(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None or len(a) < 2 or a[1] is None:
+        return None
+    shape = numpy.broadcast_shapes(a[0].shape, tuple(int(d) for d in a[1]))
+    if math.prod(shape) > _KEEP_INT_VALUES_UP_TO:
+        return None  # a shape value is small; this one is not (and is not built)
+    return numpy.broadcast_to(a[0], shape).copy()
+
+
+def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    return None if a[0] is None or k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+
+
+# How each operator computes a small integer value from its inputs' values (None where unknown) and its
+# attributes: the shape arithmetic exporters write. None leaves the node to inference. Constant and Shape are
+# computed in _shape_values (from the node's value, from its input's known shape).
+SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray | None] | None] = {
+    "Constant": None,
+    "Shape": None,
+    "Identity": lambda a, k: a[0],
+    "Cast": _cast,
+    "Reshape": _reshape,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": _concat,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Add": _arithmetic(numpy.add),
+    "Sub": _arithmetic(numpy.subtract),
+    "Mul": _arithmetic(numpy.multiply),
+    "Div": _arithmetic(_divide),
+    "Expand": _expand,
+}
+
+
+# Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
+# constants that data propagation needs, and Resize's scales. Everything else travels as a typed input.
+_KEEP_INT_VALUES_UP_TO = 4096
+
+
+_INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
+
+
+def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
+    """Give a Constant node's value as an initializer named after its output, or None (a string, a sparse
+    value, another domain). onnxruntime turns Constant nodes into initializers before it infers shapes, so
+    their values reach inference (a Resize's scales, a Slice's bounds, a Reshape's target)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1 \
+            or not node.output:
+        return None
+    attr = node.attribute[0]
+    name = node.output[0]
+    if attr.name == "value":
+        tensor = TensorProto()
+        tensor.CopyFrom(attr.t)
+        tensor.name = name
+        return tensor
+    if attr.name == "value_int":
+        return onnx.helper.make_tensor(name, TensorProto.INT64, [], [attr.i])
+    if attr.name == "value_ints":
+        return onnx.helper.make_tensor(name, TensorProto.INT64, [len(attr.ints)], list(attr.ints))
+    if attr.name == "value_float":
+        return onnx.helper.make_tensor(name, TensorProto.FLOAT, [], [attr.f])
+    if attr.name == "value_floats":
+        return onnx.helper.make_tensor(name, TensorProto.FLOAT, [len(attr.floats)], list(attr.floats))
+    return None
+
+
+def _is_shape_constant(tensor: TensorProto) -> bool:
+    # integer shape values (Reshape, Expand, ...) and small float ones (Resize's scales) that inference reads
+    return tensor.data_location != TensorProto.EXTERNAL and _is_small(tensor.dims)
+
+
+def _is_small(dims: Iterable[Dim]) -> bool:
+    """Say whether a tensor of these (known) dims has few enough elements to be a shape value."""
+    count = 1
+    for d in dims:
+        count *= int(d)  # type: ignore[arg-type]
+    return count <= _KEEP_INT_VALUES_UP_TO
