@@ -84,7 +84,7 @@ def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     plan_shapes = planner_shapes(graph, symbolic)
-    steps = execution_order(graph, order)
+    steps = execution_order(graph, order, rules)
     timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
     report = summarize(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], timeline, order)
     if training is not None:
@@ -93,7 +93,7 @@ def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim
         if micro != sized.dims:
             graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic,
                                                              free=free).types)
-            steps = execution_order(graph, order)
+            steps = execution_order(graph, order, rules)
         result = training_memory(graph, steps, training)
         report = dataclasses.replace(report, training=result,
                                      warnings=(*report.warnings, *training_warnings(result)))

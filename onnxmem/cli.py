@@ -16,11 +16,12 @@ import click
 from .analyze import analyze
 from .dims import parse_dims
 from .errors import OnnxMemError
+from .formats import FORMATS, formats_help, validation_formats
 from .orders import DEFAULT_ORDER, ORDERS, orders_help
 from .plan import RUNTIMES, SHARD_STAGES
 from .plan import check as plan_check
 from .plan import fit as plan_fit
-from .render import render, render_check, render_fit, render_targets, render_validation
+from .render import render_targets, render_validation
 from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
@@ -118,8 +119,8 @@ def main() -> None:
               help="Bind every dim not given with --dim to N (a warning names them).")
 @click.option("--order", type=click.Choice(list(ORDERS)), default=DEFAULT_ORDER, show_default=True,
               help=f"Execution order. {orders_help()}.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table",
-              show_default=True, help="html: one self-contained page with the timeline and the live set at the peak.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
+              help=f"Output: {formats_help()}.")
 @click.option("--timeline", "with_timeline", is_flag=True,
               help="JSON: add inference.timeline[] ({step, node, op_type, live_bytes} for every step: weights + "
                    "inputs + live activations, the series the plots draw), and training.timeline[] with "
@@ -148,12 +149,7 @@ def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: st
             from .plot import save_plot
 
             save_plot(plot_file, timeline=series_of(result))
-        if fmt == "html":
-            from .html import report_page
-
-            click.echo(report_page(result, series_of(result)), nl=False)
-        else:
-            click.echo(render(result, fmt, top, timeline=with_timeline))
+        click.echo(FORMATS[fmt].report(result, top, with_timeline), nl=fmt != "html")
 
     _run(debug, work)
 
@@ -185,8 +181,8 @@ def _plan_options(command: Any) -> Any:
                      help="Training: divide weights, gradients and optimizer states as ZeRO/FSDP do."),
         click.option("--what-if/--no-what-if", default=True, show_default=True,
                      help="Evaluate the single changes that would lower the peak."),
-        click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table",
-                     show_default=True),
+        click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
+                     help=f"Output: {formats_help()}."),
         click.option("--plot", "plot_file", default=None, metavar="FILE.png|FILE.svg",
                      help="Draw the timeline (and, for fit, memory against the dim) with the budget line."),
         training_click_options,
@@ -215,12 +211,7 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
             from .plot import save_plot
 
             save_plot(plot_file, timeline=timeline, fit=result, budget_bytes=result.budget_bytes)
-        if fmt == "html":
-            from .html import fit_page
-
-            click.echo(fit_page(result, timeline), nl=False)
-        else:
-            click.echo(render_fit(result, fmt))
+        click.echo(FORMATS[fmt].fit(result), nl=fmt != "html")
 
     _run(debug, work)
 
@@ -247,12 +238,7 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
             from .plot import save_plot
 
             save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes)
-        if fmt == "html":
-            from .html import check_page
-
-            click.echo(check_page(result, timeline), nl=False)
-        else:
-            click.echo(render_check(result, fmt))
+        click.echo(FORMATS[fmt].check(result), nl=fmt != "html")
         fits = result.fits
 
     _run(debug, work)
@@ -280,8 +266,7 @@ def _training_from(flags: dict[str, Any]) -> Any:
               help="Runs to measure: the first allocates tensor by tensor, later ones use the memory pattern.")
 @click.option("--mem-pattern/--no-mem-pattern", default=True, show_default=True,
               help="onnxruntime's memory pattern (one planned block from the second run on).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(validation_formats()), default="table", show_default=True)
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def validate(model: str, dims: tuple[str, ...], default_dim: int | None, provider: str, opt_level: str, runs: int,
              mem_pattern: bool, fmt: str, debug: bool) -> None:

@@ -345,6 +345,39 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
     A budget too small for 1 is an answer (max_value 0), not an error.
+
+    Parameters
+    ----------
+    model
+        A path to an ONNX file or a ModelProto.
+    memory, gpu
+        The target: a size ("24GiB", "16GB", bytes as an int) or a GPU of the catalog (plan.GPUS); exactly one.
+    runtime
+        "onnxruntime" or "pytorch": count that runtime's fixed costs and its allocator's rounding.
+    reserve
+        Fixed costs taken off the memory (replaces the runtime's stated defaults).
+    search
+        The dim to search (batch, seq, ...); the model's other symbolic dims are bound by `dims`.
+    dims, default_dim, order, training
+        As analyze.analysis.
+    gpus, shard
+        Training: data-parallel GPUs, and the ZeRO/FSDP stage that divides the model states across them.
+    what_if
+        Also evaluate the single changes that would let the next value fit.
+    limit
+        The largest value searched.
+
+    Returns
+    -------
+    FitResult
+        The answer, the curve, the notes; `report`: the report at the answer (what its pictures draw).
+
+    Raises
+    ------
+    TargetError
+        The target is missing, ambiguous or malformed.
+    DimError
+        `search` is no dim of the model, or is also bound in `dims`.
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
@@ -465,7 +498,25 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
           reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
           what_if: bool = True) -> CheckResult:
-    """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1)."""
+    """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1).
+
+    Parameters
+    ----------
+    model, dims, default_dim, order, training
+        As analyze.analysis.
+    memory, gpu, runtime, reserve, gpus, shard, what_if
+        As fit.
+
+    Returns
+    -------
+    CheckResult
+        The verdict, the peak against the budget, the what-ifs; `report`: the report checked.
+
+    Raises
+    ------
+    TargetError
+        The target is missing, ambiguous or malformed.
+    """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     loaded = load_model(model)

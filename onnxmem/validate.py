@@ -87,7 +87,35 @@ class Validation:
 def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
              provider: str = "cpu", opt_level: str = "disable", runs: int = 2, mem_pattern: bool = True,
              default_dim: int | None = None) -> Validation:
-    """Give the comparison of onnxruntime's real allocations with the estimate, for each of `runs` runs."""
+    """Give the comparison of onnxruntime's real allocations with the estimate, for each of `runs` runs.
+
+    Parameters
+    ----------
+    model
+        A path to an ONNX file or a ModelProto.
+    dims, default_dim
+        As analyze.analysis.
+    provider
+        "cpu" (the `cpu` extra) or "cuda" (the `gpu` extra and an NVIDIA GPU).
+    opt_level
+        onnxruntime's graph optimization level: disable, basic, extended or all.
+    runs
+        Runs to measure: the first allocates tensor by tensor, later ones use the memory pattern.
+    mem_pattern
+        Whether onnxruntime's memory pattern is on.
+
+    Returns
+    -------
+    Validation
+        Per run, the measured and estimated bytes; `raw_estimate`: analyze's figures for the model as given.
+
+    Raises
+    ------
+    MissingExtraError
+        onnxruntime is not installed.
+    RuntimeMeasurementError
+        onnxruntime could not run the model.
+    """
     from .runtime.inputs import make_feeds
 
     loaded = load_model(model)
