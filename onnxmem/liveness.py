@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -226,7 +226,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                     and t.kind == ACTIVATION and first[t.index] >= 0:
                 last[t.index] = end
     buffer_of = [-1] * len(tensors)
-    delta = [0] * (steps + 1)
+    spans: list[tuple[int, int, int]] = []
     new_bytes = [0] * steps
     unsized = []
     for t in tensors:
@@ -242,8 +242,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         if size is None:
             unsized.append(t.index)
             continue
-        delta[first[root]] += size
-        delta[last[root] + 1] -= size
+        spans.append((size, first[root], last[root]))
         new_bytes[first[root]] += size
 
     subgraph_bytes = [0] * steps  # transient bytes while a step runs: control-flow bodies, expanded functions
@@ -258,7 +257,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                                        for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 
-    live = [running + extra for running, extra in zip(accumulate(delta[:steps]), subgraph_bytes, strict=True)]
+    live = [running + extra for running, extra in zip(live_bytes(spans, steps), subgraph_bytes, strict=True)]
     peak_step = max(range(steps), key=live.__getitem__) if steps else -1
     return Timeline(
         order=tuple(order), live_bytes=tuple(live), new_bytes=tuple(new_bytes),
@@ -286,6 +285,16 @@ def _size_keys(graph: ModelGraph,
             key = made[(t.dtype, shape)] = (element_bits(t.dtype), *shape)
         keys.append(key)
     return keys
+
+
+def live_bytes(spans: Iterable[tuple[int, int, int]], steps: int) -> list[int]:
+    """Give the bytes live at each of `steps` steps, of buffers given as (bytes, first step, last step): a difference
+    array and its running sum, linear in steps and buffers (the one sweep of inference and training)."""
+    delta = [0] * (steps + 1)
+    for nbytes, first, last in spans:
+        delta[first] += nbytes
+        delta[last + 1] -= nbytes
+    return list(accumulate(delta[:steps]))
 
 
 def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = False, loop_body: bool = False) -> int:

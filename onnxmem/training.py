@@ -28,6 +28,7 @@ from onnx import TensorProto
 
 from .errors import OnnxMemError
 from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
+from .liveness import live_bytes
 from .report import (
     CheckpointWhatIf,
     PhaseRow,
@@ -361,35 +362,66 @@ def module_path(layer: str) -> str:
 
 
 def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptions) -> _Model:
-    values: list[_Value] = []
-    for tensor in graph.tensors:
-        values.append(_Value(tensor.name, tensor.shape, _numel(tensor.shape), tensor.nbytes or 0,
-                             tensor.dtype in _FLOATS, tensor.kind, is_sequence=tensor.dtype == 0))
+    """Give the facts every simulation of the step reads: the forward ops (decomposed ATen ops fused back) and the
+    loss, the parameters, the sizes at the training precision, the storages, what needs a gradient and what each
+    differentiable op keeps for backward."""
+    values, nodes, hidden = _forward(graph, order)
+    n_graph_nodes = len(nodes)
+    model_output, loss_value = _append_loss(graph, values, nodes, options)
+    _wire(graph, values, nodes)
+    params, frozen = _parameters(graph, values, nodes, options)
+    _size_at_precision(values, nodes, params + frozen, options)
+    roots = _storage_roots(values, nodes)
+    needs_grad, differentiable = _gradient_flow(values, nodes, params)
+    needs = _BackwardNeeds()
+    for n, node in enumerate(nodes):
+        if differentiable[n]:
+            _backward_needs(graph, n, node, values, roots, needs_grad, options, needs)
+    param_bytes = sum(values[t].nbytes for t in params)
+    members: dict[int, list[int]] = {}
+    for t, r in enumerate(roots):
+        members.setdefault(r, []).append(t)
+    return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
+                  needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
+                  needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
+                  n_graph_nodes, hidden)
 
-    nodes: list[_Node] = []
+
+def _forward(graph: ModelGraph, order: Sequence[int]) -> tuple[list[_Value], list[_Node], list[int]]:
+    """Give the step's values (the graph's tensors), its forward nodes in `order` with the ops exported from one
+    ATen op or decomposed from one fused again, and the intermediates those fused ops hide."""
+    values = [_Value(t.name, t.shape, _numel(t.shape), t.nbytes or 0, t.dtype in _FLOATS, t.kind,
+                     is_sequence=t.dtype == 0) for t in graph.tensors]
+    nodes = []
     for op_index in order:
         op = graph.ops[op_index]
         nodes.append(_Node(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
     nodes, grouped = _fuse_aten_groups(nodes, values, graph)
     nodes, hidden = _fuse_decomposed(nodes, values, set(graph.outputs))
-    hidden = grouped + hidden
-    n_graph_nodes = len(nodes)
+    return values, nodes, grouped + hidden
 
-    # The loss: appended after the model's first float output, unless that output is already a scalar.
+
+def _append_loss(graph: ModelGraph, values: list[_Value], nodes: list[_Node], options: TrainingOptions) -> \
+        tuple[int, int]:
+    """Append the loss's ops after the model's first float output (unless that output is already a scalar); give
+    (the value the loss reads, the loss value)."""
     outputs = [t for t in graph.outputs if values[t].is_float]
     model_output = outputs[0] if outputs else (graph.outputs[0] if graph.outputs else -1)
     loss_value = model_output
-    steps = LOSSES[options.loss]
     if model_output >= 0 and (values[model_output].numel or 0) > 1:
         previous = model_output
-        for i, step in enumerate(steps):
+        for i, step in enumerate(LOSSES[options.loss]):
             numel = values[model_output].numel if step.output == "same" else 1
             values.append(_Value(f"loss/{step.op_type}", None, numel, 0, True, "loss"))
             out = len(values) - 1
             nodes.append(_Node(step.op_type, "", f"loss/{step.op_type}_{i}", "loss", (previous,), (out,), None))
             previous = out
         loss_value = previous
+    return model_output, loss_value
 
+
+def _wire(graph: ModelGraph, values: list[_Value], nodes: list[_Node]) -> None:
+    """Set each value's producer and consumers (node positions; a subgraph's implicit reads included)."""
     for n, node in enumerate(nodes):
         for t in node.outputs:
             if t >= 0:
@@ -401,7 +433,11 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
             for t in graph.ops[node.graph_op].implicit_inputs:
                 values[t].consumers.append(n)
 
-    # Parameters: float initializers that feed computation, not buffers, not scalars.
+
+def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], options: TrainingOptions) -> \
+        tuple[list[int], list[int]]:
+    """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
+    not buffers (running statistics), not scalars."""
     buffers: set[int] = set()
     for node in nodes:
         for i in _BUFFER_INPUTS.get(node.op_type, ()):
@@ -422,10 +458,15 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
                 params.append(t)
             else:
                 frozen.append(t)
+    return params, frozen
 
-    # Sizes at the training precision. Weights: parameters at the master precision, the rest as stored.
+
+def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: list[int],
+                       options: TrainingOptions) -> None:
+    """Size the values at the training precision: parameters at the master precision, float inputs likewise,
+    each op's float outputs at the width autocast (or the precision) gives them; the rest as stored."""
     low_precision = options.precision != "fp32"
-    for t in params + frozen:
+    for t in parameters:
         v = values[t]
         v.nbytes = (v.numel or 0) * (2 if options.precision == "bf16" else 4)
     for v in values:
@@ -449,7 +490,10 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
             if numel is not None and values[t].is_float:
                 values[t].nbytes = numel * size
 
-    # Storage roots: PyTorch's views share their input's storage.
+
+def _storage_roots(values: list[_Value], nodes: list[_Node]) -> list[int]:
+    """Give each value's storage root: PyTorch's views share their input's storage, and BatchNormalization's
+    running statistics are updated in place."""
     root = list(range(len(values)))
 
     def find(t: int) -> int:
@@ -465,15 +509,17 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
         for t in node.outputs:
             if t >= 0:
                 root[t] = find(node.inputs[source])
-    # BatchNormalization's running statistics are updated in place in PyTorch.
     for node in nodes:
         if node.op_type == "BatchNormalization":
             for out, inp in ((1, 3), (2, 4)):
                 if out < len(node.outputs) and node.outputs[out] >= 0 and inp < len(node.inputs):
                     root[node.outputs[out]] = find(node.inputs[inp])
-    roots = [find(t) for t in range(len(values))]
+    return [find(t) for t in range(len(values))]
 
-    # What needs a gradient: trainable parameters and what is computed from them.
+
+def _gradient_flow(values: list[_Value], nodes: list[_Node], params: list[int]) -> tuple[list[bool], list[bool]]:
+    """Give what needs a gradient (trainable parameters and what is computed from them), per value, and which
+    nodes have a backward, per node."""
     needs_grad = [False] * len(values)
     for t in params:
         needs_grad[t] = True
@@ -487,101 +533,117 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
         for t in node.outputs:
             if t >= 0 and (values[t].is_float or values[t].is_sequence):
                 needs_grad[t] = True
+    return needs_grad, differentiable
 
-    # What each differentiable node keeps, its extra buffers, its new input gradients.
-    saved_by: dict[int, list[int]] = {}
-    extras: dict[int, int] = {}
-    cast_copies: dict[tuple[int, int], int] = {}
-    weight_copies: dict[int, int] = {}
-    new_grads: dict[int, list[int]] = {}
-    backward_temporaries: dict[int, int] = {}
-    passthrough: dict[int, list[int]] = {}
-    unknown: dict[str, int] = {}
-    amp = options.precision.startswith("amp-")
-    for n, node in enumerate(nodes):
-        if not differentiable[n]:
+
+@dataclass
+class _BackwardNeeds:
+    """What the differentiable nodes keep for backward and allocate in it (see _Model's fields of these names)."""
+
+    saved_by: dict[int, list[int]] = field(default_factory=dict)
+    extras: dict[int, int] = field(default_factory=dict)
+    cast_copies: dict[tuple[int, int], int] = field(default_factory=dict)
+    weight_copies: dict[int, int] = field(default_factory=dict)
+    new_grads: dict[int, list[int]] = field(default_factory=dict)
+    backward_temporaries: dict[int, int] = field(default_factory=dict)
+    passthrough: dict[int, list[int]] = field(default_factory=dict)
+    unknown: dict[str, int] = field(default_factory=dict)
+
+
+def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value], roots: list[int],
+                    needs_grad: list[bool], options: TrainingOptions, needs: _BackwardNeeds) -> None:
+    """Add what differentiable node `n` keeps for backward (by its rule in SAVED_FOR_BACKWARD), its extra buffers,
+    its backward's temporaries and its inputs' gradients to `needs`."""
+    rule = _rule(node.op_type, node.domain)
+    if rule is None:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        needs.unknown[key] = needs.unknown.get(key, 0) + 1
+        rule = DEFAULT_SAVES
+    inputs = list(node.inputs)
+    out0 = values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
+    _kept_for_backward(n, node, rule, values, roots, needs_grad, options, needs)
+    extra = _extra_bytes(graph, n, node, rule, values, roots, out0, options, needs)
+    if extra:
+        needs.extras[n] = extra
+    temporaries = needs.backward_temporaries
+    if rule.batched_backward_temporaries and out0 is not None and not any(
+            t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
+        temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
+    per_output, per_input = rule.cpu_backward_temporaries
+    if options.device == "cpu" and out0 is not None and (per_output or per_input):
+        first_input = inputs[0] if inputs and inputs[0] >= 0 else None
+        input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
+        output_bytes = out0.nbytes
+        if rule.cpu_blocked_channels:
+            output_bytes = _channel_padded(out0, output_bytes)
+            input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
+        temporaries[n] = temporaries.get(n, 0) + per_output * output_bytes + per_input * input_bytes
+    for i, t in enumerate(inputs):
+        if t < 0 or not needs_grad[t]:
             continue
-        rule = _rule(node.op_type, node.domain)
-        if rule is None:
-            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-            unknown[key] = unknown.get(key, 0) + 1
-            rule = DEFAULT_SAVES
-        inputs = [t for t in node.inputs]
-        kept: list[int] = []
-        for i in rule.inputs:
-            if i < len(inputs) and inputs[i] >= 0:
-                kept.append(inputs[i])
-        for i in rule.cross:
-            if i < len(inputs) and inputs[i] >= 0 and any(
-                    j != i and t >= 0 and needs_grad[t] for j, t in enumerate(inputs)):
-                kept.append(inputs[i])
-        for i in rule.outputs:
-            if i < len(node.outputs) and node.outputs[i] >= 0:
-                kept.append(node.outputs[i])
-        low = amp and (node.op_type in AUTOCAST_LOW_PRECISION)
-        for t in kept:
-            v = values[t]
-            if not v.is_float and v.kind in (WEIGHT, INPUT):
-                continue
-            if low and v.is_float and v.numel and v.kind == WEIGHT:
-                weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
-                continue
-            if low and v.is_float and v.numel and values[roots[t]].nbytes // max(values[roots[t]].numel or 1, 1) == 4:
-                cast_copies[(n, t)] = v.numel * 2  # a cast copy of an fp32 activation is what the op keeps
-                continue
-            if v.kind in (WEIGHT, INPUT):
-                continue
-            saved_by.setdefault(roots[t], []).append(n)
-        extra = 0
-        out0 = values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
-        if rule.extra_bits_per_output_element and out0 is not None and out0.numel is not None:
-            carrier = rule.extra_output
-            if carrier is not None and carrier < len(node.outputs) and node.outputs[carrier] >= 0:
-                saved_by.setdefault(roots[node.outputs[carrier]], []).append(n)
-            elif rule.extra_like_output_on_cpu and options.device == "cpu":
-                extra += out0.nbytes
-            else:
-                extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
-        if rule.stats and node.inputs and node.inputs[0] >= 0:
-            extra += 4 * rule.stats_values * _stat_count(graph, node, values[node.inputs[0]], rule.stats)
-        if rule.input_sized_extra and inputs and inputs[0] >= 0:
-            extra += rule.input_sized_extra * values[inputs[0]].nbytes
-        if rule.recurrent:
-            kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
-            extra += kept_bytes
-            if scratch:
-                backward_temporaries[n] = backward_temporaries.get(n, 0) + scratch
-        if extra:
-            extras[n] = extra
-        if rule.batched_backward_temporaries and out0 is not None and not any(
-                t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
-            backward_temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
-        per_output, per_input = rule.cpu_backward_temporaries
-        if options.device == "cpu" and out0 is not None and (per_output or per_input):
-            first_input = inputs[0] if inputs and inputs[0] >= 0 else None
-            input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
-            output_bytes = out0.nbytes
-            if rule.cpu_blocked_channels:
-                output_bytes = _channel_padded(out0, output_bytes)
-                input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
-            backward_temporaries[n] = backward_temporaries.get(n, 0) + per_output * output_bytes \
-                + per_input * input_bytes
-        for i, t in enumerate(inputs):
-            if t < 0 or not needs_grad[t]:
-                continue
-            same_shape = out0 is not None and values[t].numel == out0.numel
-            if i in rule.grad_passthrough and same_shape:
-                passthrough.setdefault(n, []).append(t)
-            else:
-                new_grads.setdefault(n, []).append(t)
+        same_shape = out0 is not None and values[t].numel == out0.numel
+        if i in rule.grad_passthrough and same_shape:
+            needs.passthrough.setdefault(n, []).append(t)
+        else:
+            needs.new_grads.setdefault(n, []).append(t)
 
-    param_bytes = sum(values[t].nbytes for t in params)
-    members: dict[int, list[int]] = {}
-    for t, r in enumerate(roots):
-        members.setdefault(r, []).append(t)
-    return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes, saved_by,
-                  extras, cast_copies, weight_copies, new_grads, backward_temporaries, passthrough, unknown,
-                  model_output, loss_value, n_graph_nodes, hidden)
+
+def _kept_for_backward(n: int, node: _Node, rule: Saves, values: list[_Value], roots: list[int],
+                       needs_grad: list[bool], options: TrainingOptions, needs: _BackwardNeeds) -> None:
+    """Add the tensors node `n` keeps for backward: the storages it saves, or under autocast the low-precision
+    copies of the fp32 activations and weights it reads."""
+    inputs = node.inputs
+    kept: list[int] = []
+    for i in rule.inputs:
+        if i < len(inputs) and inputs[i] >= 0:
+            kept.append(inputs[i])
+    for i in rule.cross:
+        if i < len(inputs) and inputs[i] >= 0 and any(
+                j != i and t >= 0 and needs_grad[t] for j, t in enumerate(inputs)):
+            kept.append(inputs[i])
+    for i in rule.outputs:
+        if i < len(node.outputs) and node.outputs[i] >= 0:
+            kept.append(node.outputs[i])
+    low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+    for t in kept:
+        v = values[t]
+        if not v.is_float and v.kind in (WEIGHT, INPUT):
+            continue
+        if low and v.is_float and v.numel and v.kind == WEIGHT:
+            needs.weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
+            continue
+        if low and v.is_float and v.numel and values[roots[t]].nbytes // max(values[roots[t]].numel or 1, 1) == 4:
+            needs.cast_copies[(n, t)] = v.numel * 2  # a cast copy of an fp32 activation is what the op keeps
+            continue
+        if v.kind in (WEIGHT, INPUT):
+            continue
+        needs.saved_by.setdefault(roots[t], []).append(n)
+
+
+def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: list[_Value], roots: list[int],
+                 out0: _Value | None, options: TrainingOptions, needs: _BackwardNeeds) -> int:
+    """Give the bytes node `n` keeps for backward besides tensors: masks, indices, statistics, a recurrent op's
+    workspace (its backward scratch goes to needs.backward_temporaries)."""
+    extra = 0
+    inputs = node.inputs
+    if rule.extra_bits_per_output_element and out0 is not None and out0.numel is not None:
+        carrier = rule.extra_output
+        if carrier is not None and carrier < len(node.outputs) and node.outputs[carrier] >= 0:
+            needs.saved_by.setdefault(roots[node.outputs[carrier]], []).append(n)
+        elif rule.extra_like_output_on_cpu and options.device == "cpu":
+            extra += out0.nbytes
+        else:
+            extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
+    if rule.stats and inputs and inputs[0] >= 0:
+        extra += 4 * rule.stats_values * _stat_count(graph, node, values[inputs[0]], rule.stats)
+    if rule.input_sized_extra and inputs and inputs[0] >= 0:
+        extra += rule.input_sized_extra * values[inputs[0]].nbytes
+    if rule.recurrent:
+        kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
+        extra += kept_bytes
+        if scratch:
+            needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
+    return extra
 
 
 def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
@@ -840,16 +902,59 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     `segments`: checkpointed ranges [start, end) of node positions (they keep only their inputs and are
     recomputed in backward); `recomputed`: storage roots recomputed in backward instead of kept.
     """
-    nodes, values, roots = model.nodes, model.values, model.root
-    ev = _Events()
-    buffers: list[_Buffer] = []
-    data = ev.add("data", "data")
+    step = _schedule(model, options, segments or [])
+    buffers = _Buffers()
+    for v in model.values:  # the baseline: weights and the input batch, for the whole step
+        if v.kind == WEIGHT:
+            buffers.add(v.name, "weights", v.nbytes, step.data, step.end)
+        elif v.kind == INPUT:
+            buffers.add(v.name, "input batch", v.nbytes, step.data, step.end)
+    _forward_buffers(model, step, buffers, recomputed)
+    _recompute_buffers(model, step, buffers)
+    _kept_extras(model, step, buffers)
+    _backward_buffers(model, options, step, buffers)
+    _optimizer_buffers(model, options, rule, step, buffers, first_step)
+    live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
+    peak_event = max(range(len(live)), key=live.__getitem__)
+    saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)
+    return _Run(step.events, buffers, live, live[peak_event], peak_event, saved)
 
-    # Events: forward, loss, then backward (with recomputes of checkpointed segments), then the optimizer.
-    fwd = [ev.add("loss" if node.graph_op is None else "forward", f"{node.op_type} {node.name}")
-           for node in nodes]
+
+@dataclass
+class _Schedule:
+    """The events of one step in order (data, forward, loss, backward with the recomputes of checkpointed segments,
+    optimizer), and where each node's forward, recompute and backward fall among them (-1: none)."""
+
+    events: _Events
+    data: int
+    fwd: list[int]  # per node
+    bwd: list[int]
+    rec: list[int]
+    seed: int  # the loss gradient
+    opt_events: list[int]  # per parameter (a for-loop update), or one for all
+    end: int  # the last event
+    segments: list[tuple[int, int]]
+    segment_of: list[int]  # per node: its checkpointed segment, -1 for none
+
+    @property
+    def end_of_forward(self) -> int:
+        return self.fwd[-1] if self.fwd else self.data
+
+
+class _Buffers(list[_Buffer]):
+    def add(self, name: str, category: str, nbytes: int, start: int, end: int) -> None:
+        """Add a buffer live from event `start` to `end` (an empty one is left out)."""
+        if nbytes > 0:
+            self.append(_Buffer(name, category, nbytes, start, max(start, end)))
+
+
+def _schedule(model: _Model, options: TrainingOptions, segments: list[tuple[int, int]]) -> _Schedule:
+    nodes = model.nodes
+    ev = _Events()
+    data = ev.add("data", "data")
+    fwd = [ev.add("loss" if node.graph_op is None else "forward", f"{node.op_type} {node.name}") for node in nodes]
     segment_of = [-1] * len(nodes)
-    for s, (start, end) in enumerate(segments or []):
+    for s, (start, end) in enumerate(segments):
         for n in range(start, end):
             segment_of[n] = s
     bwd = [-1] * len(nodes)
@@ -863,44 +968,31 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
                 bwd[n] = ev.add("backward", f"backward of {nodes[n].op_type} {nodes[n].name}")
             n -= 1
             continue
-        start, end = (segments or [])[s]
+        start, end = segments[s]
         for m in range(start, end):
             rec[m] = ev.add("backward", f"recompute {nodes[m].op_type} {nodes[m].name}")
         for m in range(end - 1, start - 1, -1):
             if model.differentiable[m]:
                 bwd[m] = ev.add("backward", f"backward of {nodes[m].op_type} {nodes[m].name}")
         n = start - 1
-    last_backward = len(ev.phase) - 1
-
-    params = model.params
-    impl = options.update_impl
-    if impl == "for-loop":
-        opt_events = [ev.add("optimizer", f"update {values[p].name}") for p in params] or \
+    if options.update_impl == "for-loop":
+        opt_events = [ev.add("optimizer", f"update {model.values[p].name}") for p in model.params] or \
             [ev.add("optimizer", "update")]
     else:
         opt_events = [ev.add("optimizer", "update (all parameters)")]
-    end_event = len(ev.phase) - 1
+    return _Schedule(ev, data, fwd, bwd, rec, seed, opt_events, len(ev.phase) - 1, segments, segment_of)
 
-    def buffer(name: str, category: str, nbytes: int, start: int, end: int) -> None:
-        if nbytes > 0:
-            buffers.append(_Buffer(name, category, nbytes, start, max(start, end)))
 
-    # Baseline: weights and the input batch.
-    for v in values:
-        if v.kind == WEIGHT:
-            buffer(v.name, "weights", v.nbytes, data, end_event)
-        elif v.kind == INPUT:
-            buffer(v.name, "input batch", v.nbytes, data, end_event)
-
-    # Forward incarnations of activations (storage roots), with what keeps them alive.
-    checkpointed = [segment_of[n] >= 0 for n in range(len(nodes))]
+def _forward_buffers(model: _Model, step: _Schedule, buffers: _Buffers, recomputed: frozenset[int]) -> None:
+    """Add the forward incarnation of every activation storage, alive until its last reader, or until the backward
+    of the last node that keeps it; a checkpointed segment keeps only its inputs, until its backward is done."""
+    nodes, values, roots, fwd, bwd = model.nodes, model.values, model.root, step.fwd, step.bwd
     saving_end: dict[int, int] = {}
     for r, savers in model.saved_by.items():
         for s in savers:
-            if not checkpointed[s] and r not in recomputed:
+            if step.segment_of[s] < 0 and r not in recomputed:
                 saving_end[r] = max(saving_end.get(r, -1), bwd[s])
-    # A checkpointed segment keeps its inputs until its backward is done.
-    for start, end in segments or []:
+    for start, end in step.segments:
         done = max((bwd[m] for m in range(start, end)), default=-1)
         for m in range(start, end):
             for t in nodes[m].inputs:
@@ -913,7 +1005,6 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
         if model.loss_value >= 0 else set()
     if model.model_output >= 0:
         held_to_end.add(roots[model.model_output])
-    end_of_forward = fwd[-1] if fwd else data
     for t, v in enumerate(values):
         if roots[t] != t or v.producer is None or v.kind in (WEIGHT, INPUT):
             continue
@@ -922,19 +1013,22 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
             for c in values[alias].consumers:
                 last = max(last, fwd[c])
         if t in held_to_end:
-            last = end_event
+            last = step.end
         if t in saving_end:
             last = max(last, saving_end[t])
         category = "saved activations" if t in saving_end else "activations"
-        buffer(v.name, category, v.nbytes, fwd[v.producer], last)
+        buffers.add(v.name, category, v.nbytes, fwd[v.producer], last)
         # recomputed in backward (the what-if): alive again from its first use to its last use in backward
         if t in recomputed and t in model.saved_by:
             uses = [bwd[s] for s in model.saved_by[t] if bwd[s] >= 0]
             if uses:
-                buffer(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
+                buffers.add(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
 
-    # Recompute incarnations inside checkpointed segments.
-    for start, end in segments or []:
+
+def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
+    """Add the recompute incarnations of the activations inside checkpointed segments."""
+    nodes, values, roots, rec, bwd = model.nodes, model.values, model.root, step.rec, step.bwd
+    for start, end in step.segments:
         for m in range(start, end):
             for t in nodes[m].outputs:
                 if t < 0 or roots[t] != t or values[t].kind in (WEIGHT, INPUT):
@@ -947,37 +1041,44 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
                 for saver in model.saved_by.get(t, []):
                     if start <= saver < end:
                         last = max(last, bwd[saver])
-                buffer(values[t].name, "saved activations", values[t].nbytes, rec[m], last)
+                buffers.add(values[t].name, "saved activations", values[t].nbytes, rec[m], last)
 
-    # Masks, indices and statistics; autocast's cast copies.
+
+def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
+    """Add the masks, indices and statistics nodes keep, and autocast's low-precision copies."""
+    nodes, values, fwd, rec, bwd = model.nodes, model.values, step.fwd, step.rec, step.bwd
     for n, nbytes in model.extras.items():
-        if checkpointed[n]:
-            buffer(f"{nodes[n].name} (mask/indices/statistics)", "activations", nbytes, fwd[n], fwd[n])
-            buffer(f"{nodes[n].name} (mask/indices/statistics)", "saved activations", nbytes, rec[n], bwd[n])
+        name = f"{nodes[n].name} (mask/indices/statistics)"
+        if step.segment_of[n] >= 0:
+            buffers.add(name, "activations", nbytes, fwd[n], fwd[n])
+            buffers.add(name, "saved activations", nbytes, rec[n], bwd[n])
         else:
-            buffer(f"{nodes[n].name} (mask/indices/statistics)", "saved activations", nbytes, fwd[n], bwd[n])
+            buffers.add(name, "saved activations", nbytes, fwd[n], bwd[n])
     for (n, t), nbytes in model.cast_copies.items():
-        if checkpointed[n]:
-            buffer(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, rec[n], bwd[n])
-        else:
-            buffer(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, fwd[n], bwd[n])
+        start = rec[n] if step.segment_of[n] >= 0 else fwd[n]
+        buffers.add(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, start, bwd[n])
     for t, nbytes in model.weight_copies.items():
         users = [n for n in values[t].consumers if model.differentiable[n]]
-        first_use = min((fwd[n] for n in users), default=end_of_forward)
-        last_use = max([bwd[n] for n in users] + [end_of_forward])
-        buffer(f"{values[t].name} (low-precision copy)", "low-precision weight copies", nbytes, first_use, last_use)
+        first_use = min((fwd[n] for n in users), default=step.end_of_forward)
+        last_use = max([bwd[n] for n in users] + [step.end_of_forward])
+        buffers.add(f"{values[t].name} (low-precision copy)", "low-precision weight copies", nbytes, first_use,
+                    last_use)
 
-    # Backward: the loss gradient, activation gradients, parameter gradients.
+
+def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers) -> None:
+    """Add backward's buffers: the loss gradient, activation gradients (handed through views, accumulated out of
+    place), parameter gradients (to the end of the step), backward temporaries; with gradient accumulation, the
+    gradients kept across micro-steps."""
+    nodes, values = model.nodes, model.values
     grad_buffer: dict[int, int] = {}  # value -> index in `buffers` of its gradient
-    trainable = set(params)
+    trainable = set(model.params)
     if model.loss_value >= 0 and model.needs_grad[model.loss_value]:
-        buffers.append(_Buffer("loss gradient", "activation gradients", 4, seed, seed))
+        buffers.append(_Buffer("loss gradient", "activation gradients", 4, step.seed, step.seed))
         grad_buffer[model.loss_value] = len(buffers) - 1
     grad_of_output_size = _grad_bytes_per_value(model, options)
     param_first_grad: dict[int, int] = {}
     param_grad_views: dict[int, int] = {}  # parameter -> the gradient buffer it took over
-    order = sorted((e, n) for n, e in enumerate(bwd) if e >= 0)
-    for e, n in order:
+    for e, n in sorted((e, n) for n, e in enumerate(step.bwd) if e >= 0):
         node = nodes[n]
         for t in node.outputs:
             if t >= 0 and t in grad_buffer:
@@ -989,7 +1090,7 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
                 continue
             if t in trainable:  # a view's gradient handed to the parameter: it becomes the parameter's
                 if t in param_first_grad or t in param_grad_views:
-                    buffer(f"{values[t].name} (accumulated)", "temporaries", buffers[out_grad].nbytes, e, e)
+                    buffers.add(f"{values[t].name} (accumulated)", "temporaries", buffers[out_grad].nbytes, e, e)
                 else:
                     param_grad_views[t] = out_grad
                 continue
@@ -1004,71 +1105,60 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
             size = grad_of_output_size[t]
             if t in trainable:
                 if t in param_first_grad or t in param_grad_views:
-                    buffer(f"{values[t].name} (accumulated)", "temporaries", size, e, e)
+                    buffers.add(f"{values[t].name} (accumulated)", "temporaries", size, e, e)
                 else:
                     param_first_grad[t] = e
                 continue
             if t in grad_buffer:
                 # the engine adds the two out of place (old + new), then drops both
-                buffer(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
+                buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
                 old = buffers[grad_buffer[t]]
                 old.end = max(old.end, e)
             buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", size, e, e))
             grad_buffer[t] = len(buffers) - 1
         if n in model.backward_temporaries:
-            buffer(f"{node.name} (backward temporaries)", "temporaries", model.backward_temporaries[n], e, e)
+            buffers.add(f"{node.name} (backward temporaries)", "temporaries", model.backward_temporaries[n], e, e)
         if options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION:
             for t in node.inputs:
                 if t in trainable:  # the low-precision weight gradient, cast to the fp32 one
-                    buffer(f"{values[t].name} (low-precision gradient)", "temporaries",
-                           (values[t].numel or 0) * 2, e, e)
+                    buffers.add(f"{values[t].name} (low-precision gradient)", "temporaries",
+                                (values[t].numel or 0) * 2, e, e)
     # Gradients of graph inputs are never needed; a gradient nobody consumes dies where it was made.
     for param, e in param_first_grad.items():
-        buffer(f"grad {values[param].name}", "parameter gradients", grad_of_output_size[param], e, end_event)
+        buffers.add(f"grad {values[param].name}", "parameter gradients", grad_of_output_size[param], e, step.end)
     for param, taken in param_grad_views.items():
-        buffers[taken].category, buffers[taken].end = "parameter gradients", end_event
+        buffers[taken].category, buffers[taken].end = "parameter gradients", step.end
         param_first_grad.setdefault(param, buffers[taken].start)
     # Gradient accumulation: from the second micro-step on, gradients exist through forward, and each new
     # parameter gradient is a temporary added into the kept one.
     if options.accumulates:
         for param, e in param_first_grad.items():
-            buffer(f"grad {values[param].name} (accumulating)", "parameter gradients",
-                   grad_of_output_size[param], data, e - 1)
-            buffer(f"grad {values[param].name} (micro-step)", "temporaries", grad_of_output_size[param], e, e)
+            buffers.add(f"grad {values[param].name} (accumulating)", "parameter gradients",
+                        grad_of_output_size[param], step.data, e - 1)
+            buffers.add(f"grad {values[param].name} (micro-step)", "temporaries", grad_of_output_size[param], e, e)
 
-    # Optimizer: states and the update's temporaries.
+
+def _optimizer_buffers(model: _Model, options: TrainingOptions, rule: OptimizerRule, step: _Schedule,
+                       buffers: _Buffers, first_step: bool) -> None:
+    """Add the optimizer's states (made in the first step, there from the start of a later one) and its update's
+    temporaries."""
+    values, params, opt_events = model.values, model.params, step.opt_events
+    impl = options.update_impl
     states = _state_bytes_per_param(model, rule, options)
     for i, p in enumerate(params):
         at = opt_events[i] if impl == "for-loop" else opt_events[0]
-        if first_step:
-            created = opt_events[0] if rule.states_created_at_once else at
-            buffer(f"{values[p].name} (optimizer state)", "optimizer state", states[p], created, end_event)
-        else:
-            buffer(f"{values[p].name} (optimizer state)", "optimizer state", states[p], data, end_event)
+        created = (opt_events[0] if rule.states_created_at_once else at) if first_step else step.data
+        buffers.add(f"{values[p].name} (optimizer state)", "optimizer state", states[p], created, step.end)
     transient_factor = {"for-loop": rule.transient_for_loop, "foreach": rule.transient_foreach, "fused": 0}[impl]
-    if transient_factor:
-        if impl == "for-loop":
-            for i, p in enumerate(params):
-                buffer(f"{values[p].name} (update temporaries)", "temporaries",
-                       transient_factor * values[p].nbytes, opt_events[i], opt_events[i])
-        else:
-            buffer("update temporaries", "temporaries", transient_factor * model.param_bytes,
-                   opt_events[0], opt_events[0])
-
-    delta = [0] * (len(ev.phase) + 1)
-    for b in buffers:
-        delta[b.start] += b.nbytes
-        delta[b.end + 1] -= b.nbytes
-    live = []
-    running = 0
-    for e in range(len(ev.phase)):
-        running += delta[e]
-        live.append(running)
-    peak_event = max(range(len(live)), key=live.__getitem__)
-    at = seed
-    saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= at <= b.end)
-    del last_backward
-    return _Run(ev, buffers, live, live[peak_event], peak_event, saved)
+    if not transient_factor:
+        return
+    if impl == "for-loop":
+        for i, p in enumerate(params):
+            buffers.add(f"{values[p].name} (update temporaries)", "temporaries",
+                        transient_factor * values[p].nbytes, opt_events[i], opt_events[i])
+    else:
+        buffers.add("update temporaries", "temporaries", transient_factor * model.param_bytes, opt_events[0],
+                    opt_events[0])
 
 
 def _aliases(model: _Model, root: int) -> list[int]:
