@@ -14,7 +14,7 @@ import onnx
 from .dims import InputDim, input_dims
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
-from .liveness import Timeline, liveness
+from .liveness import Lifetimes, Timeline, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, execution_order
 from .planner import infer_symbolic, runtime_view
@@ -30,6 +30,22 @@ Model = str | os.PathLike[str] | onnx.ModelProto | LoadedModel
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """The passes up to sizing: the model's graph sized at its bound dims, and the shapes onnxruntime's planner
+    compares. What follows (order, liveness, summaries, training) reads it and never changes it, so one Sizing
+    serves every order and every training option."""
+
+    loaded: LoadedModel
+    graph: ModelGraph  # sized at `dims`
+    dims: dict[str, int]  # every input dim, bound
+    plan_shapes: tuple[tuple[Dim, ...] | None, ...] | None  # per tensor, the shape onnxruntime's planner compares
+    warnings: tuple[Warning, ...]
+    symbolic: Mapping[str, TensorType] | None  # the planner types (to size the graph at other dims)
+    free: tuple[InputDim, ...]  # the model's free input dims
+    default_dim: int | None
+
+
+@dataclass(frozen=True)
 class Analysis:
     """One model analysed at one binding of its dims: what every pass made, and the report they give.
 
@@ -37,16 +53,26 @@ class Analysis:
     Analysis of a changed model): the numbers a user sees are the numbers of one run of the passes.
     """
 
-    loaded: LoadedModel
+    sizing: Sizing
     graph: ModelGraph  # sized at `dims` (for training with micro-batches: at the micro-batch)
-    dims: dict[str, int]  # every input dim, bound
-    plan_shapes: tuple[tuple[Dim, ...] | None, ...] | None  # per tensor, the shape onnxruntime's planner compares
     order: tuple[int, ...]  # the ops in execution order
     timeline: Timeline  # inference liveness in that order
     report: Report
 
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.sizing.loaded
 
-def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+    @property
+    def dims(self) -> dict[str, int]:
+        return self.sizing.dims
+
+    @property
+    def plan_shapes(self) -> tuple[tuple[Dim, ...] | None, ...] | None:
+        return self.sizing.plan_shapes
+
+
+def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
              order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
              training: TrainingOptions | None = None) -> Analysis:
     """Run the passes once and give their results (see Analysis).
@@ -54,7 +80,9 @@ def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim
     Parameters
     ----------
     model
-        A path to an ONNX file, a ModelProto, or a model already loaded (load.load_model).
+        A path to an ONNX file, a ModelProto, a model already loaded (load.load_model), or the Sizing of one (an
+        earlier analysis's, or a changed one: the passes after sizing run on it; `dims` and `default_dim` are then
+        not read).
     dims
         Values of the model's symbolic input dims, by name (e.g. {"batch": 8, "seq": 512}).
     default_dim
@@ -78,30 +106,48 @@ def analysis(model: Model, dims: Mapping[str, int] | None = None, *, default_dim
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
+    sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules)
+    return after_sizing(sized, order, rules, training)
+
+
+def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+           rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Sizing:
+    """Run the passes up to sizing (load, graph, planner types, bind and infer): see Sizing, and analysis for the
+    parameters."""
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     plan_shapes = planner_shapes(graph, symbolic)
-    steps = execution_order(graph, order, rules)
-    timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes)
-    report = summarize(loaded, graph, sized.dims, [*sized.warnings, *graph.warnings], timeline, order)
+    return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
+                  (*sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim)
+
+
+def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
+                 rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None,
+                 scheduled: tuple[Sequence[int], Lifetimes] | None = None) -> Analysis:
+    """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
+    order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
+    graph = sized.graph
+    steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
+    timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared)
+    report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order)
     if training is not None:
         # Gradient accumulation: a micro-step's activations are those of the micro-batch.
-        micro = micro_batch_dims(loaded.proto, dict(sized.dims), training)
+        proto = sized.loaded.proto
+        micro = micro_batch_dims(proto, dict(sized.dims), training)
         if micro != sized.dims:
-            graph = build_graph(loaded.proto, bind_and_infer(loaded.proto, micro, default_dim, symbolic=symbolic,
-                                                             free=free).types)
+            graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim, symbolic=sized.symbolic,
+                                                      free=list(sized.free)).types)
             steps = execution_order(graph, order, rules)
         result = training_memory(graph, steps, training)
         report = dataclasses.replace(report, training=result,
                                      warnings=(*report.warnings, *training_warnings(result)))
-    return Analysis(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                    tuple(steps), timeline, report)
+    return Analysis(sized, graph, tuple(steps), timeline, report)
 
 
-def analyze(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
             training: TrainingOptions | None = None) -> Report:
     """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis

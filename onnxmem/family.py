@@ -23,18 +23,20 @@ from typing import Any
 import onnx
 
 from .analyze import (
+    Sizing,
+    after_sizing,
     analysis,
     model_name,
     planner_shapes,
     planner_types,
     size_graph,
     size_warnings,
-    summarize,
+    sizing,
 )
 from .dims import bind_dims, input_dims
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
-from .liveness import Timeline, liveness
+from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import load_model
 from .orders import DEFAULT_ORDER, execution_order
 from .report import Report, Warning
@@ -61,6 +63,7 @@ class _Template:
     weights_bytes: int
     input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
     size_warnings: list[Warning]  # the activations the plan could not size (the same at every value)
+    scheduled: tuple[list[int], Lifetimes] | None  # the order and lifetimes, where they hold at every value
 
     def plan_holds(self, value: int) -> bool:
         """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
@@ -157,17 +160,22 @@ class ModelFamily:
                                    graph=graph).types
             shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
         dims: list[Affine | None] = []
+        fitted: dict[tuple[tuple[Dim, ...] | None, ...], Affine | None] = {}  # layers repeat their shapes
         for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
             if tensor.nbytes is None and all(s is None or not _all_ints(s) for s in probed):
                 dims.append(None)
                 continue
-            affine = _fit_affine(probed, probes)
+            if probed not in fitted:
+                fitted[probed] = _fit_affine(probed, probes)
+            affine = fitted[probed]
             if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
         plan_shapes = planner_shapes(graph, symbolic)
-        timeline = liveness(graph, execution_order(graph, self.options.get("order", DEFAULT_ORDER), rules), rules,
-                            plan_shapes=plan_shapes)
+        order = self.options.get("order", DEFAULT_ORDER)
+        steps = execution_order(graph, order, rules)
+        prepared = lifetimes(graph, steps, rules)  # size-free: kept for the reports at other values
+        timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, prepared=prepared)
         polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in
                  zip(graph.tensors, dims, strict=True)]
         for t, owner in enumerate(timeline.buffer_of):
@@ -180,15 +188,22 @@ class ModelFamily:
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
-                             signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline))
+                             signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
+                             None if order == "memory" else (steps, prepared))  # (a memory order reads sizes)
         return template if all(template.plan_holds(p) for p in probes) else False
 
-    def graph(self, value: int) -> ModelGraph:
-        """Give the sized graph at `value` (from the template where it serves: no inference)."""
+    def sizing(self, value: int) -> Sizing:
+        """Give the Sizing at `value` (analyze.sizing's): from the template where it serves, with no inference."""
         template = self._affine_template()
-        if template is not None and template.plan_holds(value):
-            return self._sized_graph(template, value)
-        return analysis(self.loaded, self._binding(value), **self.options).graph
+        if template is None or not template.plan_holds(value):
+            return sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
+                          rules=self.options.get("rules", DEFAULT_INFERENCE_RULES))
+        default_dim = self.options.get("default_dim")
+        free = input_dims(self.loaded.proto)
+        bound, _ = bind_dims(free, self._binding(value), default_dim)
+        plan_shapes = None if template.plan_shapes is None else tuple(template.plan_shapes)
+        return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
+                      self._symbolic_types or None, tuple(free), default_dim)  # type: ignore[arg-type]
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the
@@ -218,14 +233,10 @@ class ModelFamily:
         return template.graph.with_sizes(shapes, sizes)
 
     def _fast_report(self, template: _Template, value: int) -> Report:
-        """Give the report at `value` by the passes after sizing (analyze.analysis's), on the template's graph
+        """Give the report at `value` by the passes after sizing (analyze.after_sizing) on the template's graph
         sized at `value` (the same sizes inference gives: verified affine at three probes)."""
-        graph = self._sized_graph(template, value)
-        bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
-        order = self.options.get("order", DEFAULT_ORDER)
-        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
-        timeline = liveness(graph, execution_order(graph, order, rules), rules, plan_shapes=template.plan_shapes)
-        return summarize(self.loaded, graph, bound, list(template.warnings), timeline, order)
+        return after_sizing(self.sizing(value), self.options.get("order", DEFAULT_ORDER),
+                            self.options.get("rules", DEFAULT_INFERENCE_RULES), scheduled=template.scheduled).report
 
 
 def _all_ints(shape: Sequence[Dim]) -> bool:

@@ -97,10 +97,13 @@ class ModelGraph:
             self._nx = graph
         return self._nx
 
-    def with_sizes(self, shapes: list[tuple[Dim, ...] | None], nbytes: list[int | None]) -> ModelGraph:
-        """Give the same graph with other tensor shapes and sizes (the ops and their wiring are shared)."""
-        tensors = [Tensor(t.index, t.name, t.dtype, shape, size, t.kind, t.producer, t.consumers)
-                   for t, shape, size in zip(self.tensors, shapes, nbytes, strict=True)]
+    def with_sizes(self, shapes: list[tuple[Dim, ...] | None], nbytes: list[int | None],
+                   dtypes: list[int] | None = None) -> ModelGraph:
+        """Give the same graph with other tensor shapes and sizes (and element types), the ops and their wiring
+        shared."""
+        kinds = dtypes if dtypes is not None else [t.dtype for t in self.tensors]
+        tensors = [Tensor(t.index, t.name, dtype, shape, size, t.kind, t.producer, t.consumers)
+                   for t, dtype, shape, size in zip(self.tensors, kinds, shapes, nbytes, strict=True)]
         return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings)
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .analyze import analysis
+from .analyze import Sizing, analysis
 from .dims import input_dims
 from .errors import DimError, TargetError
 from .family import ModelFamily
-from .load import LoadedModel, load_model
+from .load import LoadedModel
 from .orders import DEFAULT_ORDER
 from .report import (
     CheckResult,
@@ -40,7 +40,7 @@ from .report import (
     TrainingParameterGroup,
     WhatIf,
 )
-from .transforms import half_precision
+from .transforms import half_precision, half_precision_sizing
 
 if TYPE_CHECKING:
     from .training import TrainingOptions
@@ -435,8 +435,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
         answer_at = family.report(at) if training is not None else None
         groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-        what_ifs = _what_ifs(loaded, family.header(at)[1], groups, needs[at], "", 0, order, default_dim,
-                             training, gpus, shard)
+        what_ifs = _what_ifs(family.sizing(at), groups, needs[at], "", 0, order, training, gpus, shard)
     return FitResult(
         model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
@@ -519,8 +518,8 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    loaded = load_model(model)
-    report = analysis(loaded, dims, **_options(order, default_dim, training)).report
+    analysed = analysis(model, dims, **_options(order, default_dim, training))
+    report = analysed.report
     need = _need(report, gpus, shard)
     required = _required(need, target)
     fits = required <= budget
@@ -528,8 +527,8 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     if what_if:
         search = "batch" if "batch" in report.dims else ""
         groups = report.training.parameter_groups if report.training else ()
-        what_ifs = _what_ifs(loaded, dict(report.dims), groups, need, search, report.dims.get(search, 0), order,
-                             default_dim, training, gpus, shard)
+        what_ifs = _what_ifs(analysed.sizing, groups, need, search, report.dims.get(search, 0), order, training,
+                             gpus, shard)
     return CheckResult(
         model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
         target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
@@ -541,34 +540,37 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
 # --- what-ifs ---------------------------------------------------------------------------------------------------
 
 
-def _what_ifs(loaded: LoadedModel, dims: dict[str, int], groups: Sequence[TrainingParameterGroup], need: _Need,
-              search: str, value: int, order: str, default_dim: int | None, training: TrainingOptions | None,
-              gpus: int, shard: str | None) -> tuple[WhatIf, ...]:
-    """Give the single changes that lower the peak at this binding, the one that saves most first. Each is the
-    analysis of the changed model or options (analyze.analysis): its peak is what `report` says of that change.
-    `groups`: the training report's parameter groups."""
+def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need, search: str, value: int,
+              order: str, training: TrainingOptions | None, gpus: int, shard: str | None) -> tuple[WhatIf, ...]:
+    """Give the single changes that lower the peak at a binding (`at`: its Sizing), the one that saves most first.
+    Each is the analysis of the changed model or options (analyze.analysis): the passes after sizing run again on
+    the same Sizing (another order, other training options), on the half-precision Sizing, or all of them at
+    another binding; its peak is what `report` says of that change. `groups`: the training report's parameter
+    groups."""
     found: list[WhatIf] = []
 
     def add(change: str, peak: int, detail: str) -> None:
         if peak < need.peak_bytes:
             found.append(WhatIf(change, peak, need.peak_bytes - peak, detail))
 
-    def report_of(model: LoadedModel = loaded, at: Mapping[str, int] = dims, run_order: str = order,
+    def report_of(model: Sizing | LoadedModel = at, dims: Mapping[str, int] | None = None, run_order: str = order,
                   options: TrainingOptions | None = training) -> Report:
-        return analysis(model, at, **_options(run_order, default_dim, options)).report
+        return analysis(model, dims, **_options(run_order, at.default_dim, options)).report
 
     def peak_of(report: Report) -> int:
         return _need(report, gpus, shard).peak_bytes
 
     if search and value >= 2:
-        add(f"{search} {value} -> {value // 2}", peak_of(report_of(at={**dims, search: value // 2})),
+        add(f"{search} {value} -> {value // 2}", peak_of(report_of(at.loaded, {**at.dims, search: value // 2})),
             f"halve {search}")
     if order != "memory":
         add("memory-aware execution order", peak_of(report_of(run_order="memory")),
             "greedy least-peak-first order (--order memory)" if training is None else
             "forward ops in the greedy least-peak-first order (--order memory)")
     if training is None:
-        add("float32 -> float16 (weights and activations)", peak_of(report_of(half_precision(loaded))),
+        halved = half_precision_sizing(at)
+        add("float32 -> float16 (weights and activations)",
+            peak_of(report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims)),
             "every float32 tensor stored as float16 (the model converted, then analysed)")
         found.sort(key=lambda w: -w.saved_bytes)
         return tuple(found)

@@ -4,12 +4,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import TYPE_CHECKING
 
 import numpy
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_helper
 
+from .dtypes import tensor_bytes
 from .load import LoadedModel
+
+if TYPE_CHECKING:
+    from .analyze import Sizing
 
 # Inputs the operator's schema types as float32 whatever the data's type (a Resize's roi and scales): kept so.
 FLOAT_ONLY_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "Upsample": (1,)}
@@ -20,6 +26,31 @@ DTYPE_ATTRIBUTES: dict[str, str] = {"Cast": "to", "RandomNormal": "dtype", "Rand
 # Initializers up to this many elements keep their values (converted): shape inference may read them. Larger
 # ones keep their type and dims only (no analysis reads a weight's values).
 _CONVERT_VALUES_UP_TO = 4096
+
+
+def half_precision_sizing(sized: Sizing) -> Sizing | None:
+    """Give the Sizing of the half_precision model without analysing it again: the same shapes (an element type
+    changes no shape), every float32 tensor but the float32-only operands as float16, its bytes halved. None where
+    the graph holds subgraphs, whose tensors are sized apart (analyse half_precision(model) instead).
+
+    For the inference passes (a training step re-sized at a micro-batch would read the float32 model)."""
+    graph = sized.graph
+    if any(op.subgraphs for op in graph.ops):
+        return None
+    kept = _float_only_names(sized.loaded.proto.graph)
+    dtypes: list[int] = []
+    nbytes: list[int | None] = []
+    for t in graph.tensors:
+        if t.dtype == TensorProto.FLOAT and t.name not in kept:
+            dtypes.append(int(TensorProto.FLOAT16))
+            dims = [d for d in t.shape or () if isinstance(d, int)]
+            count = math.prod(dims) if t.shape is not None and len(dims) == len(t.shape) else None
+            nbytes.append(None if t.nbytes is None or count is None else tensor_bytes(TensorProto.FLOAT16, count))
+        else:
+            dtypes.append(t.dtype)
+            nbytes.append(t.nbytes)
+    halved = graph.with_sizes([t.shape for t in graph.tensors], nbytes, dtypes)
+    return dataclasses.replace(sized, graph=halved)
 
 
 def half_precision(loaded: LoadedModel) -> LoadedModel:
@@ -41,9 +72,14 @@ def _shell(model: ModelProto) -> ModelProto:
     return shell
 
 
+def _float_only_names(graph: GraphProto) -> set[str]:
+    """Give the names of the tensors the graph's nodes read as float32-only operands (FLOAT_ONLY_INPUTS)."""
+    return {node.input[i] for node in graph.node for i in FLOAT_ONLY_INPUTS.get(node.op_type, ())
+            if node.domain in ("", "ai.onnx") and i < len(node.input) and node.input[i]}
+
+
 def _half_graph(source: GraphProto, target: GraphProto) -> None:
-    kept = {node.input[i] for node in source.node for i in FLOAT_ONLY_INPUTS.get(node.op_type, ())
-            if node.domain in ("", "ai.onnx") and i < len(node.input)}
+    kept = _float_only_names(source)
     target.name = source.name
     for values, into in ((source.input, target.input), (source.output, target.output),
                          (source.value_info, target.value_info)):
@@ -57,6 +93,8 @@ def _half_graph(source: GraphProto, target: GraphProto) -> None:
     for node in source.node:
         copy = target.node.add()
         copy.CopyFrom(node)
+        if node.op_type == "Constant" and any(name in kept for name in node.output):
+            continue  # a float32-only operand made by a Constant node stays float32
         for attr, original in zip(copy.attribute, node.attribute, strict=True):
             _half_attribute(node.op_type, attr, original)
 

@@ -70,11 +70,28 @@ def test_what_ifs_are_the_reports_of_the_changed_model(name: str) -> None:
     result = onnxmem.check(path, dims, memory="1KiB", order="model")
     assert result.report == onnxmem.analyze(path, dims, order="model")
     figures = {w.change: w.peak_bytes for w in result.what_ifs}
-    assert figures["float32 -> float16 (weights and activations)"] == \
-        onnxmem.analyze(half_precision(load_model(path)), dims, order="model").inference.peak_bytes
+    half = onnxmem.analyze(half_precision(load_model(path)), dims, order="model").inference
+    assert half.unsized_tensors == result.report.inference.unsized_tensors  # the conversion sizes what was sized
+    assert figures["float32 -> float16 (weights and activations)"] == half.peak_bytes
     memory_order = onnxmem.analyze(path, dims, order="memory").inference.peak_bytes
     assert figures.get("memory-aware execution order", result.peak_bytes) == min(memory_order, result.peak_bytes)
     assert figures["batch 32 -> 16"] == onnxmem.analyze(path, {**dims, "batch": 16}, order="model").inference.peak_bytes
+
+
+@pytest.mark.parametrize("name", ["transformer_encoder", "cnn_bn_residual"])
+def test_fits_what_ifs_are_the_reports_at_the_next_value(name: str) -> None:
+    # fit's what-ifs are made at the first value that does not fit, from its Sizing (no inference there)
+    path = Path(__file__).resolve().parent.parent / "fixtures" / f"{name}.onnx"
+    fixed = {k: v for k, v in dims_for(path, 1).items() if k != "batch"}
+    budget = onnxmem.analyze(path, {**fixed, "batch": 40}).inference.peak_bytes
+    result = onnxmem.fit(path, memory=budget, dims=fixed)
+    at = {**fixed, "batch": result.max_value + 1}
+    figures = {w.change: w.peak_bytes for w in result.what_ifs}
+    assert figures["float32 -> float16 (weights and activations)"] == \
+        onnxmem.analyze(half_precision(load_model(path)), at).inference.peak_bytes
+    memory_order = onnxmem.analyze(path, at, order="memory").inference.peak_bytes
+    peak = onnxmem.analyze(path, at).inference.peak_bytes
+    assert figures.get("memory-aware execution order", peak) == min(memory_order, peak)
 
 
 def test_half_precision_of_an_all_float_model_halves_every_byte() -> None:
