@@ -14,9 +14,9 @@ import onnx
 from .dims import InputDim, input_dims
 from .dtypes import dtype_name
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
-from .liveness import Lifetimes, Timeline, liveness
+from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
-from .orders import DEFAULT_ORDER, execution_order
+from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .planner import infer_symbolic, runtime_view
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
@@ -43,6 +43,10 @@ class Sizing:
     symbolic: Mapping[str, TensorType] | None  # the planner types (to size the graph at other dims)
     free: tuple[InputDim, ...]  # the model's free input dims
     default_dim: int | None
+    # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
+    # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
+    schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,13 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
     order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
     graph = sized.graph
+    if scheduled is None and isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
+        memo = sized.schedules.get(order)
+        if memo is None or memo[0] is not rules:
+            made = execution_order(graph, order, rules)
+            memo = sized.schedules[order] = (rules, made, lifetimes(graph, made, rules))
+        scheduled = memo[1], memo[2]
+    steps: Sequence[int]
     steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
     timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared)
     report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order)

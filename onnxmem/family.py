@@ -38,7 +38,7 @@ from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import load_model
-from .orders import DEFAULT_ORDER, execution_order
+from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import bind_and_infer
@@ -63,7 +63,7 @@ class _Template:
     weights_bytes: int
     input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
     size_warnings: list[Warning]  # the activations the plan could not size (the same at every value)
-    scheduled: tuple[list[int], Lifetimes] | None  # the order and lifetimes, where they hold at every value
+    schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]]  # the Sizings' memo (see analyze.Sizing)
 
     def plan_holds(self, value: int) -> bool:
         """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
@@ -176,8 +176,16 @@ class ModelFamily:
         steps = execution_order(graph, order, rules)
         prepared = lifetimes(graph, steps, rules)  # size-free: kept for the reports at other values
         timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, prepared=prepared)
-        polys = [None if d is None else _bytes_poly(d, element_bits(t.dtype) or 0) for t, d in
-                 zip(graph.tensors, dims, strict=True)]
+        made: dict[tuple[Affine, int], Poly] = {}  # layers repeat their shapes
+        polys: list[Poly | None] = []
+        for tensor, d in zip(graph.tensors, dims, strict=True):
+            if d is None:
+                polys.append(None)
+                continue
+            key = (d, element_bits(tensor.dtype) or 0)
+            if key not in made:
+                made[key] = _bytes_poly(*key)
+            polys.append(made[key])
         for t, owner in enumerate(timeline.buffer_of):
             if owner >= 0 and polys[t] is not None and polys[t] != polys[owner]:
                 return None  # a buffer shared by tensors whose sizes diverge: the plan may change with value
@@ -187,9 +195,10 @@ class ModelFamily:
                              if d is not None})
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
+        reusable = isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
                              signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
-                             None if order == "memory" else (steps, prepared))  # (a memory order reads sizes)
+                             {order: (rules, steps, prepared)} if reusable else {})
         return template if all(template.plan_holds(p) for p in probes) else False
 
     def sizing(self, value: int) -> Sizing:
@@ -203,7 +212,8 @@ class ModelFamily:
         bound, _ = bind_dims(free, self._binding(value), default_dim)
         plan_shapes = None if template.plan_shapes is None else tuple(template.plan_shapes)
         return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
-                      self._symbolic_types or None, tuple(free), default_dim)  # type: ignore[arg-type]
+                      self._symbolic_types or None, tuple(free), default_dim,  # type: ignore[arg-type]
+                      template.schedules)
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the
@@ -219,24 +229,29 @@ class ModelFamily:
     def _sized_graph(self, template: _Template, value: int) -> ModelGraph:
         shapes: list[tuple[Dim, ...] | None] = []
         sizes: list[int | None] = []
+        made: dict[tuple[Affine, int], tuple[tuple[int, ...], int | None]] = {}  # layers repeat their shapes
         for tensor, affine in zip(template.graph.tensors, template.dims, strict=True):
             if affine is None:
                 shapes.append(tensor.shape)
                 sizes.append(None)
                 continue
-            shape = tuple(base + slope * value for base, slope in affine)
-            count = 1
-            for d in shape:
-                count *= max(d, 0)
+            key = (affine, tensor.dtype)
+            if key not in made:
+                shape = tuple(base + slope * value for base, slope in affine)
+                count = 1
+                for d in shape:
+                    count *= max(d, 0)
+                made[key] = shape, tensor_bytes(tensor.dtype, count)
+            shape, size = made[key]
             shapes.append(shape)
-            sizes.append(tensor_bytes(tensor.dtype, count))
+            sizes.append(size)
         return template.graph.with_sizes(shapes, sizes)
 
     def _fast_report(self, template: _Template, value: int) -> Report:
         """Give the report at `value` by the passes after sizing (analyze.after_sizing) on the template's graph
         sized at `value` (the same sizes inference gives: verified affine at three probes)."""
         return after_sizing(self.sizing(value), self.options.get("order", DEFAULT_ORDER),
-                            self.options.get("rules", DEFAULT_INFERENCE_RULES), scheduled=template.scheduled).report
+                            self.options.get("rules", DEFAULT_INFERENCE_RULES)).report
 
 
 def _all_ints(shape: Sequence[Dim]) -> bool:

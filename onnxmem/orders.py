@@ -32,6 +32,7 @@ ORDERS: dict[str, Order] = {o.name: o for o in (
           "a topological sort, ties broken by position in the file"),
 )}
 DEFAULT_ORDER = "ort"
+SIZE_DEPENDENT_ORDERS = frozenset({"memory"})  # orders that read the tensors' sizes (the others, only the wiring)
 
 
 def execution_order(graph: ModelGraph, name: str | Sequence[str],

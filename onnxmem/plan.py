@@ -441,7 +441,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
         max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
         evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
-        what_ifs=what_ifs, notes=notes, warnings=warnings, report=family.report(max(best, 1)),
+        what_ifs=what_ifs, notes=notes, warnings=warnings, report_at_answer=lambda: family.report(max(best, 1)),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -362,8 +363,21 @@ class FitResult:
     notes: tuple[str, ...]
     warnings: tuple[Warning, ...]
     schema: str = FIT_SCHEMA
-    # the report at max_value (at 1 where nothing fits): what the pictures of the answer draw
-    report: Report | None = dataclasses.field(default=None, compare=False, repr=False, metadata=_NOT_IN_JSON)
+    # makes the report at max_value (at 1 where nothing fits), on first use: see `report`
+    report_at_answer: Callable[[], Report] | None = dataclasses.field(default=None, compare=False, repr=False,
+                                                                      metadata=_NOT_IN_JSON)
+
+    @property
+    def report(self) -> Report | None:
+        """The report at max_value (at 1 where nothing fits): what the pictures of the answer draw. Made on first
+        use (the search itself needs no summaries), then kept."""
+        if self.report_at_answer is None:
+            return None
+        made = self.__dict__.get("_report")
+        if made is None:
+            made = self.report_at_answer()
+            object.__setattr__(self, "_report", made)
+        return made
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
