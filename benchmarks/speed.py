@@ -5,7 +5,7 @@
 Every figure is a whole process (Python start and imports included), the median of --repeat rounds in which
 the commands take turns; a ratio is the median of the ratios within a round (the load of a shared machine
 drifts; each round sees the same). Peak RSS comes from one more run, sampled every 5 ms over the whole process
-tree (onnxmem runs onnx's shape inference in a forked child on large graphs: its memory counts). onnxmem's
+tree (any child process a command starts counts; onnxmem starts none). onnxmem's
 modules are compiled to bytecode first, as pip does when it installs a package (the floor's onnx is installed
 so). The floor is what any ONNX tool pays: onnx.load(load_external_data=False) plus ONNX shape inference.
 onnx-tool (pip install onnx-tool) profiles the same model where it can run: it reads weight data, so it cannot
@@ -61,7 +61,7 @@ def argv(cmd: list[str]) -> list[str]:
 
 
 def tree_rss_kb(pid: int) -> tuple[int, int]:
-    """Give the resident KB of a process and all its descendants (onnxmem's inference child included), and the
+    """Give the resident KB of a process and all its descendants (any child it starts included), and the
     process's own high-water mark (VmHWM); (0, 0) once it is gone."""
     total, own_peak, stack = 0, 0, [pid]
     while stack:
