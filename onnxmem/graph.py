@@ -12,6 +12,7 @@ from onnx import AttributeProto, GraphProto
 from .errors import ModelFileError
 from .report import Warning
 from .rules.inference import CONTROL_FLOW
+from .rules.shapes import SHAPE_RULES, rule_key
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 
 if TYPE_CHECKING:
@@ -259,7 +260,8 @@ class _Builder:
         return self.types.get(name, UNKNOWN_TYPE)
 
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
-        if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions:
+        if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions or \
+                rule_key(node.op_type, node.domain) in SHAPE_RULES:  # onnxruntime's contrib ops in ONNX's domain
             return True
         if node.domain in _STANDARD_DOMAINS:
             return bool(onnx.defs.has(node.op_type, node.domain))

@@ -4,7 +4,7 @@ last resort for contrib operators."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
@@ -13,8 +13,9 @@ from .dims import InputDim
 from .load import initializer_type
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, SHAPE_AS
+from .rules.shapes import SHAPE_RULES, rule_key
 from .shape_values import _constant_value, _is_shape_constant, _shape_values
-from .tensor_types import TensorType, TypeDecoder, decode_type
+from .tensor_types import Dim, TensorType, TypeDecoder, decode_type
 
 _REST_ROUNDS = 3
 
@@ -66,8 +67,10 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         return _collect_types(light.graph, TypeDecoder())
-    if _has_custom_domains(inferred) and _has_unknown_outputs(inferred.graph):
-        inferred = _ort_symbolic_inference(inferred, warnings)
+    if _has_unknown_outputs(inferred.graph) and any(has_rule(n) for n in light.graph.node):
+        inferred = _rule_rounds(light, inferred, data_prop)
+    if _has_custom_domains_without_rule(inferred) and _has_unknown_outputs(inferred.graph):
+        inferred = _ort_symbolic_inference(inferred, warnings)  # the last resort (see rules.shapes)
         return _collect_types(inferred.graph, TypeDecoder())
     types = _collect_types(inferred.graph, TypeDecoder())
     if data_prop and _has_unknown_outputs(inferred.graph):
@@ -88,6 +91,71 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
             if not _has_unknown_outputs(inferred.graph):
                 break
     return types
+
+
+def rule_value_infos(nodes: Iterable[onnx.NodeProto], types: dict[str, TensorType],
+                     skip: set[str] | None = None) -> list[ValueInfoProto]:
+    """Give the output types the shape rules (rules.shapes.SHAPE_RULES) tell for nodes whose outputs are not known,
+    in node order; `types` takes each (so a chain of fused operators is typed in one pass). An input dim ONNX named
+    'unk__N' is unknown to a rule. `skip`: outputs not to give again."""
+    learned: list[ValueInfoProto] = []
+    decode = TypeDecoder()
+    for node in nodes:
+        rule = SHAPE_RULES.get(rule_key(node.op_type, node.domain))
+        if rule is None or all(not out or _is_known(types.get(out)) for out in node.output):
+            continue
+        inputs: list[tuple[int, tuple[Dim, ...]] | None] = []
+        for name in node.input:
+            found = types.get(name) if name else None
+            if found is None or found[1] is None or not found[0]:
+                inputs.append(None)
+            else:
+                inputs.append((found[0], tuple(None if isinstance(d, str) and d.startswith("unk__") else d
+                                               for d in found[1])))
+        try:
+            outputs = rule(inputs, {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+        except (ArithmeticError, TypeError, ValueError, IndexError):  # attributes a rule cannot read: no type
+            continue
+        for name, out in zip(node.output, outputs, strict=False):
+            if not name or out is None or _is_known(types.get(name)) or (skip is not None and name in skip):
+                continue
+            value = onnx.helper.make_tensor_value_info(name, out[0], list(out[1]))
+            learned.append(value)
+            types[name] = decode(value.type)
+    return learned
+
+
+def has_rule(node: onnx.NodeProto) -> bool:
+    """Say whether a node's operator has a shape rule (rules.shapes.SHAPE_RULES)."""
+    return rule_key(node.op_type, node.domain) in SHAPE_RULES
+
+
+def _is_known(t: TensorType | None) -> bool:
+    return t is not None and t[1] is not None and all(
+        isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__")) for d in t[1])
+
+
+_RULE_ROUNDS = 16
+
+
+def _rule_rounds(light: ModelProto, inferred: ModelProto, data_prop: bool) -> ModelProto:
+    """Give ONNX's inference of `light` with the outputs the shape rules tell added to it, round by round (each
+    round types every rule operator whose inputs are known, then ONNX's inference carries them on), until a round
+    learns nothing."""
+    nodes = [n for n in light.graph.node if has_rule(n)]
+    learned_before: set[str] = set()
+    for _ in range(_RULE_ROUNDS):
+        types = _collect_types(inferred.graph, TypeDecoder())
+        learned = rule_value_infos(nodes, types, learned_before)
+        if not learned:
+            break
+        learned_before.update(v.name for v in learned)
+        light.graph.value_info.extend(learned)
+        try:
+            inferred = _inferred(light, data_prop)
+        except Exception:  # noqa: BLE001 - keep what the rounds before found
+            break
+    return inferred
 
 
 def _copy(model: ModelProto) -> ModelProto:
@@ -231,8 +299,11 @@ def _is_static(value: ValueInfoProto) -> bool:
     return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
 
 
-def _has_custom_domains(model: ModelProto) -> bool:
-    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
+def _has_custom_domains_without_rule(model: ModelProto) -> bool:
+    """Say whether a node of a domain beyond ONNX's has an output unknown and no shape rule."""
+    known = {v.name for v in _value_infos(model.graph) if _is_static(v)}
+    return any(node.domain not in ("", "ai.onnx") and not has_rule(node) and
+               any(out and out not in known for out in node.output) for node in model.graph.node)
 
 
 def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> ModelProto:

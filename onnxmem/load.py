@@ -17,6 +17,7 @@ from .dtypes import tensor_bytes
 from .errors import ModelFileError
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
+from .rules.shapes import ONNX_DOMAIN_RULE_OPS
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class NodeKinds:
         """Give the kinds of the model serialized as `data`, whose opset_import declares `domains`."""
         found = {match.group(1)[1:].decode() for match in _OP_TYPES.finditer(data)}
         return cls(prepared=bool(found & _PREPARED), graphs=bool(found & CONTROL_FLOW),
-                   merges=bool(found & PLANNER_MERGES_DIMS.keys()),
+                   merges=bool(found & _PLANNER_ROUND_OPS),
                    metadata=any(part in data for part in _LAYER_METADATA)).declaring(domains)
 
     def declaring(self, domains: Iterable[str]) -> NodeKinds:
@@ -66,10 +67,12 @@ class NodeKinds:
 
 
 _PREPARED = frozenset({"Constant", *(key.split("::")[1] for key in SHAPE_AS)})
+# the planner rounds' operators of ONNX's domain: those that merge dims, and those with a shape rule of ours
+_PLANNER_ROUND_OPS = frozenset(PLANNER_MERGES_DIMS) | ONNX_DOMAIN_RULE_OPS
 # Every op type above, CONTROL_FLOW and PLANNER_MERGES_DIMS as it is serialized: one pass finds them all (25 ms on
 # 18 MB, where a search per op type takes 10 ms each)
 _OP_TYPES = re.compile(b'"(' + b"|".join(re.escape(bytes([len(n)]) + n.encode())
-                                         for n in sorted(_PREPARED | CONTROL_FLOW | PLANNER_MERGES_DIMS.keys())) + b")")
+                                         for n in sorted(_PREPARED | CONTROL_FLOW | _PLANNER_ROUND_OPS)) + b")")
 _LAYER_METADATA = (b"pkg.torch.onnx", b"namespace")
 
 

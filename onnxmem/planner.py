@@ -10,9 +10,19 @@ import onnx
 from onnx import ModelProto, ValueInfoProto
 
 from .dims import InputDim, input_dims
-from .infer import _collect_types, _copy, _has_unknown_outputs, _inferred, _ort_symbolic_inference, _prepared
+from .infer import (
+    _collect_types,
+    _copy,
+    _has_unknown_outputs,
+    _inferred,
+    _ort_symbolic_inference,
+    _prepared,
+    has_rule,
+    rule_value_infos,
+)
 from .report import Warning
 from .rules.inference import PLANNER_MERGES_DIMS
+from .rules.shapes import ONNX_DOMAIN_RULE_OPS
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
 
 if TYPE_CHECKING:
@@ -88,8 +98,9 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None
     """
     # the nodes the rounds look at: contrib operators and those that merge dims (the others, read once)
     nodes = _candidate_nodes(inferred) if candidates is None and inferred is not None else candidates or []
-    contrib: dict[str, ValueInfoProto] = {}
-    if inferred is not None and any(n.domain not in ("", "ai.onnx") for n in nodes) and \
+    ruled = [n for n in nodes if has_rule(n)]  # typed by our shape rules (rules.shapes), in node order
+    contrib: dict[str, ValueInfoProto] = {}  # onnxruntime's symbolic inference: the last resort, for the rest
+    if inferred is not None and any(n.domain not in ("", "ai.onnx") and not has_rule(n) for n in nodes) and \
             _has_unknown_outputs(inferred.graph):
         found = _ort_symbolic_inference(_copy(inferred), warnings)
         if found is not inferred:
@@ -109,8 +120,10 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None
         assert inferred is not None
         types = collect(inferred)
     for _ in range(_PLANNER_ROUNDS):
-        learned: list[ValueInfoProto] = []
+        learned = rule_value_infos(ruled, types, learned_before)
         for node in nodes:
+            if has_rule(node):
+                continue
             if node.domain not in ("", "ai.onnx"):
                 if contrib and not all(out in types and _known(types[out]) for out in node.output if out) \
                         and all(_known(types.get(i, UNKNOWN_TYPE)) for i in node.input if i):
@@ -134,7 +147,7 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None
 
 def _is_candidate(op_type: str, domain: str) -> bool:
     """Say whether the planner rounds look at a node of this kind (see _planner_rounds)."""
-    return op_type in PLANNER_MERGES_DIMS or domain not in ("", "ai.onnx")
+    return op_type in PLANNER_MERGES_DIMS or domain not in ("", "ai.onnx") or op_type in ONNX_DOMAIN_RULE_OPS
 
 
 def _candidate_nodes(model: ModelProto, wiring: ModelGraph | None = None) -> list[onnx.NodeProto]:
