@@ -42,9 +42,13 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
                 values[node.output[0]] = onnx.numpy_helper.to_array(constant)
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "Shape":
-            shape = known.get(node.input[0], UNKNOWN_TYPE)[1]
+        if node.op_type in ("Shape", "Size"):
+            computed = values.get(node.input[0])  # a shape value's own shape, else the tensor's known one
+            shape = computed.shape if computed is not None else known.get(node.input[0], UNKNOWN_TYPE)[1]
             if shape is None or not all(isinstance(d, int) for d in shape):
+                continue
+            if node.op_type == "Size":
+                values[node.output[0]] = numpy.array(math.prod(shape), dtype=numpy.int64)  # type: ignore[arg-type]
                 continue
             start, end = attrs.get("start", 0), attrs.get("end", len(shape))
             values[node.output[0]] = numpy.array(shape[start:end] if end else shape[start:0], dtype=numpy.int64)
@@ -57,7 +61,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             result = compute(arguments, attrs)
         except Exception:  # noqa: BLE001 - an unexpected form: leave the node to inference
             continue
-        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and result.dtype.kind in "iu":
+        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and result.dtype.kind in "iub":
             values[node.output[0]] = result
     return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()}
 
@@ -127,7 +131,45 @@ def _expand(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
 
 
 def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
-    return None if a[0] is None or k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+    if a[0] is None:
+        return None
+    if k.get("to") == TensorProto.BOOL:
+        return a[0].astype(numpy.bool_)
+    return None if k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+
+
+def _where(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if len(a) < 3 or a[0] is None or a[1] is None or a[2] is None:
+        return None
+    shape = numpy.broadcast_shapes(a[0].shape, a[1].shape, a[2].shape)
+    return None if math.prod(shape) > _KEEP_INT_VALUES_UP_TO else numpy.where(a[0], a[1], a[2])
+
+
+def _constant_of_shape(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None or a[0].ndim != 1 or any(int(d) < 0 for d in a[0]) or \
+            math.prod(int(d) for d in a[0]) > _KEEP_INT_VALUES_UP_TO:
+        return None  # a shape value is small; a larger one is never built
+    value = k.get("value")
+    fill = onnx.numpy_helper.to_array(value).reshape(-1) if value is not None else numpy.zeros(1, numpy.float32)
+    if fill.size != 1 or fill.dtype.kind not in "iub":
+        return None  # (a float fill makes no shape value)
+    return numpy.full([int(d) for d in a[0]], fill[0], dtype=fill.dtype)
+
+
+def _range(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if len(a) < 3 or any(x is None or x.size != 1 for x in a[:3]):
+        return None
+    start, limit, delta = (int(x.reshape(-1)[0]) for x in a[:3] if x is not None)
+    if delta == 0 or max(0, -(-(limit - start) // delta)) > _KEEP_INT_VALUES_UP_TO:
+        return None
+    return numpy.arange(start, limit, delta, dtype=numpy.int64)
+
+
+def _unary(function: Callable[[numpy.ndarray], numpy.ndarray]) -> Callable[[Values, Mapping[str, Any]],
+                                                                         numpy.ndarray | None]:
+    def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+        return None if a[0] is None else function(a[0])
+    return apply
 
 
 # How each operator computes a small integer value from its inputs' values (None where unknown) and its
@@ -148,6 +190,23 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Sub": _arithmetic(numpy.subtract),
     "Mul": _arithmetic(numpy.multiply),
     "Div": _arithmetic(_divide),
+    "Mod": _arithmetic(numpy.fmod),
+    "Max": _arithmetic(numpy.maximum),
+    "Min": _arithmetic(numpy.minimum),
+    "Neg": _unary(numpy.negative),
+    "Abs": _unary(numpy.abs),
+    "Not": _unary(numpy.logical_not),
+    "Equal": _arithmetic(numpy.equal),
+    "Less": _arithmetic(numpy.less),
+    "LessOrEqual": _arithmetic(numpy.less_equal),
+    "Greater": _arithmetic(numpy.greater),
+    "GreaterOrEqual": _arithmetic(numpy.greater_equal),
+    "And": _arithmetic(numpy.logical_and),
+    "Or": _arithmetic(numpy.logical_or),
+    "Where": _where,
+    "ConstantOfShape": _constant_of_shape,
+    "Range": _range,
+    "Size": _unary(lambda x: numpy.array(x.size, dtype=numpy.int64)),  # of a shape value (of a tensor: above)
     "Expand": _expand,
 }
 
