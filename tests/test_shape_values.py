@@ -1,0 +1,77 @@
+"""Shape values through the chains exporters write (Shape -> Gather -> Unsqueeze -> Concat -> Reshape -> Equal /
+Where / ConstantOfShape -> Expand, Range, Size): sized exactly at the bound dims, on graphs built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxmem
+from onnxmem.shapes import bind_and_infer
+
+I64, F = TensorProto.INT64, TensorProto.FLOAT
+
+
+def const(name: str, value: object, dtype: type = np.int64) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, dtype=dtype)))
+
+
+def mask_chain_model() -> onnx.ModelProto:
+    """What the TorchScript exporter writes to expand a [1, 1] buffer to input_ids' [batch, seq] with -1 kept as
+    'this dim as it is': R = [batch, seq]; shape = Where(R == -1, ones(len(R)), R); y = Expand(buffer, shape)."""
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["shape"]),
+        const("zero", 0), const("one", 1), const("axes", [0]), const("flat", [-1]), const("minus", -1),
+        helper.make_node("Gather", ["shape", "zero"], ["b"], axis=0),
+        helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+        helper.make_node("Unsqueeze", ["s", "axes"], ["s1"]),
+        helper.make_node("Concat", ["b1", "s1"], ["cat"], axis=0),
+        helper.make_node("Reshape", ["cat", "flat"], ["r"]),
+        helper.make_node("Shape", ["r"], ["r_shape"]),
+        helper.make_node("ConstantOfShape", ["r_shape"], ["ones"], value=numpy_helper.from_array(
+            np.array([1], dtype=np.int64))),
+        helper.make_node("Mul", ["ones", "minus"], ["minus_ones"]),
+        helper.make_node("Equal", ["r", "minus_ones"], ["is_minus"]),
+        helper.make_node("Where", ["is_minus", "ones", "r"], ["target"]),
+        const("buffer", [[0.0]], np.float32),
+        helper.make_node("Expand", ["buffer", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "mask", [helper.make_tensor_value_info("ids", I64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_mask_chain_is_sized_at_the_bound_dims() -> None:
+    model = mask_chain_model()
+    assert bind_and_infer(model, {"batch": 3, "seq": 7}).types["y"][1] == (3, 7)
+    report = onnxmem.analyze(model, {"batch": 3, "seq": 7})
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 3 * 7 * 4  # y: float32 [3, 7]
+
+
+def test_range_and_size_give_shape_values() -> None:
+    # y = ConstantOfShape([Size(x)]) via Range's length: Range(0, Size(x), 2) has ceil(Size(x) / 2) elements
+    nodes = [helper.make_node("Size", ["x"], ["n"]), const("start", 0), const("step", 2),
+             helper.make_node("Range", ["start", "n", "step"], ["idx"]),
+             helper.make_node("Shape", ["idx"], ["len"]),
+             helper.make_node("ConstantOfShape", ["len"], ["y"], value=numpy_helper.from_array(
+                 np.array([1.0], dtype=np.float32)))]
+    graph = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("x", F, ["batch", 5])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    types = bind_and_infer(model, {"batch": 3}).types
+    assert types["idx"][1] == (8,)  # 15 elements, every second one
+    assert types["y"][1] == (8,)
+
+
+def test_a_declared_huge_constant_of_shape_is_never_built() -> None:
+    # ConstantOfShape of [2^40]: not a shape value, so not materialised (the output stays as inference types it)
+    fill = numpy_helper.from_array(np.array([1], dtype=np.int64))
+    nodes = [const("shape", [2**40]), helper.make_node("ConstantOfShape", ["shape"], ["y"], value=fill),
+             helper.make_node("Shape", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "huge", [], [helper.make_tensor_value_info("z", I64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    types = bind_and_infer(model, {}).types
+    assert types["y"][1] == (2**40,)  # sized (8 TiB), not built
