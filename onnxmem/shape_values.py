@@ -48,7 +48,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             if shape is None or not all(isinstance(d, int) for d in shape):
                 continue
             if node.op_type == "Size":
-                values[node.output[0]] = numpy.array(math.prod(shape), dtype=numpy.int64)  # type: ignore[arg-type]
+                values[node.output[0]] = numpy.array(math.prod(shape), dtype=numpy.int64)
                 continue
             start, end = attrs.get("start", 0), attrs.get("end", len(shape))
             values[node.output[0]] = numpy.array(shape[start:end] if end else shape[start:0], dtype=numpy.int64)

@@ -12,8 +12,8 @@ outside the arena and are not measured.
 from __future__ import annotations
 
 import os
-from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +138,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
     graph = build_graph(ran, ran_sized.types)
-    order = ran_order(graph, measured.execution_order) if measured.execution_order else \
+    unnamed = {i for i, node in enumerate(ran.graph.node) if not node.name}
+    order = ran_order(graph, measured.execution_order, unnamed) if measured.execution_order else \
         execution_order(graph, "ort")
     taken = take_ran_branches(graph, measured.execution_order)
     # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
@@ -219,25 +220,41 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
     return total
 
 
-def ran_order(graph: ModelGraph, names: Sequence[str]) -> list[int]:
+def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
     """Give the graph's ops in the order a profile lists them (its names).
 
-    Nodes that onnxruntime expands from functions are unnamed in its saved graph and named '<OpType>_<n>' in
-    its profile; those are matched to the unnamed ops of that type in file order. Names of If/Loop body nodes
-    match nothing in the main graph and are skipped.
+    Nodes that onnxruntime expands from functions (HardSwish into HardSigmoid and Mul, ...) are unnamed in its
+    saved graph and named '<OpType>_<its node index>' in its profile, numbered in the order it expanded them, not
+    the order it saved or ran them. Such a name is matched to an unnamed op of that type whose inputs are made
+    already (the one the runtime could run then), the first in file order among those. Names of If/Loop body nodes
+    match nothing in the main graph and are skipped. `unnamed`: the ops whose node has no name in the saved graph
+    (the graph names them '<OpType>_<position>', which may equal another node's name in the profile).
     """
-    by_name = {op.name: op.index for op in graph.ops}
+    by_name = {op.name: op.index for op in graph.ops if op.index not in unnamed}
     listed = set(names)
-    spare: dict[str, deque[int]] = defaultdict(deque)
+    spare: dict[str, list[int]] = defaultdict(list)  # per op type: the ops no profile name names, in file order
     for op in graph.ops:
-        if op.name not in listed:
+        if op.index in unnamed or op.name not in listed:
             spare[op.op_type].append(op.index)
+    producers = [[graph.tensors[t].producer for t in (*op.inputs, *op.implicit_inputs) if t >= 0] for op in graph.ops]
+    done = {op.index for op in graph.ops if op.op_type == "Constant"}  # initializers to the runtime: run first
+
+    def ready(op: int) -> bool:
+        return all(p is None or p in done for p in producers[op])
+
     order: list[int] = []
     for name in dict.fromkeys(names):
-        if name in by_name:
-            order.append(by_name[name])
-        elif spare[name.rsplit("_", 1)[0]]:
-            order.append(spare[name.rsplit("_", 1)[0]].popleft())
+        named = by_name.get(name)
+        candidates = spare.get(name.rsplit("_", 1)[0], [])
+        pick = named if named is not None and named not in done and ready(named) else \
+            next((c for c in candidates if ready(c)), named if named is not None and named not in done else
+                 (candidates[0] if candidates else None))
+        if pick is None:
+            continue
+        if pick in candidates:
+            candidates.remove(pick)
+        order.append(pick)
+        done.add(pick)
     return execution_order(graph, [graph.ops[i].name for i in order])
 
 
