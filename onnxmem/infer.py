@@ -46,8 +46,9 @@ def _fold_constant_nodes(graph: GraphProto) -> None:
 
 def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
     """Give the copy of the model that inference reads: Constant nodes as initializers, fused operators as their
-    standard forms, every free input dim named, and the `bound` ones substituted."""
+    standard forms, every free input dim named, and the `bound` ones substituted; at IR version 4 at least."""
     light = _shape_only_copy(model)
+    light.ir_version = inference_ir_version(model.ir_version)
     _fold_constant_nodes(light.graph)
     _standardize_fused_ops(light.graph)
     _name_unnamed_dims(light.graph, free)
@@ -228,9 +229,20 @@ def _standardize_fused_ops(graph: GraphProto) -> None:
         node.op_type, node.domain = op_type, ""
 
 
+# Below IR version 4 an initializer is a graph input's default value, and ONNX's inference ignores one the graph
+# does not list as an input, where onnxruntime (and its optimizers, which add such initializers to IR 3 models at
+# basic and extended) treats every initializer as a known tensor: inference reads such a model as IR version 4.
+MIN_INFERENCE_IR_VERSION = 4
+
+
+def inference_ir_version(version: int) -> int:
+    """Give the IR version inference reads a model of `version` as (see MIN_INFERENCE_IR_VERSION)."""
+    return max(version, MIN_INFERENCE_IR_VERSION)
+
+
 def _without_initializers(model: ModelProto) -> ModelProto:
     shell = ModelProto()
-    shell.ir_version = model.ir_version
+    shell.ir_version = inference_ir_version(model.ir_version)
     shell.opset_import.extend(model.opset_import)
     shell.functions.extend(model.functions)
     shell.graph.name = model.graph.name

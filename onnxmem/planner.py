@@ -18,6 +18,7 @@ from .infer import (
     _ort_symbolic_inference,
     _prepared,
     has_rule,
+    inference_ir_version,
     rule_value_infos,
 )
 from .report import Warning
@@ -44,8 +45,10 @@ def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: l
     subgraphs = nodes is None or nodes.graphs  # whether a node may hold a graph (see _collect_types)
     merges = nodes is None or nodes.merges  # whether a node may merge dims (see _planner_rounds)
     # The model as it was read serves inference where preparation would change nothing in it (no Constant node
-    # to fold, no fused operator to rewrite, every free dim named): no copy, no serialization.
+    # to fold, no fused operator to rewrite, an IR version inference reads as it is, every free dim named): no
+    # copy, no serialization.
     as_read = loaded.data if loaded is not None and nodes is not None and not nodes.prepared and \
+        model.ir_version == inference_ir_version(model.ir_version) and \
         all(d.name != f"{d.input}_dim{d.axis}" for d in free) else None
     prepared: list[ModelProto] = []
 

@@ -75,3 +75,17 @@ def test_a_declared_huge_constant_of_shape_is_never_built() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     types = bind_and_infer(model, {}).types
     assert types["y"][1] == (2**40,)  # sized (8 TiB), not built
+
+
+def test_an_ir3_initializer_missing_from_the_inputs_is_a_known_tensor() -> None:
+    # Below IR 4 ONNX's inference ignores an initializer the graph does not list as an input (onnxruntime's
+    # optimizers add such initializers to IR 3 models); onnxruntime treats it as a known tensor, and so do we.
+    weight = numpy_helper.from_array(np.zeros((16, 32), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                              "ir3", [helper.make_tensor_value_info("x", F, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", F, None)], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    report = onnxmem.analyze(model, {"batch": 4})
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 4 * 32 * 4
+    assert report.inference.weights_bytes == 16 * 32 * 4
