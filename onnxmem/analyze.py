@@ -13,6 +13,7 @@ import onnx
 
 from .dims import InputDim, input_dims
 from .dtypes import dtype_name
+from .errors import OnnxMemError
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
@@ -23,6 +24,7 @@ from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
+from .transforms import DEFAULT_PROVIDER, PROVIDERS, cpu_float16_casts, has_float16
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
@@ -45,6 +47,7 @@ class Sizing:
     default_dim: int | None
     # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
     # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
+    provider: str = DEFAULT_PROVIDER
     schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False)
 
@@ -78,7 +81,7 @@ class Analysis:
 
 def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
              order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-             training: TrainingOptions | None = None) -> Analysis:
+             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER) -> Analysis:
     """Run the passes once and give their results (see Analysis).
 
     Parameters
@@ -98,6 +101,9 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
         The buffer rules (aliases, in-place reuse) of the runtime.
     training
         Also simulate one training step with these options (report.training).
+    provider
+        The onnxruntime execution provider the inference report assumes: cuda (the default: the question is a
+        GPU's) or cpu, whose missing float16 kernels add Casts (transforms.cpu_float16_casts).
 
     Returns
     -------
@@ -110,22 +116,44 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
-    sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules)
+    sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules,
+                                                           provider=provider)
     return after_sizing(sized, order, rules, training)
 
 
 def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-           rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> Sizing:
-    """Run the passes up to sizing (load, graph, planner types, bind and infer): see Sizing, and analysis for the
-    parameters."""
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+           rules: InferenceRules = DEFAULT_INFERENCE_RULES, provider: str = DEFAULT_PROVIDER) -> Sizing:
+    """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
+    Sizing, and analysis for the parameters."""
+    loaded, notes = for_provider(model if isinstance(model, LoadedModel) else load_model(model), provider, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     plan_shapes = planner_shapes(graph, symbolic)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                  (*sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim)
+                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider)
+
+
+def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
+        tuple[LoadedModel, list[Warning]]:
+    """Give the model as the onnxruntime execution provider runs it, and a note of what changed: on the CPU
+    provider, float16 data meeting an operator without a float16 kernel is cast to float32 and back
+    (transforms.cpu_float16_casts)."""
+    if provider not in PROVIDERS:
+        raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
+    if provider != "cpu" or not has_float16(loaded.proto):
+        return loaded, []
+    changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
+    if changed is None:
+        return loaded, []
+    casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast" and n.name.startswith("InsertedCast_"))
+    readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
+                      any(i.startswith("InsertedCast_") for i in n.input)})
+    return changed, [Warning("cpu-float16-casts",
+                             f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
+                             f"them in float32 between {casts} Casts it inserts (counted here); on a GPU pass "
+                             "--provider cuda")]
 
 
 def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
@@ -143,7 +171,7 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     steps: Sequence[int]
     steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
     timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared)
-    report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order)
+    report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order, sized.provider)
     if training is not None:
         # Gradient accumulation: a micro-step's activations are those of the micro-batch.
         proto = sized.loaded.proto
@@ -160,10 +188,11 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
 
 def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-            training: TrainingOptions | None = None) -> Report:
+            training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER) -> Report:
     """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis
     for the parameters). With `training`, the report also gives the memory of one training step."""
-    return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training).report
+    return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
+                    provider=provider).report
 
 
 def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
@@ -204,7 +233,7 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
 
 
 def summarize(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning],
-              timeline: Timeline, order: str | Sequence[str]) -> Report:
+              timeline: Timeline, order: str | Sequence[str], provider: str = DEFAULT_PROVIDER) -> Report:
     """Give the report of a sized graph and its inference timeline (the last pass)."""
     return Report(
         model=model_name(loaded),
@@ -215,6 +244,7 @@ def summarize(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], w
         opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},
         inference=summarize_inference(graph, timeline),
         warnings=(*loaded.warnings, *warnings, *size_warnings(graph, timeline)),
+        provider=provider,
     )
 
 

@@ -26,6 +26,7 @@ from .analyze import (
     Sizing,
     after_sizing,
     analysis,
+    for_provider,
     model_name,
     planner_shapes,
     planner_types,
@@ -43,6 +44,7 @@ from .report import Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
+from .transforms import DEFAULT_PROVIDER
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
 # seq + 5 at seq = 11), the buffer plan there is not the general one, and the next triple is tried.
@@ -80,7 +82,9 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        self.loaded = load_model(model)
+        # the model as the provider runs it (its float16 Casts, on the CPU provider), once for every value
+        self.loaded, self._provider_notes = for_provider(load_model(model), options.get("provider", DEFAULT_PROVIDER),
+                                                         options.get("rules", DEFAULT_INFERENCE_RULES))
         self.search = search
         self.dims = dict(dims or {})
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
@@ -131,7 +135,7 @@ class ModelFamily:
     def _affine_template(self) -> _Template | None:
         if self._template is False:
             # Options the fast path does not model (training brings passes of its own) take the exact path.
-            modelled = not set(self.options) - {"default_dim", "order", "rules"}
+            modelled = not set(self.options) - {"default_dim", "order", "rules", "provider"}
             self._template = self._build_template() if modelled else None
         return self._template  # type: ignore[return-value]
 
@@ -196,7 +200,8 @@ class ModelFamily:
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
         reusable = isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS
-        template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), [*first.warnings, *graph.warnings],
+        template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)),
+                             [*self._provider_notes, *first.warnings, *graph.warnings],
                              signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
                              {order: (rules, steps, prepared)} if reusable else {})
         return template if all(template.plan_holds(p) for p in probes) else False
@@ -206,14 +211,15 @@ class ModelFamily:
         template = self._affine_template()
         if template is None or not template.plan_holds(value):
             return sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
-                          rules=self.options.get("rules", DEFAULT_INFERENCE_RULES))
+                          rules=self.options.get("rules", DEFAULT_INFERENCE_RULES),
+                          provider=self.options.get("provider", DEFAULT_PROVIDER))
         default_dim = self.options.get("default_dim")
         free = input_dims(self.loaded.proto)
         bound, _ = bind_dims(free, self._binding(value), default_dim)
         plan_shapes = None if template.plan_shapes is None else tuple(template.plan_shapes)
         return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
                       self._symbolic_types or None, tuple(free), default_dim,  # type: ignore[arg-type]
-                      template.schedules)
+                      self.options.get("provider", DEFAULT_PROVIDER), schedules=template.schedules)
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the

@@ -40,7 +40,7 @@ from .report import (
     TrainingParameterGroup,
     WhatIf,
 )
-from .transforms import half_precision, half_precision_sizing
+from .transforms import DEFAULT_PROVIDER, half_precision, half_precision_sizing
 
 if TYPE_CHECKING:
     from .training import TrainingOptions
@@ -326,8 +326,9 @@ def _required(need: _Need, target: Target) -> int:
     return ALLOCATORS[target.allocator].held([need.persistent_bytes, need.peak_bytes - need.persistent_bytes])
 
 
-def _options(order: str, default_dim: int | None, training: TrainingOptions | None) -> dict[str, Any]:
-    options: dict[str, Any] = {"order": order, "default_dim": default_dim}
+def _options(order: str, default_dim: int | None, training: TrainingOptions | None,
+             provider: str = DEFAULT_PROVIDER) -> dict[str, Any]:
+    options: dict[str, Any] = {"order": order, "default_dim": default_dim, "provider": provider}
     if training is not None:
         options["training"] = training
     return options
@@ -340,7 +341,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         gpu: str | None = None, runtime: str | None = None, reserve: str | int | None = None,
         search: str = "batch", dims: Mapping[str, int] | None = None, default_dim: int | None = None,
         order: str = DEFAULT_ORDER, training: TrainingOptions | None = None, gpus: int = 1,
-        shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT) -> FitResult:
+        shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT,
+        provider: str = DEFAULT_PROVIDER) -> FitResult:
     """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
@@ -358,7 +360,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         Fixed costs taken off the memory (replaces the runtime's stated defaults).
     search
         The dim to search (batch, seq, ...); the model's other symbolic dims are bound by `dims`.
-    dims, default_dim, order, training
+    dims, default_dim, order, training, provider
         As analyze.analysis.
     gpus, shard
         Training: data-parallel GPUs, and the ZeRO/FSDP stage that divides the model states across them.
@@ -381,7 +383,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    family = ModelFamily(model, search, dims, **_options(order, default_dim, training))
+    family = ModelFamily(model, search, dims, **_options(order, default_dim, training, provider))
     loaded = family.loaded
     _check_search(loaded, search, dims or {})
     needs: dict[int, _Need] = {}
@@ -496,12 +498,12 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
           memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
           reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
-          what_if: bool = True) -> CheckResult:
+          what_if: bool = True, provider: str = DEFAULT_PROVIDER) -> CheckResult:
     """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1).
 
     Parameters
     ----------
-    model, dims, default_dim, order, training
+    model, dims, default_dim, order, training, provider
         As analyze.analysis.
     memory, gpu, runtime, reserve, gpus, shard, what_if
         As fit.
@@ -518,7 +520,7 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    analysed = analysis(model, dims, **_options(order, default_dim, training))
+    analysed = analysis(model, dims, **_options(order, default_dim, training, provider))
     report = analysed.report
     need = _need(report, gpus, shard)
     required = _required(need, target)
@@ -555,7 +557,7 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
 
     def report_of(model: Sizing | LoadedModel = at, dims: Mapping[str, int] | None = None, run_order: str = order,
                   options: TrainingOptions | None = training) -> Report:
-        return analysis(model, dims, **_options(run_order, at.default_dim, options)).report
+        return analysis(model, dims, **_options(run_order, at.default_dim, options, at.provider)).report
 
     def peak_of(report: Report) -> int:
         return _need(report, gpus, shard).peak_bytes
@@ -568,7 +570,8 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
             "greedy least-peak-first order (--order memory)" if training is None else
             "forward ops in the greedy least-peak-first order (--order memory)")
     if training is None:
-        halved = half_precision_sizing(at)
+        # (on the CPU provider a float16 model gets Casts: the converted model is analysed whole)
+        halved = half_precision_sizing(at) if at.provider != "cpu" else None
         add("float32 -> float16 (weights and activations)",
             peak_of(report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims)),
             "every float32 tensor stored as float16 (the model converted, then analysed)")

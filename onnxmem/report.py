@@ -231,6 +231,7 @@ class Report:
     warnings: tuple[Warning, ...]
     schema: str = SCHEMA
     training: TrainingReport | None = None
+    provider: str = "cuda"  # the onnxruntime execution provider the report assumes (cpu: float16 Casts)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         """Give the report as JSON-ready builtins (the documented schema); `timeline`: with inference.timeline[]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy
@@ -13,9 +14,17 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_help
 
 from .dtypes import tensor_bytes
 from .load import LoadedModel
+from .rules.kernels import CPU_FLOAT16_KERNELS
+from .tensor_types import TensorType
 
 if TYPE_CHECKING:
     from .analyze import Sizing
+
+# The onnxruntime execution providers a report can assume. What differs between them in a report: the Casts the CPU
+# provider inserts around operators without a float16 kernel (cpu_float16_casts); the CUDA provider has float16
+# kernels for the operators the project's graphs hold (its table of exceptions is not written yet: see README).
+PROVIDERS = ("cuda", "cpu")
+DEFAULT_PROVIDER = "cuda"
 
 # Inputs the operator's schema types as float32 whatever the data's type (a Resize's roi and scales): kept so.
 FLOAT_ONLY_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "Upsample": (1,)}
@@ -148,3 +157,122 @@ def _half_tensor(tensor: TensorProto) -> TensorProto:
         header.data_location = TensorProto.EXTERNAL
         header.external_data.extend(tensor.external_data)
     return header
+
+
+def has_float16(model: ModelProto) -> bool:
+    """Say whether the model holds a float16 tensor anywhere it says so cheaply (its inputs, outputs, declared
+    values, initializers, or a Cast to float16)."""
+    graph = model.graph
+    if any(t.data_type == TensorProto.FLOAT16 for t in graph.initializer):
+        return True
+    for values in (graph.input, graph.output, graph.value_info):
+        if any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in values):
+            return True
+    return any(node.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT16 for a in node.attribute)
+               for node in graph.node)
+
+
+def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> LoadedModel | None:
+    """Give the model as onnxruntime's CPU provider runs it where float16 data meets an operator without a float16
+    kernel (rules.kernels.CPU_FLOAT16_KERNELS): that operator runs in float32, its float16 inputs cast to float32
+    (one Cast per tensor), its outputs cast back to float16 where a float16 reader or a graph output needs them
+    (core/optimizer/insert_cast_transformer.cc: InsertCastTransformer, then RemoveDuplicateCastTransformer, whose
+    net effect this is; an operator with a float16 kernel between two converted ones is converted too, as its
+    ForceSingleNodeCPUFloat16ToFloat32 does). None where no operator needs a Cast. `types`: the model's tensor
+    types (planner.infer_symbolic). The main graph only: a subgraph's nodes are left as they are."""
+    model = loaded.proto
+    graph = model.graph
+    nodes = list(graph.node)
+    versions = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+
+    def fp16(name: str) -> bool:
+        return bool(name) and types.get(name, (0, None, None))[0] == TensorProto.FLOAT16
+
+    has_fp16_input = [any(fp16(name) for name in node.input) for node in nodes]
+    unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
+    if not any(unassigned):
+        return None
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(i)
+    outputs = {v.name for v in graph.output}
+    if len(nodes) > 1:  # ForceSingleNodeCPUFloat16ToFloat32, in node order as onnxruntime walks its nodes
+        for i, node in enumerate(nodes):
+            if unassigned[i] or _holds_graph(node) or any(out in outputs for out in node.output):
+                continue
+            edges = [name for name in node.input if name in producer]
+            fp16_inputs = [name for name in node.input if fp16(name)]
+            if not edges or not fp16_inputs:
+                continue
+            fp16_edges = [name for name in edges if fp16(name) and unassigned[producer[name]]
+                          and has_fp16_input[producer[name]]]
+            if len(fp16_edges) == len(fp16_inputs) and any(fp16(out) and readers.get(out) for out in node.output):
+                unassigned[i] = True
+    as_fp32: dict[str, str] = {}  # a float16 tensor -> its float32 twin (a converted node's output, or a Cast's)
+    out_nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(nodes):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        if not unassigned[i]:
+            out_nodes.append(copy)
+            continue
+        for j, name in enumerate(node.input):
+            if not fp16(name):
+                continue
+            if name not in as_fp32:
+                as_fp32[name] = f"InsertedCast_{name}"
+                out_nodes.append(onnx.helper.make_node("Cast", [name], [as_fp32[name]], name=as_fp32[name],
+                                                       to=TensorProto.FLOAT))
+            copy.input[j] = as_fp32[name]
+        for attr in copy.attribute:
+            if attr.name == "dtype" and attr.type == AttributeProto.INT and attr.i == TensorProto.FLOAT16:
+                attr.i = TensorProto.FLOAT
+        back = []
+        for j, name in enumerate(node.output):
+            if not fp16(name):
+                continue
+            twin = as_fp32[name] = f"InsertedCast_{name}"
+            copy.output[j] = twin
+            if name in outputs or any(not unassigned[r] for r in readers.get(name, [])):
+                back.append(onnx.helper.make_node("Cast", [twin], [name], name=f"{twin}_back",
+                                                  to=TensorProto.FLOAT16))
+        out_nodes.append(copy)
+        out_nodes.extend(back)
+    changed = ModelProto()
+    changed.CopyFrom(_shell(model))
+    changed.graph.CopyFrom(_without_nodes(graph))
+    changed.graph.node.extend(out_nodes)
+    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
+
+
+def _cpu_float16_kernel(node: onnx.NodeProto, versions: Mapping[str, int]) -> bool:
+    """Say whether onnxruntime's CPU provider has a float16 kernel for this node's operator at its opset."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    spans = CPU_FLOAT16_KERNELS.get(f"{domain}::{node.op_type}")
+    if not spans:
+        return False
+    opset = versions.get(domain, 1)
+    try:
+        since = onnx.defs.get_schema(node.op_type, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        since = opset
+    return any(first <= since <= last for first, last in spans)
+
+
+def _holds_graph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _without_nodes(graph: GraphProto) -> GraphProto:
+    """Give a copy of the graph without its nodes (its initializers, inputs, outputs and declared values kept)."""
+    copy = GraphProto()
+    copy.name = graph.name
+    copy.initializer.extend(graph.initializer)
+    copy.sparse_initializer.extend(graph.sparse_initializer)
+    copy.input.extend(graph.input)
+    copy.output.extend(graph.output)
+    copy.value_info.extend(graph.value_info)
+    return copy

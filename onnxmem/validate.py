@@ -175,7 +175,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
             activation_difference_percent=round(100 * difference / peak, 3) if peak else None,
             weights_difference_bytes=weights - held,
             measured_peak_node=getattr(measured.runs[run_index], "peak_node", "")))
-    raw = analysis(loaded, sized.dims).report.inference
+    raw = analysis(loaded, sized.dims, provider=provider).report.inference
     return Validation(
         model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
