@@ -11,18 +11,29 @@ allocation and free of the c10 CPU allocator with its exact size; their running 
 first checks that on a Linear layer whose step is worked out by hand (it must match to the byte).
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
-Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out]
+Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out|real]
 (held-out: a ViT block, a ConvNeXt block, a GRU, ResNet basic blocks and the reference set, exported here.)
+
+--set real: torchvision, timm and transformers architectures (small configs, random weights), each exported the
+way a user does by default (torch.onnx.export(model.eval(), args, dynamo=True)) and the way onnxmem recommends
+(onnxmem.torch.export_for_training: train mode, optimize=False), estimated with device="cpu" and the matching loss;
+truth is one PyTorch training step (the first) measured to the byte by an LD_PRELOAD malloc counter
+(../shared/tools/malloc_counter.c: every heap byte, including what bypasses PyTorch's allocator), with the
+profiler's c10 peak beside it. The script re-runs itself under the counter.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import gc
 import importlib
 import inspect
 import io
 import logging
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -394,9 +405,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated model names (default: all)")
     parser.add_argument("--batches", default="8,32")
-    parser.add_argument("--set", choices=("fixtures", "held-out"), default="fixtures",
-                        help="the fixtures' models, or models the rules were never tuned on")
+    parser.add_argument("--set", choices=("fixtures", "held-out", "real"), default="fixtures",
+                        help="the fixtures' models, models the rules were never tuned on, or real architectures")
     args = parser.parse_args()
+    if args.set == "real":
+        main_real(args.models)
+        return
     torch.set_num_threads(2)
     started = time.perf_counter()
     checked = check_measurement()
@@ -430,6 +444,225 @@ def main() -> None:
     print(f"mean |error| {100 * sum(errors) / len(errors):.2f}%, max |error| {100 * max(errors):.2f}% "
           f"(first and later steps); closer than the hand formula in {closer} of {len(rows)} cases; "
           f"{time.perf_counter() - started:.0f} s")
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --set real: real architectures, the default export against the recommended one, every heap byte
+
+TOOLS = ROOT.parent / "shared" / "tools"
+
+
+@dataclass
+class RealCase:
+    """A real architecture: build it (seeded), its inputs at the batch, the loss of its output."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], tuple[torch.Tensor, ...]]
+    loss: Callable[[Any, int], torch.Tensor]
+    batch: int
+    loss_kind: str = "cross_entropy"
+
+
+class LogitsOnly(nn.Module):
+    """A transformers model that returns its logits only (no cache): the ONNX graph's one output."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False).logits if hasattr(self.model.config, "use_cache") \
+            else self.model(input_ids=ids).logits
+
+
+def _torchvision(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, **kwargs)
+    return build
+
+
+def _vit() -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=64, patch_size=8, num_layers=2, num_heads=4, hidden_dim=128, mlp_dim=512,
+                             num_classes=10)
+
+
+def _timm(name: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10)
+    return build
+
+
+def _transformers(kind: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import transformers as tf
+
+        small = {"vocab_size": 1000}
+        if kind == "gpt2":
+            return LogitsOnly(tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=64,
+                                                               **small)))
+        if kind == "llama":
+            return LogitsOnly(tf.LlamaForCausalLM(tf.LlamaConfig(
+                num_hidden_layers=2, hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, **small)))
+        return LogitsOnly(tf.BertForSequenceClassification(tf.BertConfig(
+            num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4,
+            max_position_embeddings=64, num_labels=10, **small)))
+    return build
+
+
+def _images(size: int) -> Callable[[int], tuple[torch.Tensor, ...]]:
+    return lambda b: (torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(b)),)
+
+
+def _ids(b: int) -> tuple[torch.Tensor, ...]:
+    return (torch.randint(0, 1000, (b, 32), generator=torch.Generator().manual_seed(b)),)
+
+
+REAL = [
+    RealCase("resnet18", _torchvision("resnet18", num_classes=10), _images(64), _classes, 8),
+    RealCase("resnet50", _torchvision("resnet50", num_classes=10), _images(64), _classes, 4),
+    RealCase("mobilenet_v3_small", _torchvision("mobilenet_v3_small", num_classes=10), _images(64), _classes, 8),
+    RealCase("efficientnet_b0", _torchvision("efficientnet_b0", num_classes=10), _images(64), _classes, 4),
+    RealCase("vit_tiny", _vit, _images(64), _classes, 8),
+    RealCase("convnext_atto", _timm("convnext_atto"), _images(64), _classes, 4),
+    RealCase("gpt2_small", _transformers("gpt2"), _ids, _tokens, 4),
+    RealCase("llama_small", _transformers("llama"), _ids, _tokens, 4),
+    RealCase("bert_small", _transformers("bert"), _ids, _classes, 8),
+]
+
+
+def _counter() -> ctypes.CDLL:
+    """Give the malloc counter preloaded into this process."""
+    return ctypes.CDLL(None)
+
+
+def heap_peak(work: Callable[[], None]) -> int:
+    """Give the peak of heap bytes (every malloc) above those live before `work`."""
+    counter = _counter()
+    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
+    gc.collect()
+    base = counter.mc_current()
+    counter.mc_reset_peak()
+    work()
+    return int(counter.mc_peak() - base)
+
+
+def first_step(case: RealCase, state: dict[str, torch.Tensor], optimizer: str,
+               measure: Callable[[Callable[[], None]], int]) -> int:
+    """Give `measure` of the first training step of a fresh copy of the model (weights from `state`)."""
+    torch.manual_seed(0)
+    module = case.build()
+    module.load_state_dict(state)
+    module.train()
+    inputs = case.inputs(case.batch)
+    opt = OPTIMIZERS[optimizer](module.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        value = case.loss(module(*inputs), case.batch)
+        value.backward()
+        opt.step()
+
+    return measure(step)
+
+
+@dataclass
+class RealRow:
+    model: str
+    batch: int
+    optimizer: str
+    heap: int  # every heap byte (malloc counter)
+    c10: int  # PyTorch's allocator (profiler)
+    default: int  # estimate on the default export
+    recommended: int
+    default_warned: str  # the export warnings' codes on the default export
+
+    def error(self, estimate: int) -> float:
+        return (estimate - self.heap) / self.heap
+
+
+def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: str) -> tuple[int, str]:
+    """Give onnxmem's first-step peak above weights and inputs, and its export warnings' codes."""
+    report = onnxmem.analyze(path, dims, training=TrainingOptions(optimizer=optimizer, device="cpu",
+                                                                 loss=case.loss_kind))
+    training = report.training
+    assert training is not None
+    codes = sorted({w.code for w in report.warnings if w.code in ("folded-normalization", "eval-export")})
+    return training.first_step.peak_bytes - training.weights_bytes - training.input_bytes, ",".join(codes) or "-"
+
+
+def run_real(case: RealCase, folder: Path) -> list[RealRow]:
+    from onnxmem.torch import export_for_training
+
+    torch.manual_seed(0)
+    reference = case.build()
+    state = {k: v.clone() for k, v in reference.state_dict().items()}
+    example = case.inputs(case.batch)
+    default_path, recommended_path = folder / f"{case.name}.default.onnx", folder / f"{case.name}.train.onnx"
+    with _quiet():
+        torch.onnx.export(reference.eval(), example, str(default_path), dynamo=True)  # what a user writes
+        export_for_training(reference, case.inputs(2), recommended_path, {"batch": 0})
+    del reference
+    rows = []
+    for optimizer in ("sgd", "adamw"):
+        heap = first_step(case, state, optimizer, heap_peak)
+        c10 = first_step(case, state, optimizer, live_bytes_peak)
+        default, warned = real_estimate(default_path, {}, case, optimizer)
+        recommended, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer)
+        rows.append(RealRow(case.name, case.batch, optimizer, heap, c10, default, recommended, warned))
+    return rows
+
+
+def main_real(models: str) -> None:
+    """Run --set real under the malloc counter (re-running this script with it preloaded) and print the table."""
+    if "malloc_counter" not in os.environ.get("LD_PRELOAD", ""):
+        library = Path(tempfile.mkdtemp()) / "libmalloc_counter.so"
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(TOOLS / "malloc_counter.c")],
+                       check=True)
+        environment = {**os.environ, "LD_PRELOAD": str(library), "OMP_NUM_THREADS": "1"}
+        sys.exit(subprocess.run([sys.executable, *sys.argv], env=environment).returncode)
+    sys.path.insert(0, str(TOOLS))
+    importlib.import_module("tvshim")  # before torchvision (and timm, transformers, which import it)
+    import torchvision  # noqa: F401
+    import transformers  # noqa: F401
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    wanted = set(filter(None, models.split(",")))
+    rows: list[RealRow] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for case in REAL:
+            if not wanted or case.name in wanted:
+                rows += run_real(case, Path(folder))
+                print(f"  {case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(f"torch {torch.__version__}, CPU, fp32, one thread; first training step; bytes above weights and inputs; "
+          "truth: every heap byte (malloc counter); error = (estimate - truth) / truth")
+    print()
+    print("| model | batch | optimizer | heap (truth) | c10 (profiler) | default export | error | warned "
+          "| recommended export | error |")
+    print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|")
+    for r in rows:
+        print(f"| {r.model} | {r.batch} | {r.optimizer} | {r.heap:,} | {r.c10:,} | {r.default:,} "
+              f"| {100 * r.error(r.default):+.1f}% | {r.default_warned} | {r.recommended:,} "
+              f"| {100 * r.error(r.recommended):+.1f}% |")
+    print()
+    for label, pick in (("default export", lambda r: r.default), ("recommended export", lambda r: r.recommended)):
+        errors = [r.error(pick(r)) for r in rows]
+        unwarned = [e for r, e in zip(rows, errors, strict=True) if label.startswith("recommended")
+                    or r.default_warned == "-"]
+        print(f"{label}: mean |error| {100 * sum(map(abs, errors)) / len(errors):.2f}%, max |error| "
+              f"{100 * max(map(abs, errors)):.2f}%, {sum(e < 0 for e in errors)} of {len(errors)} under, worst under "
+              f"{100 * min(errors):+.1f}%; without an export warning: max |error| "
+              f"{100 * max(map(abs, unwarned), default=0):.2f}%")
+    print(f"{time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

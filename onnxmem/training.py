@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ import onnx
 from onnx import TensorProto
 
 from .errors import OnnxMemError
-from .graph import INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
+from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
 from .liveness import live_bytes
 from .report import (
     CheckpointWhatIf,
@@ -41,7 +42,8 @@ from .report import (
     Warning,
 )
 from .rules.training import (
-    ATEN_AS,
+    ATEN_SAVED_FOR_BACKWARD,
+    ATEN_WITH_DROPOUT,
     AUTOCAST_FP32,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
@@ -50,6 +52,10 @@ from .rules.training import (
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
     EIGHT_BIT_MIN_ELEMENTS,
+    EVAL_MODULES,
+    EXPORTER_WEIGHT_NAME,
+    FOLDED_ATEN,
+    FOLDS_INTO,
     LOSSES,
     NOT_DIFFERENTIABLE,
     OPTIMIZER_ALIASES,
@@ -58,6 +64,7 @@ from .rules.training import (
     SAVED_FOR_BACKWARD,
     TRAINING_VIEWS,
     Decomposed,
+    Folded,
     OptimizerRule,
     Recurrent,
     Saves,
@@ -73,6 +80,10 @@ _BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 # Inputs of an op that are buffers even when they are float initializers.
 _BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
 _TOP_LIVE = 20
+# Warnings a training report carries about its export: each is stated in the report's assumptions as
+# '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
+EXPORT_WARNINGS = ("folded-normalization", "eval-export")
+_ATEN_TARGET = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.")
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class _Node:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     graph_op: int | None  # index into graph.ops, or None for a loss op
+    restored: bool = False  # an op the export folded away, simulated after the node it was folded into
 
 
 @dataclass
@@ -184,6 +196,8 @@ class _Model:
     loss_value: int
     n_graph_nodes: int
     hidden: list[int] = field(default_factory=list)  # intermediates of decomposed ops simulated as one op
+    restored: _Restored | None = None  # ops an export folded away, simulated again
+    assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -257,7 +271,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         precision=options.precision,
         loss=options.loss,
         grad_accum=options.grad_accum,
-        export_mode=_export_mode(graph),
+        export_mode=_export_mode(graph, model.restored),
         parameters=sum(model.values[p].numel or 0 for p in model.params + model.frozen),
         trainable_parameters=sum(model.values[p].numel or 0 for p in model.params),
         weights_bytes=weights_bytes,
@@ -279,7 +293,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         recompute_peak_bytes=max(first.peak, later.peak) if recompute_peak is None else recompute_peak,
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
-        assumptions=_assumptions(graph, options, rule),
+        assumptions=_assumptions(graph, model, options, rule),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
                                   tuple(later.live)),
@@ -287,14 +301,20 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
 
 
 def training_warnings(report: TrainingReport) -> list[Warning]:
-    """Give the warnings a training report carries (operators without a backward rule)."""
-    if not report.unknown_backward_ops:
-        return []
-    return [Warning(
-        "unknown-backward",
-        f"operators {', '.join(report.unknown_backward_ops)} have no saved-for-backward rule: each is assumed to "
-        "keep every float input and output for backward and to allocate a new gradient for every input",
-    )]
+    """Give the warnings a training report carries: what the export folded or removed (stated in its assumptions
+    as '[code] message'), operators without a backward rule."""
+    warnings = []
+    for note in report.assumptions:
+        code, _, message = note[1:].partition("] ")
+        if note.startswith("[") and code in EXPORT_WARNINGS:
+            warnings.append(Warning(code, message))
+    if report.unknown_backward_ops:
+        warnings.append(Warning(
+            "unknown-backward",
+            f"operators {', '.join(report.unknown_backward_ops)} have no saved-for-backward rule: each is assumed to "
+            "keep every float input and output for backward and to allocate a new gradient for every input",
+        ))
+    return warnings
 
 
 def _check_options(options: TrainingOptions) -> None:
@@ -320,8 +340,16 @@ def _check_options(options: TrainingOptions) -> None:
 # The model of the step: nodes, values at the training precision, what needs a gradient, what is kept.
 
 def _rule(op_type: str, domain: str) -> Saves | None:
+    if op_type.startswith("aten::"):
+        return ATEN_SAVED_FOR_BACKWARD.get(op_type[len("aten::"):])
     key = op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
     return SAVED_FOR_BACKWARD.get(key)
+
+
+def aten_op(origin: str) -> str:
+    """Give the ATen op's name ('silu') from an Op.origin ('torch.ops.aten.silu.default %silu x'), or ""."""
+    found = _ATEN_TARGET.match(origin)
+    return found.group(1) if found else ""
 
 
 def _numel(shape: tuple[object, ...] | None) -> int | None:
@@ -365,7 +393,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     """Give the facts every simulation of the step reads: the forward ops (decomposed ATen ops fused back) and the
     loss, the parameters, the sizes at the training precision, the storages, what needs a gradient and what each
     differentiable op keeps for backward."""
-    values, nodes, hidden = _forward(graph, order)
+    values, nodes, hidden, restored, assumed = _forward(graph, order)
     n_graph_nodes = len(nodes)
     model_output, loss_value = _append_loss(graph, values, nodes, options)
     _wire(graph, values, nodes)
@@ -384,21 +412,24 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden)
+                  n_graph_nodes, hidden, restored, assumed)
 
 
-def _forward(graph: ModelGraph, order: Sequence[int]) -> tuple[list[_Value], list[_Node], list[int]]:
-    """Give the step's values (the graph's tensors), its forward nodes in `order` with the ops exported from one
-    ATen op or decomposed from one fused again, and the intermediates those fused ops hide."""
+def _forward(graph: ModelGraph, order: Sequence[int]) -> \
+        tuple[list[_Value], list[_Node], list[int], _Restored, dict[str, int]]:
+    """Give the step's values (the graph's tensors), its forward nodes in `order` with the ops an export folded away
+    restored, the ops exported from one ATen op or decomposed from one fused again, the intermediates those fused
+    ops hide, what was restored and which decompositions were assumed."""
     values = [_Value(t.name, t.shape, _numel(t.shape), t.nbytes or 0, t.dtype in _FLOATS, t.kind,
                      is_sequence=t.dtype == 0) for t in graph.tensors]
     nodes = []
     for op_index in order:
         op = graph.ops[op_index]
         nodes.append(_Node(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+    nodes, restored = _restore_folded(nodes, values, graph)
     nodes, grouped = _fuse_aten_groups(nodes, values, graph)
-    nodes, hidden = _fuse_decomposed(nodes, values, set(graph.outputs))
-    return values, nodes, grouped + hidden
+    nodes, hidden, assumed = _fuse_decomposed(nodes, values, graph)
+    return values, nodes, grouped + hidden, restored, assumed
 
 
 def _append_loss(graph: ModelGraph, values: list[_Value], nodes: list[_Node], options: TrainingOptions) -> \
@@ -635,9 +666,11 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         else:
             extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
     if rule.stats and inputs and inputs[0] >= 0:
-        extra += 4 * rule.stats_values * _stat_count(graph, node, values[inputs[0]], rule.stats)
+        extra += 4 * rule.stats_values * _stat_count(values[inputs[0]], rule)
     if rule.input_sized_extra and inputs and inputs[0] >= 0:
         extra += rule.input_sized_extra * values[inputs[0]].nbytes
+    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
+        extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
     if rule.recurrent:
         kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
         extra += kept_bytes
@@ -646,14 +679,88 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
     return extra
 
 
+@dataclass
+class _Restored:
+    """What an export folded or removed and the simulation restores: what the export warnings say."""
+
+    folded_into: dict[str, list[str]] = field(default_factory=dict)  # module ('BatchNorm') -> nodes folded into
+    kept_bytes_values: list[int] = field(default_factory=list)  # the restored ops' inputs (kept for backward)
+    by_names: bool = False  # found by exporter weight names (no ATen marks), not by ATen marks
+    eval_marks: bool = False  # an ATen op says the model was exported in eval mode
+    eval_copies: dict[str, int] = field(default_factory=dict)  # op -> eval-mode copies simulated as that op
+
+
+def _module_classes(layer: str) -> list[str]:
+    """Give the module classes of a dynamo export's scope, outermost first (': pkg.M/drop: torch...Dropout/...')."""
+    if ":" not in layer:
+        return []
+    return [part.split(":", 1)[1].strip() for part in layer.split("/")[:-1] if ":" in part]
+
+
+def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> tuple[list[_Node], _Restored]:
+    """Give the nodes with the ops an export folded away simulated again (a BatchNorm after the node it was folded
+    into, reading a new copy of that node's output; rules.training.FOLDED_ATEN, FOLDS_INTO) and eval-mode copies
+    of train-mode ops made that op again (EVAL_MODULES), and what was restored."""
+    restored = _Restored()
+    groups: dict[str, list[int]] = {}
+    folded: dict[int, Folded] = {}  # position of the node folded into -> the op restored after it
+    for n, node in enumerate(nodes):
+        op = graph.ops[node.graph_op] if node.graph_op is not None else None
+        name = aten_op(op.origin) if op is not None else ""
+        if name in FOLDED_ATEN:
+            restored.eval_marks |= FOLDED_ATEN[name].eval
+            groups.setdefault(op.origin.split(" ", 2)[1] if op is not None else "", []).append(n)
+        if node.op_type == "Identity":
+            classes = _module_classes(node.layer)
+            if classes and classes[-1] in EVAL_MODULES:
+                node.op_type = EVAL_MODULES[classes[-1]]
+                restored.eval_copies[node.op_type] = restored.eval_copies.get(node.op_type, 0) + 1
+    for members in groups.values():
+        rule = FOLDED_ATEN[aten_op(graph.ops[nodes[members[0]].graph_op].origin)]  # type: ignore[index]
+        if not any(nodes[m].op_type == rule.restores for m in members):
+            folded[members[-1]] = rule
+    marked = any(op.origin for op in graph.ops)
+    parameter_names = any(v.kind == WEIGHT and v.is_float and "." in v.name and not re.match(EXPORTER_WEIGHT_NAME,
+                                                                                           v.name) for v in values)
+    if not marked and parameter_names:
+        readers = {t for node in nodes if node.op_type in {f.restores for f in FOLDS_INTO.values()}
+                   for t in node.inputs}
+        for n, node in enumerate(nodes):
+            weight = node.inputs[1] if node.op_type in FOLDS_INTO and len(node.inputs) > 1 else -1
+            if weight >= 0 and values[weight].kind == WEIGHT and re.match(EXPORTER_WEIGHT_NAME, values[weight].name) \
+                    and node.outputs and node.outputs[0] not in readers:
+                folded[n] = FOLDS_INTO[node.op_type]
+                restored.by_names = True
+    if not folded:
+        return nodes, restored
+    result: list[_Node] = []
+    for n, node in enumerate(nodes):
+        result.append(node)
+        fold = folded.get(n)
+        y = node.outputs[0] if fold is not None and node.outputs else -1
+        if fold is None or y < 0 or not values[y].is_float:
+            continue
+        before = values[y]
+        values.append(_Value(f"{before.name} (before the folded {fold.module})", before.shape, before.numel,
+                             before.nbytes, True, ACTIVATION))
+        copy = len(values) - 1
+        node.outputs = (copy, *node.outputs[1:])
+        result.append(_Node(fold.restores, "", f"{node.name} (folded {fold.module})", node.layer, (copy,), (y,),
+                            node.graph_op, restored=True))
+        restored.folded_into.setdefault(fold.module, []).append(node.name)
+        restored.kept_bytes_values.append(copy)
+    return result, restored
+
+
 def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
         tuple[list[_Node], list[int]]:
-    """Give the nodes with each group exported from one ATen op of rules.training.ATEN_AS (the nodes sharing the
-    dynamo exporter's fx node) replaced by that op, at the group's last node; and the group's intermediates."""
+    """Give the nodes with each group exported from one ATen op of rules.training.ATEN_SAVED_FOR_BACKWARD (the
+    nodes sharing the dynamo exporter's fx node) replaced by that op, at the group's last node; and the group's
+    intermediates."""
     groups: dict[str, list[int]] = {}
     for n, node in enumerate(nodes):
-        origin = graph.ops[node.graph_op].origin if node.graph_op is not None else ""
-        if origin and origin.split(" ", 1)[0] in ATEN_AS:
+        origin = graph.ops[node.graph_op].origin if node.graph_op is not None and not node.restored else ""
+        if origin and aten_op(origin) in ATEN_SAVED_FOR_BACKWARD:
             groups.setdefault(" ".join(origin.split(" ", 2)[:2]), []).append(n)
     if not any(len(members) > 1 for members in groups.values()):
         return nodes, []
@@ -683,7 +790,10 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
         inputs = tuple(t for t in dict.fromkeys(named or external) if t in external)
         if not inputs:
             continue
-        fused[last] = _Node(ATEN_AS[key.split(" ", 1)[0]], "", nodes[last].name, nodes[members[0]].layer, inputs,
+        name = aten_op(key)
+        if name in ATEN_WITH_DROPOUT and any(nodes[m].op_type == "Dropout" for m in members):
+            name = ATEN_WITH_DROPOUT[name]
+        fused[last] = _Node(f"aten::{name}", "", nodes[last].name, nodes[members[0]].layer, inputs,
                             (exported[0],), nodes[last].graph_op)
         removed.update(members[:-1])
         hidden.extend(t for t in made if t != exported[0])
@@ -692,35 +802,46 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
     return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
 
 
-def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph_outputs: set[int]) -> \
-        tuple[list[_Node], list[int]]:
+def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
+        tuple[list[_Node], list[int], dict[str, int]]:
     """Give the nodes with every chain of rules.training.DECOMPOSED replaced by the one op it stands for (at the
-    chain's last node), and the intermediates the chains made."""
+    chain's last node), the intermediates the chains made, and how many chains each assumption covers. Nodes with
+    ATen marks are never matched: the marks say which op they come from."""
+    graph_outputs = set(graph.outputs)
     readers: dict[int, list[int]] = {}
+    per_scope: dict[str, int] = {}
     for n, node in enumerate(nodes):
         for t in node.inputs:
             if t >= 0:
                 readers.setdefault(t, []).append(n)
+        if node.graph_op is not None:
+            per_scope[node.layer] = per_scope.get(node.layer, 0) + 1
     fused: dict[int, _Node] = {}  # position of a chain's last node -> the op
     removed: set[int] = set()
     hidden: list[int] = []
+    assumed: dict[str, int] = {}
     for n in range(len(nodes)):
-        if n in removed:
+        if n in removed or nodes[n].graph_op is None or graph.ops[nodes[n].graph_op].origin:  # type: ignore[index]
             continue
         for pattern in DECOMPOSED:
             chain = _match_chain(pattern, n, nodes, values, readers, graph_outputs)
             if chain is None or any(m in removed or m in fused for m in chain):
                 continue
             first, last = nodes[chain[0]], nodes[chain[-1]]
+            if pattern.own_scope and (not first.layer or per_scope.get(first.layer) != len(chain)
+                                      or any(nodes[m].layer != first.layer for m in chain)):
+                continue
             x = next(t for t in first.inputs if t >= 0 and values[t].numel != 1)
             fused[chain[-1]] = _Node(pattern.op_type, "", last.name, first.layer, (x,), (last.outputs[0],),
                                      last.graph_op)
             removed.update(chain[:-1])
             hidden.extend(nodes[m].outputs[0] for m in chain[:-1])
+            if pattern.assumption:
+                assumed[pattern.assumption] = assumed.get(pattern.assumption, 0) + 1
             break
     if not fused:
-        return nodes, []
-    return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
+        return nodes, [], assumed
+    return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden, assumed
 
 
 def _match_chain(pattern: Decomposed, start: int, nodes: list[_Node], values: list[_Value],
@@ -829,25 +950,31 @@ def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str |
     return None
 
 
-def _stat_count(graph: ModelGraph, node: _Node, value: _Value, kind: str) -> int:
-    """Give how many statistics a norm keeps: one per normalised row, or per channel."""
-    if value.numel is None:
+def _stat_count(value: _Value, rule: Saves) -> int:
+    """Give how many statistics a norm keeps: one per channel (axis 1), or per row of the axes before
+    rule.stats_axis."""
+    shape = value.shape
+    if value.numel is None or not shape:
         return 0
-    shape = graph.tensors[node.inputs[0]].shape if node.graph_op is not None else None
-    if shape is None:
-        return 0
-    if kind == "channels":
+    if rule.stats == "channels":
         return shape[1] if len(shape) > 1 and isinstance(shape[1], int) else 0
-    # LayerNormalization normalises from `axis` on; ModelGraph keeps no attributes, and every exporter we know
-    # writes -1 (the last axis), so one statistic per row of the last axis.
-    axis = -1
-    if node.op_type in ("InstanceNormalization", "GroupNormalization"):
-        axis = 2
-    axis = axis % len(shape) if shape else 0
+    # ModelGraph keeps no attributes; every exporter we know writes LayerNormalization's axis as -1
     rows = 1
-    for d in shape[:axis]:
+    for d in shape[:rule.stats_axis % len(shape)]:
         rows *= d if isinstance(d, int) else 1
     return rows
+
+
+def _attention_bytes(query: _Value, key: _Value) -> int:
+    """Give the bytes of one [..., q_len, kv_len] tensor of attention from q [..., q_len, E] and k [..., kv_len, E]
+    (at q's element size)."""
+    q_shape, k_shape = query.shape, key.shape
+    if not q_shape or not k_shape or not query.numel or not isinstance(q_shape[-1], int) \
+            or not isinstance(k_shape[-2] if len(k_shape) > 1 else None, int) or not q_shape[-1]:
+        return 0
+    kv_len = k_shape[-2]
+    assert isinstance(kv_len, int)
+    return query.nbytes // q_shape[-1] * kv_len
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1363,18 +1490,52 @@ def _segment_ranges(model: _Model, segments: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
-def _export_mode(graph: ModelGraph) -> str:
+def _export_mode(graph: ModelGraph, restored: _Restored | None = None) -> str:
     kinds = {op.op_type for op in graph.ops}
+    if restored is not None and restored.eval_marks:
+        return "eval"
     if "Dropout" in kinds or any(op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1
                                  for op in graph.ops):
         return "training"
-    if "BatchNormalization" in kinds:
+    if "BatchNormalization" in kinds or (restored is not None and (restored.by_names or restored.eval_copies)):
         return "eval"
     return "either"
 
 
-def _assumptions(graph: ModelGraph, options: TrainingOptions, rule: OptimizerRule) -> tuple[str, ...]:
-    mode = _export_mode(graph)
+# What to do instead of an export that folded or removed training memory.
+RECOMMENDED_EXPORT = ("export in train mode with BatchNorm and Dropout kept: onnxmem.torch.export_for_training(model, "
+                      "args, path), or torch.onnx.export(model.train(), args, path, dynamo=True, optimize=False)")
+
+
+def _export_findings(model: _Model, mode: str) -> list[str]:
+    """Give the export warnings as '[code] message': ops the export folded (restored and counted here), an
+    eval-mode export (its Dropout layers are gone: not counted)."""
+    restored = model.restored or _Restored()
+    findings = []
+    removed_dropout = ("the export was made in eval mode, which removes Dropout: the masks of any Dropout layers "
+                       "the model has are not counted")
+    if restored.folded_into:
+        kept = sum(model.values[t].nbytes for t in restored.kept_bytes_values)
+        layers = "; ".join(f"{len(nodes)} {module} layer(s) into {', '.join(nodes[:3])}"
+                           + (", ..." if len(nodes) > 3 else "") for module, nodes in restored.folded_into.items())
+        how = ("Conv weights with an exporter's name, not a parameter's, say so" if restored.by_names
+               else "the ATen ops that mark those nodes say so")
+        findings.append(f"[folded-normalization] the export folded {layers} ({how}): the graph lacks what they keep "
+                        f"for backward in training. They are simulated again after those nodes (their inputs, "
+                        f"{kept:,} bytes, and statistics are counted)"
+                        + (f"; {removed_dropout}" if mode == "eval" else "") + ". For an exact estimate, "
+                        + RECOMMENDED_EXPORT)
+    elif mode == "eval":
+        copies = ", ".join(f"{count} {op}" for op, count in restored.eval_copies.items())
+        kept_as_copies = f" ({copies} layer(s) it kept as copies are simulated in train mode)" if copies else ""
+        findings.append(f"[eval-export] {removed_dropout}{kept_as_copies}; BatchNorm is assumed to train on batch "
+                        f"statistics. For an exact estimate, {RECOMMENDED_EXPORT}")
+    return findings
+
+
+def _assumptions(graph: ModelGraph, model: _Model, options: TrainingOptions, rule: OptimizerRule) -> \
+        tuple[str, ...]:
+    mode = _export_mode(graph, model.restored)
     notes = [
         "one step: zero_grad(set_to_none=True), forward, loss, backward, optimizer step; the training loop holds "
         "the model's output and the loss until the step ends",
@@ -1390,7 +1551,10 @@ def _assumptions(graph: ModelGraph, options: TrainingOptions, rule: OptimizerRul
         notes.append("eval-mode export: BatchNorm assumed to train (keeps its input and batch statistics); "
                      "Dropout layers an eval export removes are not counted")
     else:
-        notes.append("no Dropout or BatchNormalization: training- and eval-mode exports are the same graph")
+        notes.append("no Dropout or BatchNormalization in the graph: if the model has Dropout, an eval-mode export "
+                     "removed it and its masks are not counted")
+    notes.extend(f"{text}: {count} place(s)" for text, count in model.assumed.items())
+    notes.extend(_export_findings(model, mode))
     if options.precision.startswith("amp-"):
         notes.append("mixed precision: fp32 master weights, gradients and optimizer state; MatMul/Gemm/Conv run in "
                      "16 bits on 16-bit copies of their inputs and weights; Softmax, LayerNorm and the loss in fp32")

@@ -314,7 +314,7 @@ def test_erf_gelu_chain_keeps_only_its_input_like_aten_gelu() -> None:
     t = train(erf_gelu_mlp(), optimizer="sgd", device="cpu").training
     assert t is not None
     assert t.saved_activation_bytes == 8192 + 8192 + 2048
-    assert dict(t.saved_by_op_type)["Gelu"] == 8192
+    assert dict(t.saved_by_op_type)["aten::gelu"] == 8192
     assert "Erf" not in dict(t.saved_by_op_type)
 
 
@@ -411,7 +411,7 @@ def test_scaled_dot_product_attention_keeps_no_probabilities() -> None:
     probabilities = 2 * 4 * 64 * 64 * 4
     rows = 2 * 4 * 64 * 4  # log-sum-exp, float32
     saved = dict(fused.saved_by_op_type)
-    assert saved["ScaledDotProductAttention"] == 4 * (2 * 4 * 64 * 16 * 4) + rows  # q, k, v, output
+    assert saved["aten::scaled_dot_product_attention"] == 4 * (2 * 4 * 64 * 16 * 4) + rows  # q, k, v, output
     assert "Softmax" not in saved
     assert dict(by_hand.saved_by_op_type)["Softmax"] == probabilities
 

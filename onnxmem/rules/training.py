@@ -42,6 +42,12 @@ class Saves:
     cpu_blocked_channels: bool = False
     # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
     input_sized_extra: int = 0
+    # "rows" statistics are per row of the axes before this one (LayerNorm: -1; Instance/GroupNorm: 2, an upper
+    # bound on group_norm's one per (batch, group))
+    stats_axis: int = -1
+    # attention computed by PyTorch's math path (sdpa with dropout on CPU): tensors of [..., q_len, kv_len] kept
+    # (inputs 0 and 1 are q [..., q_len, E] and k [..., kv_len, E])
+    attention_probabilities: int = 0
     # a recurrent op: a key of RECURRENT (what PyTorch's kernel keeps besides its outputs, its backward scratch)
     recurrent: str = ""
 
@@ -97,7 +103,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Exp": UNARY_OUTPUT,
     "Sqrt": UNARY_OUTPUT,
     "Reciprocal": UNARY_OUTPUT,
-    "Elu": UNARY_OUTPUT,
+    "Elu": UNARY_INPUT,  # aten::elu keeps its input (measured with saved-tensor hooks)
     "Softmax": UNARY_OUTPUT,
     "LogSoftmax": UNARY_OUTPUT,
     # activations that keep their input
@@ -134,17 +140,15 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "com.microsoft::SimplifiedLayerNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=1),
     "RMSNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=1),
     "BatchNormalization": Saves(inputs=(0, 1), stats="channels", stats_values=2),
-    "InstanceNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=2),
-    "GroupNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=2),
+    "InstanceNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=2, stats_axis=2),
+    "GroupNormalization": Saves(inputs=(0, 1), stats="rows", stats_values=2, stats_axis=2),
     # the loss, appended after the model's output (see LOSSES)
     "NegativeLogLikelihoodLoss": UNARY_INPUT,
+    # output.mean() is ReduceMean: nothing kept; its backward expands the gradient into a new output-sized one
     "MeanSquaredError": Saves(inputs=(0,), input_sized_extra=1),  # mse_loss(input, target) keeps both
     # recurrent: aten::mkldnn_rnn_layer (CPU) keeps its input, initial states, outputs and a workspace
     "LSTM": Saves(inputs=(0, 5, 6), outputs=(0, 1, 2), recurrent="LSTM"),
     "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
-    # F.scaled_dot_product_attention on CPU runs flash attention: it keeps q, k, v, its output and one
-    # log-sum-exp per query row, never the [batch, heads, q_len, kv_len] probabilities (see ATEN_AS)
-    "ScaledDotProductAttention": Saves(inputs=(0, 1, 2), outputs=(0,), stats="rows", stats_values=1),
 }
 
 # oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
@@ -183,33 +187,121 @@ RECURRENT: dict[str, Recurrent] = {
     "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7),
 }
 
+# What PyTorch's ATen ops keep for backward, keyed by ATen op (after derivatives.yaml). The dynamo exporter marks
+# every node with the ATen op it comes from (pkg.torch.onnx.fx_node); the nodes of an op exported as several are
+# simulated as that one op, reported as 'aten::<op>', with this rule; its inputs are the op's tensor arguments,
+# in order. Measured on torch 2.13 CPU with torch.autograd.graph.saved_tensors_hooks: which tensors autograd
+# packs, and whether each is the op's input, its output or a new tensor.
+ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
+    # activations that keep only their input (silu is exported as Sigmoid and Mul, whose own rules would keep
+    # sigmoid's output too; gelu(tanh) as nine nodes; mish as Softplus, Tanh, Mul)
+    "silu": UNARY_INPUT,
+    "hardswish": UNARY_INPUT,
+    "hardsigmoid": UNARY_INPUT,
+    "mish": UNARY_INPUT,
+    "gelu": UNARY_INPUT,  # erf and tanh alike
+    "softplus": UNARY_INPUT,
+    "elu": UNARY_INPUT,
+    "leaky_relu": UNARY_INPUT,
+    "hardtanh": UNARY_INPUT,  # relu6
+    # activations that keep their output
+    "log_softmax": UNARY_OUTPUT,
+    "_log_softmax": UNARY_OUTPUT,
+    "softmax": UNARY_OUTPUT,
+    "_softmax": UNARY_OUTPUT,
+    # norms: the input, the weight and fp32 statistics (layer_norm: mean and rstd per row; group_norm: per
+    # (batch, group), bounded here by one per (batch, channel); batch_norm: per channel)
+    "layer_norm": Saves(inputs=(0, 1), stats="rows", stats_values=2),
+    "native_layer_norm": Saves(inputs=(0, 1), stats="rows", stats_values=2),
+    "group_norm": Saves(inputs=(0, 1), stats="rows", stats_values=2, stats_axis=2),
+    "native_group_norm": Saves(inputs=(0, 1), stats="rows", stats_values=2, stats_axis=2),
+    "batch_norm": Saves(inputs=(0, 1), stats="channels", stats_values=2),
+    "native_batch_norm": Saves(inputs=(0, 1), stats="channels", stats_values=2),
+    "_native_batch_norm_legit": Saves(inputs=(0, 1), stats="channels", stats_values=2),
+    "_native_batch_norm_legit_functional": Saves(inputs=(0, 1), stats="channels", stats_values=2),
+    "_native_batch_norm_legit_no_training": Saves(inputs=(0, 1), stats="channels", stats_values=2),
+    # rms_norm (a composite): x, one rstd per row, the weight, and x * rstd (input-sized)
+    "rms_norm": Saves(inputs=(0, 1), stats="rows", stats_values=1, input_sized_extra=1),
+    # F.scaled_dot_product_attention on CPU runs flash attention: it keeps q, k, v, its output and one
+    # log-sum-exp per query row, never the [batch, heads, q_len, kv_len] probabilities (with a mask: the mask too)
+    "scaled_dot_product_attention": Saves(inputs=(0, 1, 2, 3), outputs=(0,), stats="rows", stats_values=1),
+    # ... unless it drops out (a Dropout node among its nodes, see ATEN_WITH_DROPOUT): then the math path keeps a
+    # scaled copy of q, a transposed copy of k, v, and three [..., q_len, kv_len] tensors (the probabilities, the
+    # dropout mask and the dropped probabilities)
+    "scaled_dot_product_attention(dropout)": Saves(inputs=(2,), input_sized_extra=2, attention_probabilities=3),
+}
+
+# ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).
+ATEN_WITH_DROPOUT: dict[str, str] = {"scaled_dot_product_attention": "scaled_dot_product_attention(dropout)"}
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A PyTorch op that the export folded into the node before it: simulated again after that node."""
+
+    restores: str  # the op to simulate, a key of SAVED_FOR_BACKWARD
+    module: str  # what the user calls it, for the warning
+    eval: bool = False  # the ATen op says the model was exported in eval mode
+
+
+# Found by the ATen op that still marks the node it was folded into: the dynamo exporter's optimizer folds
+# BatchNorm into the Conv before it in train and eval mode alike (the Conv then carries BatchNorm's fx node).
+FOLDED_ATEN: dict[str, Folded] = {
+    "batch_norm": Folded("BatchNormalization", "BatchNorm"),
+    "native_batch_norm": Folded("BatchNormalization", "BatchNorm"),
+    "_native_batch_norm_legit": Folded("BatchNormalization", "BatchNorm"),
+    "_native_batch_norm_legit_functional": Folded("BatchNormalization", "BatchNorm"),
+    "_native_batch_norm_legit_no_training": Folded("BatchNormalization", "BatchNorm", eval=True),
+}
+# Without ATen marks (TorchScript): a Conv whose weight is an initializer with an exporter's name, not a
+# parameter's ('onnx::Conv_18'), in a graph whose other weights have parameter names ('fc.weight'), had a
+# BatchNorm folded into it (the constant folding of an eval-mode export).
+FOLDS_INTO: dict[str, Folded] = {
+    "Conv": Folded("BatchNormalization", "BatchNorm", eval=True),
+    "ConvTranspose": Folded("BatchNormalization", "BatchNorm", eval=True),
+}
+EXPORTER_WEIGHT_NAME = r"^(onnx::|val_\d|_val_\d|_v_\d|const_fold|/)"
+# Module classes that an eval-mode export keeps as a copy (aten.clone: an Identity) or removes: the copy is
+# simulated as the op PyTorch runs in train mode.
+EVAL_MODULES: dict[str, str] = {
+    "torch.nn.modules.dropout.Dropout": "Dropout",
+    "torch.nn.modules.dropout.Dropout1d": "Dropout",
+    "torch.nn.modules.dropout.Dropout2d": "Dropout",
+    "torch.nn.modules.dropout.Dropout3d": "Dropout",
+    "torch.nn.modules.dropout.AlphaDropout": "Dropout",
+}
+
+
 # Operators the TorchScript exporter writes as a chain of elementwise nodes although PyTorch runs (and saves for)
 # one op: the chain is simulated as that op. Node i of `chain` reads node i - 1's output (node 0 reads the
 # op's input x); the nodes in `reads_input` also read x; every other input is a scalar constant; the
-# intermediates have no other reader.
+# intermediates have no other reader. Only nodes without ATen marks are matched (a dynamo export says which op
+# each node comes from: x * torch.sigmoid(x) written in a forward is aten.sigmoid and aten.mul).
 @dataclass(frozen=True)
 class Decomposed:
     """One ATen op exported as a chain of ONNX nodes."""
 
-    op_type: str  # the op it stands for, a key of SAVED_FOR_BACKWARD
+    op_type: str  # the op it stands for: 'aten::<op>' (a key of ATEN_SAVED_FOR_BACKWARD) or an ONNX op type
     chain: tuple[str, ...]
     reads_input: tuple[int, ...] = ()
+    # only when the chain's nodes are all the nodes of their module scope (an activation module: nn.SiLU); the
+    # same chain written inside a forward keeps what its nodes keep
+    own_scope: bool = False
+    assumption: str = ""  # said in the report's assumptions where the chain was matched
 
 
 DECOMPOSED: tuple[Decomposed, ...] = (
     # F.gelu (erf): x * 0.5 * (1 + erf(x / sqrt(2))) exported as Div, Erf, Add, Mul(x, .), Mul(., 0.5);
     # aten::gelu keeps only x
-    Decomposed("Gelu", ("Div", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),
-    Decomposed("Gelu", ("Mul", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3)),  # x * (1 / sqrt(2))
+    Decomposed("aten::gelu", ("Div", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3),
+               assumption="the erf chain x * 0.5 * (1 + erf(x / sqrt 2)) taken as one gelu (keeps its input only)"),
+    Decomposed("aten::gelu", ("Mul", "Erf", "Add", "Mul", "Mul"), reads_input=(0, 3),  # x * (1 / sqrt(2))
+               assumption="the erf chain x * 0.5 * (1 + erf(x / sqrt 2)) taken as one gelu (keeps its input only)"),
+    # nn.SiLU exported as Sigmoid, Mul(x, .): aten::silu keeps only x
+    Decomposed("aten::silu", ("Sigmoid", "Mul"), reads_input=(1,), own_scope=True,
+               assumption="Sigmoid then Mul alone in a module scope taken as nn.SiLU (keeps its input only; "
+                          "x * sigmoid(x) written in a forward keeps sigmoid(x) too)"),
 )
-
-# ATen ops that the dynamo exporter decomposes into several ONNX nodes, all marked with the op's fx node
-# (pkg.torch.onnx.fx_node): the nodes are simulated as the one op PyTorch runs, a key of SAVED_FOR_BACKWARD.
-# Its inputs are the fx node's tensor arguments, in order.
-ATEN_AS: dict[str, str] = {
-    "torch.ops.aten.scaled_dot_product_attention.default": "ScaledDotProductAttention",
-    "torch.ops.aten.gelu.default": "Gelu",
-}
 
 # An operator missing from the table: keep every float input and output; every gradient a new buffer.
 DEFAULT_SAVES = Saves(inputs=tuple(range(16)), outputs=tuple(range(8)))
@@ -241,10 +333,13 @@ CHEAP_TO_RECOMPUTE: frozenset[str] = frozenset({
 # once per step into autocast's cache) and ops that run in fp32; the rest follow their inputs.
 AUTOCAST_LOW_PRECISION: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "com.microsoft::Attention", "Attention",
+    "aten::scaled_dot_product_attention",
 })
 AUTOCAST_FP32: frozenset[str] = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "Exp", "Log", "Pow", "ReduceSum",
     "ReduceProd", "CumSum", "Reciprocal", "Softplus", "NegativeLogLikelihoodLoss", "MeanSquaredError",
+    "aten::log_softmax", "aten::_log_softmax", "aten::softmax", "aten::_softmax", "aten::layer_norm",
+    "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm", "aten::softplus", "aten::rms_norm",
 })
 
 
@@ -261,6 +356,8 @@ LOSSES: dict[str, tuple[LossStep, ...]] = {
     "cross_entropy": (LossStep("LogSoftmax", "same"), LossStep("NegativeLogLikelihoodLoss", "scalar")),
     # aten::mse_loss reduces into its unreduced buffer: the 0-dim loss keeps an output-sized storage
     "mse": (LossStep("MeanSquaredError", "same"),),
+    # output.mean(): its backward makes an output-sized gradient (measured: 16.4 MB for 8 x 64 x 8000 logits)
+    "mean": (LossStep("ReduceMean", "scalar"),),
     "none": (),  # the model's output is the loss
 }
 

@@ -1,0 +1,104 @@
+"""The export a training estimate is exact on, from a PyTorch model (the `torch` extra).
+
+A training estimate reads the forward graph; an export can remove what training keeps. torch.onnx.export's defaults
+do: the dynamo exporter's optimizer folds BatchNorm into the Conv before it (in train mode too), and an eval-mode
+export drops Dropout. export_for_training writes the graph as PyTorch trains it: train mode, optimize=False
+(BatchNorm and Dropout kept), the ATen op marks the estimate reads (pkg.torch.onnx.fx_node) and named symbolic dims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import OnnxMemError, require_extra
+
+# An axis per dim name: the same axis of every input of higher rank, or one entry per input (None: not there).
+DynamicAxes = Mapping[str, int | Sequence[int | None]]
+
+
+def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynamic: DynamicAxes | None = None, *,
+                        opset_version: int | None = None) -> Path:
+    """Give the path of the ONNX file written from `model` as it trains, for `onnxmem report --training`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Exported in train mode (and put back in its own mode after).
+    example_inputs : torch.Tensor or tuple of them
+        Inputs to trace with (their sizes along the dynamic axes do not matter).
+    path : str or Path
+        Where to write the ONNX file.
+    dynamic : mapping of dim name to axis, optional
+        The symbolic dims, e.g. ``{"batch": 0, "seq": 1}``: the axis of every tensor input of higher rank, or a
+        sequence with one axis (or None) per input. The file's dims carry these names (``--dim batch=8``).
+    opset_version : int, optional
+        The ONNX opset (the exporter's default when None).
+
+    Raises
+    ------
+    MissingExtraError
+        torch is not installed.
+    OnnxMemError
+        The exporter failed (its message is given).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise require_extra("torch", "torch", "onnxmem.torch.export_for_training") from None
+    import onnx
+
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    axes = _axes_per_input(inputs, dynamic or {}, torch.Tensor)
+    dynamic_shapes = tuple({axis: torch.export.Dim.DYNAMIC for axis in per_input} or None for per_input in axes)
+    target = Path(path)
+    was_training = model.training
+    model.train()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
+            torch.onnx.export(model, inputs, str(target), dynamo=True, optimize=False, opset_version=opset_version,
+                              dynamic_shapes=dynamic_shapes if any(axes) else None)
+    except Exception as error:  # the exporter raises many types; the user needs its message
+        raise OnnxMemError(f"torch.onnx.export failed: {error}") from error
+    finally:
+        model.train(was_training)
+    proto = onnx.load(str(target), load_external_data=False)
+    _name_dims(proto, axes)
+    onnx.save(proto, str(target))
+    return target
+
+
+def _axes_per_input(inputs: tuple[Any, ...], dynamic: DynamicAxes, tensor_type: type) -> list[dict[int, str]]:
+    """Give, per input, its dynamic axes and their names."""
+    axes: list[dict[int, str]] = [{} for _ in inputs]
+    for name, where in dynamic.items():
+        per_input = [where] * len(inputs) if isinstance(where, int) else list(where)
+        if len(per_input) != len(inputs):
+            raise OnnxMemError(f"dynamic '{name}': {len(per_input)} axes given for {len(inputs)} inputs")
+        for i, axis in enumerate(per_input):
+            if axis is not None and isinstance(inputs[i], tensor_type) and axis < inputs[i].dim():
+                axes[i][axis] = name
+    return axes
+
+
+def _name_dims(proto: Any, axes: list[dict[int, str]]) -> None:
+    """Rename the exporter's symbolic dims (s0, s1, ...) to the names given, in every dim of the graph."""
+    renames: dict[str, str] = {}
+    for value, per_input in zip(proto.graph.input, axes, strict=False):
+        dims = value.type.tensor_type.shape.dim
+        for axis, name in per_input.items():
+            if axis < len(dims) and dims[axis].dim_param:
+                renames.setdefault(dims[axis].dim_param, name)
+    if not renames:
+        return
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(renames, key=len, reverse=True)) + r")\b")
+    for value in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: renames[m.group(1)], dim.dim_param)
