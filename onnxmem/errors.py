@@ -32,3 +32,35 @@ def require_extra(module: str, extra: str, purpose: str) -> MissingExtraError:
     return MissingExtraError(
         f"{purpose} needs the '{module}' package: pip install \"onnxmem[{extra}]\""
     )
+
+
+# The longest message the CLI prints; a longer one is cut, saying how much was left out.
+LONGEST_MESSAGE = 2000
+
+
+def quoted(value: str | bytes, longest: int = 200) -> str:
+    """Give a name (a tensor's, a node's) quoted for a one-line message: control characters escaped (a name may
+    hold a newline), bytes that are not UTF-8 shown as escapes, and a very long name cut with its length."""
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    if len(text) > longest:
+        text = f"{text[:longest]}... ({len(text)} characters)"
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return f"'{text}'"
+
+
+def listing(items: list[str], shown: int = 10, separator: str = ", ") -> str:
+    """Give the first `shown` items joined, and how many more there are (an error may name 200,000 dims)."""
+    if len(items) <= shown:
+        return separator.join(items)
+    return f"{separator.join(items[:shown])}{separator}and {len(items) - shown:,} more"
+
+
+def one_line(text: str, longest: int = LONGEST_MESSAGE) -> str:
+    """Give a message as one line of at most about `longest` characters: line breaks and control characters
+    escaped, and a longer message cut, saying how much was left out."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    if len(text) > longest:
+        text = f"{text[:longest]}... (cut: {len(text) - longest:,} more characters)"
+    return text
