@@ -1,0 +1,73 @@
+"""The provider-aware report: on onnxruntime's CPU provider a float16 model runs partly in float32, between the
+Casts onnxruntime inserts around operators without a float16 kernel; the report counts them, and equals what
+onnxruntime allocates."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxmem
+from onnxmem.load import load_model
+from onnxmem.planner import infer_symbolic
+from onnxmem.transforms import cpu_float16_casts
+
+F16 = TensorProto.FLOAT16
+
+
+def half_mlp() -> onnx.ModelProto:
+    """x (fp16 [batch, 64]) -> MatMul w1 -> Relu -> MatMul w2 -> Add x2 -> y (fp16): no float16 CPU kernel for
+    MatMul, Relu or Add, so all of them run in float32; Reshape between them has one (it moves data only)."""
+    w1 = numpy_helper.from_array(np.ones((64, 128), np.float16), "w1")
+    w2 = numpy_helper.from_array(np.ones((128, 64), np.float16), "w2")
+    shape = numpy_helper.from_array(np.array([-1, 128], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["r2"], name="reshape"),
+             helper.make_node("MatMul", ["r2", "w2"], ["o"], name="mm2"),
+             helper.make_node("Add", ["o", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", F16, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", F16, ["batch", 64])], initializer=[w1, w2, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_casts_go_where_onnxruntime_puts_them() -> None:
+    loaded = load_model(half_mlp())
+    changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto))
+    assert changed is not None
+    casts = [(n.input[0], onnx.helper.get_attribute_value(n.attribute[0])) for n in changed.proto.graph.node
+             if n.op_type == "Cast"]
+    # x and both weights cast to float32 once each (x read twice); only y cast back (the rest stays float32, and
+    # the Reshape between two converted nodes is converted too)
+    assert sorted(casts) == sorted([("x", TensorProto.FLOAT), ("w1", TensorProto.FLOAT), ("w2", TensorProto.FLOAT),
+                                    ("InsertedCast_y", F16)])
+    cuda = onnxmem.analyze(half_mlp(), {"batch": 8})
+    cpu = onnxmem.analyze(half_mlp(), {"batch": 8}, provider="cpu")
+    assert cuda.provider == "cuda" and cpu.provider == "cpu"
+    assert [w.code for w in cpu.warnings] == ["cpu-float16-casts"] and not cuda.warnings
+    assert cpu.inference.peak_activation_bytes > 2 * cuda.inference.peak_activation_bytes
+
+
+def test_a_float32_model_is_the_same_on_both_providers() -> None:
+    from . import graphs
+
+    assert onnxmem.analyze(graphs.symbolic_mlp(), {"batch": 4}, provider="cpu").inference == \
+        onnxmem.analyze(graphs.symbolic_mlp(), {"batch": 4}).inference
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_cpu_report_equals_onnxruntimes_first_run(batch: int) -> None:
+    pytest.importorskip("onnxruntime")
+    from onnxmem.validate import validate
+
+    result = validate(half_mlp(), {"batch": batch}, opt_level="disable", runs=1)
+    measured = result.runs[0].measured.peak_activation_bytes
+    assert result.raw_estimate.peak_activation_bytes == measured  # the plain report, provider cpu
+    assert onnxmem.analyze(half_mlp(), {"batch": batch}).inference.peak_activation_bytes < measured  # cuda's
+
+
+def test_an_unknown_provider_is_a_clear_error() -> None:
+    with pytest.raises(onnxmem.OnnxMemError, match="unknown provider 'tpu'"):
+        onnxmem.analyze(half_mlp(), {"batch": 1}, provider="tpu")
