@@ -11,7 +11,7 @@ differences in bytes, the count of exact agreements, and the weights the arena h
 --set real: the models benchmarks/zoo.py built into --zoo DIR (default ~/.cache/onnxmem-zoo), bound at the dims its
 zoo.json gives, the batch dim taking each --batches value. Every failure is a row (its exception type in the note)
 and the note also counts the warnings of the validation. A second table compares the plain estimate a user gets,
-onnxmem.analyze(file, dims, order="ort") on the file as exported, with onnxruntime's first run at level disable.
+onnxmem.analyze(file, dims, provider="cpu") on the file as exported, with onnxruntime's first run at level disable.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def run_real(args: argparse.Namespace) -> None:
         print(f"level {level}: run 1 exact {first_exact} of {total}, run 2 exact {steady_exact} of {total}; "
               f"models exact in every run: {len(entries) - len(inexact[level])} of {len(entries)}")
     if plain_rows:
-        print("\nThe plain estimate (onnxmem.analyze(file, dims, order='ort') on the file as exported) against "
+        print("\nThe plain estimate (onnxmem.analyze(file, dims, provider='cpu'): `onnxmem report --provider cpu` on "
+              "the file as exported) against "
               "onnxruntime's first run at level disable")
         print_table(PLAIN_HEADERS, plain_rows)
         print(f"\nplain estimate exact to the byte: {plain_exact} of {len(plain_rows)}")
@@ -211,7 +212,7 @@ def plain_row(name: str, path: Path, batch: str, dims: dict[str, int], result: V
     first = result.runs[0]
     measured = first.measured.peak_activation_bytes
     try:
-        report = onnxmem.analyze(path, dims, order="ort")
+        report = onnxmem.analyze(path, dims, provider="cpu")  # the plain report, as `report --provider cpu`
     except Exception as exc:  # noqa: BLE001 - one model's failure is a row, never the end of the table
         return (name, str(batch), f"{measured:,}", "-", "-", "-", f"{first.activation_difference_bytes:+,}", "-",
                 failure(exc))
