@@ -17,7 +17,7 @@ from .rules.shapes import SHAPE_RULES, rule_key
 from .shape_values import _constant_value, _is_shape_constant, _shape_values
 from .tensor_types import Dim, TensorType, TypeDecoder, decode_type
 
-_REST_ROUNDS = 3
+_REST_ROUNDS = 8  # each round sizes one more layer of shape values that a fused operator's output gates
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:
@@ -68,26 +68,30 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         return _collect_types(light.graph, TypeDecoder())
-    if _has_unknown_outputs(inferred.graph) and any(has_rule(n) for n in light.graph.node):
+    ruled = any(has_rule(n) for n in light.graph.node)
+    if _has_unknown_outputs(inferred.graph) and ruled:
         inferred = _rule_rounds(light, inferred, data_prop)
     if _has_custom_domains_without_rule(inferred) and _has_unknown_outputs(inferred.graph):
         inferred = _ort_symbolic_inference(inferred, warnings)  # the last resort (see rules.shapes)
         return _collect_types(inferred.graph, TypeDecoder())
     types = _collect_types(inferred.graph, TypeDecoder())
     if data_prop and _has_unknown_outputs(inferred.graph):
-        # shape values ONNX's data propagation does not carry (see _shape_values), computed and given back
+        # shape values ONNX's data propagation does not carry (see _shape_values), computed and given back; the
+        # shape rules again after each round, as a fused operator may read what a shape value sized
         for _ in range(_REST_ROUNDS):
             initializers = {t.name: t for t in light.graph.initializer}
             folded = _shape_values(list(light.graph.node), initializers, types)
             fresh = [t for name, t in folded.items() if name not in initializers]
             if not fresh:
-                break
+                break  # (the rules ran on what the last round learned, below)
             light.graph.initializer.extend(fresh)
             try:
                 inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
                                                              data_prop=True)
             except Exception:  # noqa: BLE001 - keep what the first inference found
                 break
+            if ruled and _has_unknown_outputs(inferred.graph):
+                inferred = _rule_rounds(light, inferred, data_prop)
             types = _collect_types(inferred.graph, TypeDecoder())
             if not _has_unknown_outputs(inferred.graph):
                 break
@@ -121,8 +125,11 @@ def rule_value_infos(nodes: Iterable[onnx.NodeProto], types: dict[str, TensorTyp
             if not name or out is None or _is_known(types.get(name)) or (skip is not None and name in skip):
                 continue
             value = onnx.helper.make_tensor_value_info(name, out[0], list(out[1]))
+            found = decode(value.type)
+            if types.get(name) == found:
+                continue  # (learned before: a rule gives an output again only when its inputs say more)
             learned.append(value)
-            types[name] = decode(value.type)
+            types[name] = found
     return learned
 
 
@@ -144,13 +151,17 @@ def _rule_rounds(light: ModelProto, inferred: ModelProto, data_prop: bool) -> Mo
     round types every rule operator whose inputs are known, then ONNX's inference carries them on), until a round
     learns nothing."""
     nodes = [n for n in light.graph.node if has_rule(n)]
-    learned_before: set[str] = set()
     for _ in range(_RULE_ROUNDS):
         types = _collect_types(inferred.graph, TypeDecoder())
-        learned = rule_value_infos(nodes, types, learned_before)
+        learned = rule_value_infos(nodes, types)
         if not learned:
             break
-        learned_before.update(v.name for v in learned)
+        # an output learned again (its inputs say more now) replaces what was learned of it before
+        names = {v.name for v in learned}
+        if any(v.name in names for v in light.graph.value_info):
+            kept = [v for v in light.graph.value_info if v.name not in names]
+            del light.graph.value_info[:]
+            light.graph.value_info.extend(kept)
         light.graph.value_info.extend(learned)
         try:
             inferred = _inferred(light, data_prop)
