@@ -1,0 +1,167 @@
+"""onnxruntime's BFC arena, simulated: the bytes it holds from the device (its regions) after a sequence of
+allocations and frees, as onnxruntime/core/framework/bfc_arena.cc makes them.
+
+The arena rounds a request up to 256 B; it takes the smallest free chunk that holds it (the lowest address among
+equals: its bins keep free chunks ordered by size, then address), splits off the rest where the chunk is at least
+twice the request or wastes 128 MiB or more, and coalesces a freed chunk with its free neighbours in the same
+region. Where no free chunk holds a request it extends by a region (kNextPowerOfTwo, the default): the current
+region size, doubled until it holds the request, and doubled once more after a region that needed no doubling;
+the first region size is 1 MiB (initial_chunk_size_bytes). Memory it reserves (Reserve: onnxruntime's prepacked
+weights at session creation) is held at its exact size, outside the regions. The same code runs the CPU and the
+CUDA providers' arenas.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .graph import ModelGraph
+from .liveness import Timeline
+
+MIN_ALLOCATION = 256  # kMinAllocationSize
+INITIAL_REGION = 1 << 20  # initial_chunk_size_bytes (the default arena config)
+MAX_DEAD_BYTES = 128 << 20  # max_dead_bytes_per_chunk
+
+
+def rounded(nbytes: int) -> int:
+    """Give a request's size as the arena allocates it (a multiple of 256 B)."""
+    return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+@dataclass
+class _Chunk:
+    address: int
+    size: int
+    region: int
+    in_use: bool = False
+    prev: _Chunk | None = field(default=None, repr=False)
+    next: _Chunk | None = field(default=None, repr=False)
+
+
+class BFCArena:
+    """The arena's regions and chunks (see the module's docstring): alloc() gives an address, free() takes it."""
+
+    def __init__(self, initial_region: int = INITIAL_REGION) -> None:
+        self.region_bytes = rounded(initial_region)  # curr_region_allocation_bytes_
+        self.regions: list[int] = []  # sizes
+        self.reserved = 0
+        self._free: list[tuple[int, int]] = []  # (size, address) of free chunks, sorted
+        self._chunks: dict[int, _Chunk] = {}  # address -> chunk
+        self._end = 0  # the next region's address (regions never touch: a gap between them)
+
+    @property
+    def held_bytes(self) -> int:
+        """Give the bytes the arena holds from the device: its regions and what it reserved."""
+        return sum(self.regions) + self.reserved
+
+    def reserve(self, nbytes: int) -> None:
+        """Hold `nbytes` outside the regions, at their exact size (BFCArena::Reserve)."""
+        self.reserved += nbytes
+
+    def alloc(self, nbytes: int) -> int:
+        """Give the address of a chunk that holds `nbytes` (a 0-byte request takes nothing: address -1)."""
+        if nbytes <= 0:
+            return -1
+        size = rounded(nbytes)
+        chunk = self._take(size)
+        if chunk is None:
+            self._extend(size)
+            chunk = self._take(size)
+            assert chunk is not None
+        return chunk.address
+
+    def free(self, address: int) -> None:
+        """Give the chunk at `address` back, coalesced with its free neighbours."""
+        if address < 0:
+            return
+        chunk = self._chunks[address]
+        chunk.in_use = False
+        following = chunk.next
+        if following is not None and not following.in_use:
+            self._unlist(following)
+            self._merge(chunk, following)
+        previous = chunk.prev
+        if previous is not None and not previous.in_use:
+            self._unlist(previous)
+            self._merge(previous, chunk)
+            chunk = previous
+        self._list(chunk)
+
+    def _take(self, size: int) -> _Chunk | None:
+        i = bisect.bisect_left(self._free, (size, -1))
+        if i == len(self._free):
+            return None
+        _, address = self._free.pop(i)
+        chunk = self._chunks[address]
+        if chunk.size >= 2 * size or chunk.size - size >= MAX_DEAD_BYTES:
+            rest = _Chunk(chunk.address + size, chunk.size - size, chunk.region, prev=chunk, next=chunk.next)
+            if chunk.next is not None:
+                chunk.next.prev = rest
+            chunk.next = rest
+            chunk.size = size
+            self._chunks[rest.address] = rest
+            self._list(rest)
+        chunk.in_use = True
+        return chunk
+
+    def _extend(self, size: int) -> None:
+        grown = False
+        while size > self.region_bytes:
+            self.region_bytes *= 2
+            grown = True
+        region = self.region_bytes
+        if not grown:
+            self.region_bytes *= 2
+        chunk = _Chunk(self._end, region, len(self.regions))
+        self._end += region + MIN_ALLOCATION
+        self.regions.append(region)
+        self._chunks[chunk.address] = chunk
+        self._list(chunk)
+
+    def _merge(self, first: _Chunk, second: _Chunk) -> None:
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        del self._chunks[second.address]
+
+    def _list(self, chunk: _Chunk) -> None:
+        bisect.insort(self._free, (chunk.size, chunk.address))
+
+    def _unlist(self, chunk: _Chunk) -> None:
+        i = bisect.bisect_left(self._free, (chunk.size, chunk.address))
+        del self._free[i]
+
+
+def held_after(events: Iterable[tuple[str, int, int]], reserved: int = 0,
+               initial_region: int = INITIAL_REGION) -> int:
+    """Give the bytes the arena holds after `events`: ("alloc", buffer id, bytes) and ("free", buffer id, 0) in
+    order, on top of `reserved` bytes reserved before them."""
+    arena = BFCArena(initial_region)
+    arena.reserve(reserved)
+    addresses: dict[int, int] = {}
+    for kind, buffer, nbytes in events:
+        if kind == "alloc":
+            addresses[buffer] = arena.alloc(nbytes)
+        else:
+            arena.free(addresses.pop(buffer, -1))
+    return arena.held_bytes
+
+
+def first_run_events(graph: ModelGraph, timeline: Timeline) -> list[tuple[str, int, int]]:
+    """Give the arena's allocations and frees of a first run (no memory pattern) in the timeline's order: at each
+    step the op's output buffers in output order, then the buffers whose last step it is (graph outputs and unread
+    outputs stay to the end). Kernels' own scratch is not known here and not included."""
+    ending: dict[int, list[int]] = {}
+    for t, first in enumerate(timeline.first_step):
+        if first >= 0:
+            ending.setdefault(timeline.last_step[t], []).append(t)
+    events: list[tuple[str, int, int]] = []
+    for step, op in enumerate(timeline.order):
+        for t in graph.ops[op].outputs:
+            if t >= 0 and timeline.first_step[t] == step:
+                events.append(("alloc", t, graph.tensors[t].nbytes or 0))
+        events.extend(("free", t, 0) for t in ending.get(step, ()))
+    return events
