@@ -34,6 +34,9 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
         return onnx.numpy_helper.to_array(tensor)
 
     for node in nodes:
+        if node.op_type == "Split" and node.domain in ("", "ai.onnx") and node.input and node.input[0] in values:
+            _split(node, values, [value(name) if name else None for name in node.input])
+            continue
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or node.op_type not in SHAPE_VALUE_OPS:
             continue
         constant = _constant_value(node)
@@ -136,6 +139,28 @@ def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
     if k.get("to") == TensorProto.BOOL:
         return a[0].astype(numpy.bool_)
     return None if k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+
+
+def _split(node: onnx.NodeProto, values: dict[str, numpy.ndarray], a: Values) -> None:
+    """Put the parts of a Split of a shape value into `values` (onnxruntime's transpose optimizer writes Shape ->
+    Gather -> Split -> Squeeze for the dims a Reshape reads): by its split input or attribute, else in equal parts."""
+    attrs = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    data = a[0]
+    if data is None or data.ndim != 1:
+        return
+    parts = len(node.output)
+    sizes = [int(d) for d in a[1]] if len(a) > 1 and a[1] is not None else list(attrs.get("split") or [])
+    if not sizes:
+        if not parts or data.shape[0] % parts:
+            return
+        sizes = [data.shape[0] // parts] * parts
+    if len(sizes) != parts or sum(sizes) != data.shape[0] or int(attrs.get("axis", 0)) not in (0, -1):
+        return
+    start = 0
+    for name, size in zip(node.output, sizes, strict=True):
+        if name:
+            values[name] = data[start:start + size]
+        start += size
 
 
 def _where(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:

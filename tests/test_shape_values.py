@@ -89,3 +89,19 @@ def test_an_ir3_initializer_missing_from_the_inputs_is_a_known_tensor() -> None:
     assert report.inference.unsized_tensors == 0
     assert report.inference.output_bytes == 4 * 32 * 4
     assert report.inference.weights_bytes == 16 * 32 * 4
+
+
+def test_a_split_shape_value_sizes_a_reshape() -> None:
+    # onnxruntime's transpose optimizer writes Shape -> Split -> Squeeze -> Unsqueeze -> Concat for a Reshape's
+    # target: y = Reshape(x, [s0 * s1, s2]) from x's own dims.
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Split", ["shape"], ["s0", "s1", "s2"], axis=0, num_outputs=3),
+             helper.make_node("Mul", ["s0", "s1"], ["rows"]),
+             helper.make_node("Concat", ["rows", "s2"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", F, ["batch", "seq", 16])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert bind_and_infer(model, {"batch": 3, "seq": 5}).types["y"][1] == (15, 16)
+    assert onnxmem.analyze(model, {"batch": 3, "seq": 5}).inference.unsized_tensors == 0
