@@ -12,7 +12,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from .dims import InputDim
 from .load import initializer_type
 from .report import Warning
-from .rules.inference import CONTROL_FLOW, SHAPE_AS
+from .rules.inference import ALL_ATTRIBUTES, CONTROL_FLOW, SHAPE_AS
 from .rules.shapes import SHAPE_RULES, rule_key
 from .shape_values import _constant_value, _is_shape_constant, _shape_values
 from .tensor_types import Dim, TensorType, TypeDecoder, decode_type
@@ -143,7 +143,7 @@ def _is_known(t: TensorType | None) -> bool:
         isinstance(d, int) or (isinstance(d, str) and not d.startswith("unk__")) for d in t[1])
 
 
-_RULE_ROUNDS = 16
+_RULE_ROUNDS = 128  # each round types the rule operators the last inference reached: one per standard barrier
 
 
 def _rule_rounds(light: ModelProto, inferred: ModelProto, data_prop: bool) -> ModelProto:
@@ -233,7 +233,7 @@ def _standardize_fused_ops(graph: GraphProto) -> None:
         op_type, inputs, dropped = rule
         if op_type == "MatMul" and any(a.name.startswith("trans") and a.i for a in node.attribute):
             continue  # a transposing FusedMatMul is not a MatMul's shape: left for onnxruntime's inference
-        kept = [a for a in node.attribute if a.name not in dropped]
+        kept = [] if ALL_ATTRIBUTES in dropped else [a for a in node.attribute if a.name not in dropped]
         del node.attribute[:]
         node.attribute.extend(kept)
         del node.input[inputs:]

@@ -77,7 +77,7 @@ def runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
     return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
 
 
-_PLANNER_ROUNDS = 8
+_PLANNER_ROUNDS = 128  # (see infer._RULE_ROUNDS): rounds stop as soon as one learns nothing
 
 
 def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None, warnings: list[Warning],

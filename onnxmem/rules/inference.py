@@ -77,6 +77,8 @@ TAKES_NO_FREED_BUFFER: frozenset[str] = frozenset({"LSTM", "GRU", "RNN"})
 # Resize) with a skip connection [batch, 8, 32, 32] is [batch, 16, 32, 32] for onnxruntime's planner.
 PLANNER_MERGES_DIMS: dict[str, int] = {"Concat": 0}
 
+ALL_ATTRIBUTES = "*"  # in SHAPE_AS's dropped attributes: drop every one
+
 # onnxruntime's fused operators (written into its optimized graphs) whose output shapes are those of a standard
 # operator: shape inference runs them as that operator, with their extra attributes and inputs dropped.
 # 'domain::OpType' -> (standard op type, inputs it keeps, attributes it drops)
@@ -86,6 +88,12 @@ SHAPE_AS: dict[str, tuple[str, int, frozenset[str]]] = {
                                                         "activation_gamma"})),
     # Only without transposes (transA/transB/transBatch* = 0): a scaled MatMul, the fusion seen on the fixtures.
     "com.microsoft::FusedMatMul": ("MatMul", 2, frozenset({"alpha"})),
+    # Elementwise operators whose output is their first input's type: inference runs them as an Identity, so a
+    # chain of them (EfficientNet's SiLU as QuickGelu between convolutions) is typed in one inference, where the
+    # shape rules (rules.shapes) would type one more of them per round.
+    **{f"com.microsoft::{op}": ("Identity", 1, frozenset({ALL_ATTRIBUTES})) for op in (
+        "QuickGelu", "Gelu", "FastGelu", "BiasGelu", "FusedGelu", "BiasAdd", "BiasSoftmax", "RotaryEmbedding",
+        "QLinearLeakyRelu", "QLinearSigmoid", "QLinearSoftmax", "Affine", "ScaledTanh", "ThresholdedRelu")},
 }
 
 # Operators onnxruntime's CPU provider has no kernel for and runs as their ONNX function body: while the op
