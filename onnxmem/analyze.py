@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -81,7 +81,8 @@ class Analysis:
 
 def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
              order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER) -> Analysis:
+             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+             progress: Callable[[str], None] | None = None) -> Analysis:
     """Run the passes once and give their results (see Analysis).
 
     Parameters
@@ -104,6 +105,8 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     provider
         The onnxruntime execution provider the inference report assumes: cuda (the default: the question is a
         GPU's) or cpu, whose missing float16 kernels add Casts (transforms.cpu_float16_casts).
+    progress
+        Called with a few words as each stage begins (the CLI shows them on a terminal); None: nothing is said.
 
     Returns
     -------
@@ -116,8 +119,12 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
+    if progress is not None and not isinstance(model, Sizing):
+        progress("loading the model and sizing its tensors")
     sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules,
                                                            provider=provider)
+    if progress is not None:
+        progress("order and liveness" + (", then the training step" if training is not None else ""))
     return after_sizing(sized, order, rules, training)
 
 
@@ -188,11 +195,12 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
 
 def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-            training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER) -> Report:
+            training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+            progress: Callable[[str], None] | None = None) -> Report:
     """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis
     for the parameters). With `training`, the report also gives the memory of one training step."""
     return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
-                    provider=provider).report
+                    provider=provider, progress=progress).report
 
 
 def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,

@@ -6,27 +6,32 @@ with --debug for the traceback).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .analyze import analyze
 from .dims import parse_dims
 from .errors import OnnxMemError, one_line
-from .formats import FORMATS, formats_help, validation_formats
+from .formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from .orders import DEFAULT_ORDER, ORDERS, orders_help
 from .plan import RUNTIMES, SHARD_STAGES
 from .plan import check as plan_check
 from .plan import fit as plan_fit
-from .render import render_targets, render_validation
+from .render import json_text, render_targets, render_validation, targets_document
 from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
-from .training import DEVICES, PRECISIONS, training_options
+from .training import DEVICES, PRECISIONS, TrainingOptionError, training_options
 from .transforms import DEFAULT_PROVIDER, PROVIDERS
 
 EXIT_BAD_INPUT = 2
@@ -45,7 +50,8 @@ def run() -> None:
     SIGINT and SIGTERM end the command with one line and exit 130 or 143, after every `with` block on the way
     out has closed (validate's temporary folder is removed); a second signal ends it at once."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _interrupt)
+        if signal.getsignal(signum) != signal.SIG_IGN:  # (a background job of a shell ignores SIGINT: it still does)
+            signal.signal(signum, _interrupt)
     try:
         main()
         code: Any = 0
@@ -83,28 +89,102 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise _Interrupted(signum)
 
 
-def _run(debug: bool, work: Any) -> None:
+def _run(debug: bool, work: Any, fmt: str = "table", model: str = "") -> None:
+    """Run a command's work, mapping errors to a one-line message on stderr and an exit code; with --format json or
+    jsonl the error is also one JSON object on stdout (schema onnxmem.error/1)."""
     try:
         work()
     except OnnxMemError as exc:
         if debug:
             raise
+        _error_json(fmt, model, exc)
         click.echo(f"onnxmem: error: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except (KeyboardInterrupt, SystemExit, click.exceptions.Exit):
         raise
-    except MemoryError:
+    except MemoryError as exc:
         if debug:
             raise
-        click.echo("onnxmem: error: out of memory: the model needs more memory than this process may use", err=True)
+        message = "out of memory: the model needs more memory than this process may use"
+        _error_json(fmt, model, exc, message)
+        click.echo(f"onnxmem: error: {message}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:
         if debug:
             raise
         text = one_line(" ".join(str(exc).split()), 300)
+        _error_json(fmt, model, exc, f"{type(exc).__name__}: {text} (rerun with --debug and report it)")
         click.echo(f"onnxmem: internal error: {type(exc).__name__}: {text} (rerun with --debug and report it)",
                    err=True)
         sys.exit(EXIT_INTERNAL)
+
+
+def _error_json(fmt: str, model: str, exc: BaseException, message: str | None = None) -> None:
+    if fmt in JSON_FORMATS:
+        document = error_document(model, exc, message)
+        click.echo(json_line(document) if fmt == "jsonl" else json_text(document))
+
+
+# --- progress on a terminal -------------------------------------------------------------------------------------
+
+_PROGRESS_AFTER_S = 1.0  # a run shorter than this says nothing
+
+
+class _Progress:
+    """Says on stderr, on one line rewritten in place, what a run is doing, once it has run for a second (a timer
+    shows the stage then under way); `clear` removes the line before an answer is written, `close` ends it."""
+
+    def __init__(self, stream: Any, after_s: float = _PROGRESS_AFTER_S) -> None:
+        self.stream = stream
+        self.message = ""
+        self.shown = False
+        self.done = False
+        self.lock = threading.Lock()
+        self.start = time.monotonic()
+        self.timer = threading.Timer(after_s, self._show)
+        self.timer.daemon = True
+        self.after_s = after_s
+        self.timer.start()
+
+    def __call__(self, message: str) -> None:
+        with self.lock:
+            self.message = message
+        if time.monotonic() - self.start >= self.after_s:
+            self._show()
+
+    def _show(self) -> None:
+        with self.lock:
+            if self.done or not self.message:
+                return
+            self.stream.write(f"\r\033[Konnxmem: {self.message} ...")
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        with self.lock:
+            if self.shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self.shown = False
+
+    def close(self) -> None:
+        self.timer.cancel()
+        self.clear()
+        with self.lock:
+            self.done = True
+
+
+@contextlib.contextmanager
+def _progress_line() -> Iterator[_Progress | None]:
+    """Give the progress callback for this run (None where stderr is no terminal: a pipe, a file, a test), and
+    clear its line when the run ends, before the answer or an error is written."""
+    stream = sys.stderr
+    progress = _Progress(stream) if stream is not None and stream.isatty() else None
+    try:
+        yield progress
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 # Training options, shared by report, fit and check.
@@ -138,7 +218,14 @@ def training_click_options(command: Any) -> Any:
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog="""\b
+The three questions, one command each:
+  how much memory, and where?  onnxmem report model.onnx --dim batch=8 --dim seq=512
+  what batch fits my GPU?      onnxmem fit model.onnx --gpu A100-80GB --dim seq=512
+  does it fit this budget?     onnxmem check model.onnx --dim batch=8 --dim seq=512 --budget 16GiB
+Shell completion (bash, in ~/.bashrc; README: zsh and fish):
+  eval "$(_ONNXMEM_COMPLETE=bash_source onnxmem)"
+""")
 @click.version_option(package_name="onnxmem")
 def main() -> None:
     """Static memory analysis of ONNX models: will it fit, and at what batch size?"""
@@ -147,8 +234,12 @@ def main() -> None:
     gc.disable()
 
 
-@main.command()
-@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@main.command(epilog="""\b
+Examples:
+  onnxmem report model.onnx --dim batch=8 --dim seq=512
+  onnxmem report models/ --default-dim 1 --format jsonl --jobs 2   (every *.onnx of models/, one line each)""")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...",
+                type=click.Path(dir_okay=True, path_type=str))
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dim, e.g. --dim batch=8 --dim seq=512 (repeatable).")
 @click.option("--default-dim", type=click.IntRange(min=1), default=None, metavar="N",
@@ -166,31 +257,144 @@ def main() -> None:
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in each table.")
 @click.option("--plot", "plot_file", default=None, metavar="FILE.png|FILE.svg",
               help="Also draw the memory timeline, its peak marked (needs the extra 'plot': matplotlib).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Several models: analyse N at once in a pool of processes (1: one after another, in this one).")
 @training_click_options
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
-def report(model: str, dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str, provider: str,
-           with_timeline: bool, top: int, plot_file: str | None,
+def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str,
+           provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
            grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
            debug: bool) -> None:
-    """Report weights, inputs and the inference peak of activations of MODEL (and with --training, a step)."""
+    """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
+    *.onnx files), and with --training, of a training step."""
+    paths: list[str] = []
+    request: dict[str, Any] = {}
 
-    def work() -> None:
-        bound = parse_dims(dims)
+    def prepare() -> None:
+        _check_training_flags(training)
+        paths.extend(_model_paths(models))
         options = None
         if training:
             options = training_options(optimizer=optimizer, precision=precision, freeze=freeze,
                                        train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
                                        checkpoint=checkpoint, device=device, loss=loss)
-        result = analyze(model, bound, default_dim=default_dim, order=order, training=options, provider=provider)
-        if plot_file:
-            from .plot import save_plot
+        request.update(dims=parse_dims(dims), default_dim=default_dim, order=order, training=options,
+                       provider=provider, fmt=fmt, top=top, timeline=with_timeline)
+        if len(paths) > 1:
+            for option, given, why in (("--format json", fmt == "json", "use --format jsonl: one object a line"),
+                                       ("--format html", fmt == "html", "one page is one model"),
+                                       ("--plot", bool(plot_file), "one picture is one model")):
+                if given:
+                    raise OnnxMemError(f"{option} takes one model, and {len(paths)} were given: {why}")
 
-            save_plot(plot_file, timeline=series_of(result))
-        click.echo(FORMATS[fmt].report(result, top, with_timeline), nl=fmt != "html")
+    _run(debug, prepare, fmt, models[0] if len(models) == 1 else "")
+    if len(paths) > 1:
+        sys.exit(_report_many(paths, request, jobs, debug))
 
-    _run(debug, work)
+    def work() -> None:
+        with _progress_line() as progress:
+            result = analyze(paths[0], request["dims"], default_dim=default_dim, order=order,
+                             training=request["training"], provider=provider, progress=progress)
+            if plot_file:
+                from .plot import save_plot
 
+                save_plot(plot_file, timeline=series_of(result))
+            text = FORMATS[fmt].report(result, top, with_timeline)
+        click.echo(text, nl=fmt != "html")
+
+    _run(debug, work, fmt, paths[0])
+
+
+def _model_paths(arguments: tuple[str, ...]) -> list[str]:
+    """Give the models named on the command line: each file as given, each directory's *.onnx files, sorted."""
+    paths: list[str] = []
+    for argument in arguments:
+        if os.path.isdir(argument):
+            found = sorted(os.path.join(argument, name) for name in os.listdir(argument)
+                           if name.endswith(".onnx") and os.path.isfile(os.path.join(argument, name)))
+            if not found:
+                raise OnnxMemError(f"{one_line(argument)}: is a directory with no .onnx file in it")
+            paths += found
+        else:
+            paths.append(argument)
+    return paths
+
+
+def _report_many(paths: list[str], request: dict[str, Any], jobs: int, debug: bool) -> int:
+    """Write the report of each model in turn (in a pool of `jobs` processes when jobs > 1) and give the exit code:
+    0, or the worst of the models' (2: bad input, 3: internal error). A model's error does not stop the others: it
+    is one JSON object in jsonl, a line on stderr otherwise."""
+    worst = 0
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress_line())
+        if jobs == 1:
+            results: Iterator[tuple[str, str, int]] = (_report_one(path, request, debug) for path in paths)
+        else:
+            import concurrent.futures
+            import itertools
+
+            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(paths))))
+            stack.callback(pool.shutdown, cancel_futures=True)  # on an interruption: drop the models not begun
+            results = pool.map(_report_one, paths, itertools.repeat(request), itertools.repeat(False))
+        for index, path in enumerate(paths):
+            if progress is not None:
+                progress(f"model {index + 1} of {len(paths)}: {path}")
+            out, err, code = next(results)
+            if progress is not None:
+                progress.clear()
+            if out:
+                click.echo(out + ("" if request["fmt"] == "jsonl" or index == len(paths) - 1 else "\n"))
+            if err:
+                click.echo(err, err=True)
+            worst = max(worst, code)
+    return worst
+
+
+def _report_one(path: str, request: dict[str, Any], debug: bool = False) -> tuple[str, str, int]:
+    """Give one model's report in the requested format, or its error, as (stdout text, stderr line, exit code): the
+    work of one model of `onnxmem report a.onnx b.onnx ...`, in this process or in a pool's worker."""
+    fmt = request["fmt"]
+    try:
+        result = analyze(path, request["dims"], default_dim=request["default_dim"], order=request["order"],
+                         training=request["training"], provider=request["provider"])
+        return FORMATS[fmt].report(result, request["top"], request["timeline"]), "", 0
+    except OnnxMemError as exc:
+        if debug:
+            raise
+        error: BaseException = exc
+        message, line, code = None, f"onnxmem: error: {path}: {one_line(str(exc))}", EXIT_BAD_INPUT
+    except MemoryError as exc:
+        if debug:
+            raise
+        error, message = exc, "out of memory: the model needs more memory than this process may use"
+        line, code = f"onnxmem: error: {path}: {message}", EXIT_BAD_INPUT
+    except Exception as exc:
+        if debug:
+            raise
+        error = exc
+        text = one_line(" ".join(str(exc).split()), 300)
+        message = f"{type(exc).__name__}: {text} (rerun with --debug and report it)"
+        line, code = f"onnxmem: internal error: {path}: {message}", EXIT_INTERNAL
+    return (json_line(error_document(path, error, message)) if fmt == "jsonl" else ""), line, code
+
+
+_TRAINING_ONLY = ("optimizer", "precision", "freeze", "train_only", "grad_accum", "micro_batch", "checkpoint",
+                  "device", "loss")
+
+
+def _check_training_flags(training: bool) -> None:
+    """Raise where a training option was given on the command line (not left at its default) without --training:
+    it would change nothing."""
+    if training:
+        return
+    context = click.get_current_context()
+    flags = {p.name: p.opts[0] for p in context.command.params}
+    given = [flags[name] for name in _TRAINING_ONLY
+             if context.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+    if given:
+        what = f"{given[0]} is a training option" if len(given) == 1 else f"{', '.join(given)} are training options"
+        raise TrainingOptionError(f"{what}: add --training (without it, only inference is reported)")
 
 # --- fit and check: plan against a memory budget (onnxmem/plan.py) --------------------------------------------
 
@@ -213,7 +417,7 @@ def _plan_options(command: Any) -> Any:
         click.option("--default-dim", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Bind every other dim to N."),
         click.option("--order", type=click.Choice(list(ORDERS)), default=DEFAULT_ORDER, show_default=True,
-                     help="Execution order (see `onnxmem report --help`)."),
+                     help=f"Execution order. {orders_help()}."),
         click.option("--provider", type=click.Choice(REPORT_PROVIDERS), default=DEFAULT_PROVIDER, show_default=True,
                      help=PROVIDER_HELP),
         click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
@@ -234,7 +438,10 @@ def _plan_options(command: Any) -> Any:
     return command
 
 
-@main.command()
+@main.command(epilog="""\b
+Examples:
+  onnxmem fit model.onnx --gpu A100-80GB --runtime pytorch --dim seq=2048
+  onnxmem fit model.onnx --memory 24GiB --training --grad-accum 4 --dim seq=512   (batch in multiples of 4)""")
 @_plan_options
 @click.option("--search", default="batch", show_default=True, metavar="DIM",
               help="The dim to search: batch, seq, ... (the other dims are bound with --dim).")
@@ -245,21 +452,27 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
     def work() -> None:
-        result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
-                          dims=parse_dims(dims), default_dim=default_dim, order=order,
-                          training=_training_from(training_flags), gpus=gpus, shard=shard, what_if=what_if,
-                          provider=provider)
-        timeline = series_of(result.report) if result.report is not None else None
-        if plot_file:
-            from .plot import save_plot
+        with _progress_line() as progress:
+            result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
+                              dims=parse_dims(dims), default_dim=default_dim, order=order,
+                              training=_training_from(training_flags), gpus=gpus, shard=shard, what_if=what_if,
+                              provider=provider, progress=progress)
+            if progress is not None:
+                progress(f"the report at {search}={max(result.max_value, result.step)}")
+            timeline = series_of(result.report) if result.report is not None else None
+            if plot_file:
+                from .plot import save_plot
 
-            save_plot(plot_file, timeline=timeline, fit=result, budget_bytes=result.budget_bytes)
-        click.echo(FORMATS[fmt].fit(result), nl=fmt != "html")
+                save_plot(plot_file, timeline=timeline, fit=result, budget_bytes=result.budget_bytes)
+            text = FORMATS[fmt].fit(result)
+        click.echo(text, nl=fmt != "html")
 
-    _run(debug, work)
+    _run(debug, work, fmt, model)
 
 
-@main.command()
+@main.command(epilog="""\b
+Example (a CI gate: exit 1 when it does not fit):
+  onnxmem check model.onnx --dim batch=32 --dim seq=512 --budget 16GiB --runtime onnxruntime --format json""")
 @_plan_options
 def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
           dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
@@ -274,31 +487,36 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
     def work() -> None:
         nonlocal fits
         bound = parse_dims(dims)
-        result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,
-                            default_dim=default_dim, order=order, training=_training_from(training_flags),
-                            gpus=gpus, shard=shard, what_if=what_if, provider=provider)
-        timeline = series_of(result.report) if result.report is not None else None
-        if plot_file:
-            from .plot import save_plot
+        with _progress_line() as progress:
+            result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,
+                                default_dim=default_dim, order=order, training=_training_from(training_flags),
+                                gpus=gpus, shard=shard, what_if=what_if, provider=provider, progress=progress)
+            timeline = series_of(result.report) if result.report is not None else None
+            if plot_file:
+                from .plot import save_plot
 
-            save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes)
-        click.echo(FORMATS[fmt].check(result), nl=fmt != "html")
+                save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes)
+            text = FORMATS[fmt].check(result)
+        click.echo(text, nl=fmt != "html")
         fits = result.fits
 
-    _run(debug, work)
+    _run(debug, work, fmt, model)
     if not fits:
         sys.exit(EXIT_DOES_NOT_FIT)
 
 
 def _training_from(flags: dict[str, Any]) -> Any:
     flags = dict(flags)
+    _check_training_flags(flags["training"])
     if not flags.pop("training"):
         return None
     flags["train"] = flags.pop("train_only")
     return training_options(**flags)
 
 
-@main.command()
+@main.command(epilog="""\b
+Example (needs the extra 'cpu': onnxruntime):
+  onnxmem validate model.onnx --dim batch=8 --dim seq=32 --opt-level extended""")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable).")
 @click.option("--default-dim", type=click.IntRange(min=1), default=None, metavar="N",
@@ -324,13 +542,17 @@ def validate(model: str, dims: tuple[str, ...], default_dim: int | None, provide
                                 mem_pattern=mem_pattern, default_dim=default_dim)
         click.echo(render_validation(result, fmt))
 
-    _run(debug, work)
+    _run(debug, work, fmt, model)
 
 
-@main.command()
-def gpus() -> None:
+@main.command(epilog="""\b
+Example:
+  onnxmem gpus --format json""")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="Output: table, or one JSON document (schema onnxmem.targets/1).")
+def gpus(fmt: str) -> None:
     """List the GPU catalog, the runtimes' fixed costs and their allocators (what --gpu and --runtime take)."""
-    click.echo(render_targets())
+    click.echo(json_text(targets_document()) if fmt == "json" else render_targets())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -79,7 +79,9 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
                            f"{f', and {len(where[n]) - 1} more inputs' if len(where[n]) > 1 else ''})"
                            for n in sorted(asked))
         example = " ".join(f"--dim {n}=N" for n in sorted(asked))
-        raise DimError(f"unbound dims: {listed}; bind them with {example} (or --default-dim N)")
+        python = ", ".join(f"'{n}': N" for n in sorted(asked))
+        raise DimError(f"unbound dims: {listed}; bind them: {example} (or --default-dim N), or dims={{{python}}} "
+                       "(or default_dim=N) in Python")
     if not where:
         return bound, ()
     for name in asked:

@@ -203,8 +203,9 @@ def find_gpu(name: str) -> Gpu:
     if len(prefix) == 1:
         return prefix[0]
     if prefix:
-        raise TargetError(f"--gpu {name}: ambiguous, it could be {', '.join(g.name for g in prefix)}")
-    raise TargetError(f"--gpu {name}: not in the catalog ({', '.join(GPUS)}); give --memory SIZE instead")
+        raise TargetError(f"GPU '{name}' is ambiguous: it could be {', '.join(g.name for g in prefix)}")
+    raise TargetError(f"GPU '{name}' is not in the catalog ({', '.join(GPUS)}); give the memory instead "
+                      "(--memory SIZE, or memory= in Python)")
 
 
 def _gpu_key(name: str) -> str:
@@ -219,7 +220,8 @@ def resolve_target(memory: str | int | None = None, gpu: str | None = None, runt
     --memory they are not (the memory given is what the model may use). --reserve replaces them all.
     """
     if (memory is None) == (gpu is None):
-        raise TargetError("give exactly one of --memory SIZE (or --budget SIZE) and --gpu NAME")
+        raise TargetError("give exactly one of a memory size (--memory SIZE or --budget SIZE; memory= in Python) "
+                          "and a GPU of the catalog (--gpu NAME; gpu= in Python)")
     if gpu is not None:
         entry = find_gpu(gpu)
         memory_bytes, memory_source, gpu_name = entry.memory_bytes, f"{entry.name}: {entry.source}", entry.name
@@ -229,7 +231,7 @@ def resolve_target(memory: str | int | None = None, gpu: str | None = None, runt
     rt = None
     if runtime:
         if runtime not in RUNTIMES:
-            raise TargetError(f"--runtime {runtime}: unknown; choose one of {', '.join(RUNTIMES)}")
+            raise TargetError(f"runtime '{runtime}' is unknown: choose one of {', '.join(RUNTIMES)}")
         rt = RUNTIMES[runtime]
     if reserve is not None:
         items: tuple[ReserveItem, ...] = (ReserveItem("reserve", parse_size(reserve), f"given: {reserve}"),)
@@ -239,15 +241,35 @@ def resolve_target(memory: str | int | None = None, gpu: str | None = None, runt
         items = (RUNTIMES["onnxruntime"].fixed_costs[0],)  # a GPU process pays for its CUDA context
     else:
         items = ()
+    reserved = sum(i.bytes for i in items)
+    if reserved >= memory_bytes:
+        taken = " + ".join(f"{i.name} {i.bytes:,} B" for i in items)
+        raise TargetError(f"the fixed costs ({taken}) take all of the memory ({memory_bytes:,} B), leaving nothing "
+                          "for the model: give a smaller reserve (--reserve SIZE, or reserve= in Python) or more "
+                          "memory")
     allocator = ALLOCATORS[rt.allocator if rt else "exact"]
     return Target(memory_bytes=memory_bytes, memory_source=memory_source, gpu=gpu_name, runtime=runtime or "",
-                  reserve=items, reserve_bytes=sum(i.bytes for i in items), allocator=allocator.name,
+                  reserve=items, reserve_bytes=reserved, allocator=allocator.name,
                   allocator_rule=allocator.rule)
 
 
 def budget_bytes(target: Target) -> int:
     """Give the bytes the model may hold: the memory less the fixed costs (0 when they take it all)."""
     return max(0, target.memory_bytes - target.reserve_bytes)
+
+
+def check_parallelism(gpus: int, shard: str | None, training: bool) -> None:
+    """Raise TargetError where GPUs or sharding are asked for without what they need: more than one GPU needs a
+    stage (ddp: each GPU holds everything), and a stage needs training (it divides training state)."""
+    if gpus < 1:
+        raise TargetError(f"gpus {gpus}: must be a positive integer")
+    if gpus > 1 and not shard:
+        stages = "|".join(SHARD_STAGES)
+        raise TargetError(f"{gpus} GPUs but no sharding stage: say how they share the model with --shard {stages} "
+                          "(shard= in Python; ddp: each GPU holds everything)"
+                          + ("" if training else ", and add --training (training= in Python)"))
+    if shard and not training:
+        raise TargetError("sharding divides training state across GPUs: it needs --training (training= in Python)")
 
 
 # --- sharding ---------------------------------------------------------------------------------------------------
@@ -273,9 +295,9 @@ def shard_states(weights_bytes: int, gradient_bytes: int, optimizer_state_bytes:
     gradients).
     """
     if stage not in _DIVIDES:
-        raise TargetError(f"--shard {stage}: unknown; choose one of {', '.join(SHARD_STAGES)}")
+        raise TargetError(f"sharding stage '{stage}' is unknown: choose one of {', '.join(SHARD_STAGES)}")
     if gpus < 1:
-        raise TargetError(f"--gpus {gpus}: must be a positive integer")
+        raise TargetError(f"gpus {gpus}: must be a positive integer")
     divide_w, divide_g, divide_o = _DIVIDES[stage]
 
     def part(nbytes: int, divided: bool) -> int:
@@ -309,7 +331,8 @@ def _need(report: Report, gpus: int, shard: str | None) -> _Need:
     if training is None:
         inf = report.inference
         if shard:
-            raise TargetError("--shard divides training state across GPUs: it needs --training")
+            raise TargetError("sharding divides training state across GPUs: it needs --training (training= in "
+                              "Python)")
         return _Need(inf.peak_bytes, inf.weights_bytes, f"{inf.peak_op_type} node '{inf.peak_node}'", None)
     live = {row.category: row.bytes for row in training.live_at_peak}
     weights, gradients, optimizer_states = (live.get(c, 0) for c in _STATE_CATEGORIES)
@@ -342,7 +365,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         search: str = "batch", dims: Mapping[str, int] | None = None, default_dim: int | None = None,
         order: str = DEFAULT_ORDER, training: TrainingOptions | None = None, gpus: int = 1,
         shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT,
-        provider: str = DEFAULT_PROVIDER) -> FitResult:
+        provider: str = DEFAULT_PROVIDER, progress: Callable[[str], None] | None = None) -> FitResult:
     """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
@@ -368,6 +391,11 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         Also evaluate the single changes that would let the next value fit.
     limit
         The largest value searched.
+    progress
+        Called with a few words before each phase and each value evaluated (the CLI shows them on a terminal).
+
+    With gradient accumulation (training.grad_accum or training.micro_batch) over the searched batch dim, the values
+    searched are its multiples: the micro-steps or the micro-batch, times 1, 2, 4, ...
 
     Returns
     -------
@@ -383,14 +411,22 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
+    check_parallelism(gpus, shard, training is not None)
+    say = progress or _quiet
+    say("loading and sizing the model")
     family = ModelFamily(model, search, dims, **_options(order, default_dim, training, provider))
     loaded = family.loaded
     _check_search(loaded, search, dims or {})
+    # gradient accumulation divides the batch into micro-steps: the batch searched is a multiple of the steps
+    # (--grad-accum N) or of the micro-batch (--micro-batch M), so the search runs over the multiplier k
+    step = _accumulation_step(loaded, search, training)
     needs: dict[int, _Need] = {}
     points: dict[int, FitPoint] = {}
 
-    def evaluate(value: int) -> FitPoint:
+    def evaluate(multiple: int) -> FitPoint:
+        value = multiple * step
         if value not in points:
+            say(f"evaluating {search}={value}")
             if training is None and not shard:  # the cheap path: no summaries for the points of a search
                 peak, weights = family.inference_peak_bytes(value)
                 need = needs[value] = _Need(peak, weights, "", None)
@@ -400,11 +436,11 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
         return points[value]
 
-    for value in (1, 2, 3):  # enough for the linear formula and one point to check it
-        evaluate(value)
+    for multiple in (1, 2, 3):  # enough for the linear formula and one point to check it
+        evaluate(multiple)
     largest_pow2, first_fail = 0, 0
-    probe = 1
-    while probe <= limit:
+    probe, top = 1, max(limit // step, 1)
+    while probe <= top:
         if not evaluate(probe).fits:
             first_fail = probe
             break
@@ -429,58 +465,90 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     curve = tuple(points[v] for v in sorted(points))
     monotonic = all(a.peak_bytes <= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False))
     linear = _linear(curve)
-    name, bound, warnings = family.header(max(best, 1))
-    notes = _fit_notes(search, best, largest_pow2, bounded, limit, monotonic, linear, curve)
+    answer, answer_pow2, shown = best * step, largest_pow2 * step, max(best, 1) * step
+    name, bound, warnings = family.header(shown)
+    notes = _fit_notes(search, answer, answer_pow2, bounded, top * step, monotonic, linear, curve, step, training)
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if and bounded:
-        at = best + 1
+        at = (best + 1) * step
+        say("evaluating what-ifs")
         # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
         answer_at = family.report(at) if training is not None else None
         groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-        what_ifs = _what_ifs(family.sizing(at), groups, needs[at], "", 0, order, training, gpus, shard)
+        what_ifs = _what_ifs(family.sizing(at), groups, needs[at], "", 0, order, training, gpus, shard, target,
+                             budget)
     return FitResult(
         model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
-        max_value=best, max_power_of_two=largest_pow2, bounded=bounded, search_limit=limit, monotonic=monotonic,
-        evaluations=len(points), curve=curve, linear=linear, sharding=needs[max(best, 1)].sharding,
-        what_ifs=what_ifs, notes=notes, warnings=warnings, report_at_answer=lambda: family.report(max(best, 1)),
+        max_value=answer, max_power_of_two=answer_pow2, bounded=bounded, search_limit=top * step,
+        monotonic=monotonic, evaluations=len(points), curve=curve, linear=linear, sharding=needs[shown].sharding,
+        what_ifs=what_ifs, notes=notes, warnings=warnings, report_at_answer=lambda: family.report(shown),
+        step=step,
     )
+
+
+def _quiet(message: str) -> None:
+    """The progress callback that says nothing (the library's default)."""
+
+
+def _accumulation_step(loaded: LoadedModel, search: str, training: TrainingOptions | None) -> int:
+    """Give the multiple the searched dim must be: the micro-steps (grad_accum) or the micro-batch where gradient
+    accumulation divides the searched dim (the batch dim: training.batch_dim, else axis 0 of the first input), else
+    1."""
+    if training is None or not training.accumulates:
+        return 1
+    batch = training.batch_dim
+    if batch is None:
+        batch = next((d.name for d in input_dims(loaded.proto) if d.axis == 0), None)
+    if batch != search:
+        return 1
+    return training.micro_batch if training.micro_batch is not None else training.grad_accum
 
 
 def _check_search(loaded: LoadedModel, search: str, dims: Mapping[str, int]) -> None:
     names = list(dict.fromkeys(d.name for d in input_dims(loaded.proto)))
     if search not in names:
         listed = ", ".join(names) if names else "none: every input dim is fixed"
-        raise DimError(f"--search {search}: the model has no dim named {search} (its dims: {listed}); "
-                       "choose one with --search NAME")
+        raise DimError(f"the model has no dim named {search} to search (its dims: {listed}); choose one: "
+                       "--search NAME, or search= in Python")
     if search in dims:
-        raise DimError(f"--dim {search}={dims[search]} binds the dim that fit searches: drop it, or search another "
-                       "dim with --search NAME")
+        raise DimError(f"{search}={dims[search]} binds the dim that fit searches: drop it from the dims, or search "
+                       "another dim (--search NAME, or search= in Python)")
 
 
 def _linear(curve: tuple[FitPoint, ...]) -> LinearFit | None:
     by_value = {p.value: p.peak_bytes for p in curve}
-    if 1 not in by_value or 2 not in by_value:
+    if len(by_value) < 2:
         return None
-    slope = by_value[2] - by_value[1]
-    intercept = by_value[1] - slope
-    checked = tuple(v for v in sorted(by_value) if v not in (1, 2))
+    first, second = sorted(by_value)[:2]  # 1 and 2 (or the first two multiples searched)
+    rise, run = by_value[second] - by_value[first], second - first
+    if rise % run:
+        return None
+    slope = rise // run
+    intercept = by_value[first] - slope * first
+    checked = tuple(v for v in sorted(by_value) if v not in (first, second))
     if any(by_value[v] != intercept + slope * v for v in checked):
         return None
     return LinearFit(intercept, slope, verified=bool(checked), checked_values=checked)
 
 
 def _fit_notes(search: str, best: int, largest_pow2: int, bounded: bool, limit: int, monotonic: bool,
-               linear: LinearFit | None, curve: tuple[FitPoint, ...]) -> tuple[str, ...]:
+               linear: LinearFit | None, curve: tuple[FitPoint, ...], step: int = 1,
+               training: TrainingOptions | None = None) -> tuple[str, ...]:
     notes = []
     if not bounded:
         notes.append(f"even {search}={limit} fits: the peak barely grows with {search}; the search stopped there")
     elif best == 0:
-        notes.append(f"nothing fits: {search}=1 needs more than the budget")
+        notes.append(f"nothing fits: {search}={step} needs more than the budget")
     else:
-        notes.append(f"verified: {search}={best} fits and {search}={best + 1} does not (both evaluated)")
+        notes.append(f"verified: {search}={best} fits and {search}={best + step} does not (both evaluated)")
+    if step > 1 and training is not None:
+        how = (f"micro-batches of {training.micro_batch}" if training.micro_batch is not None else
+               f"{training.grad_accum} micro-steps of {search}/{training.grad_accum}")
+        notes.append(f"gradient accumulation ({how}): {search} searched in multiples of {step}")
     if largest_pow2 and largest_pow2 != best:
-        notes.append(f"largest power of two that fits: {largest_pow2}")
+        kind = "power of two" if step & (step - 1) == 0 else f"value {step} x 2^k"
+        notes.append(f"largest {kind} that fits: {largest_pow2}")
     if not monotonic:
         notes.append(f"the peak is not monotonic in {search} over the evaluated values: a value above the answer "
                      "may fit again; see the curve")
@@ -498,14 +566,15 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
           memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
           reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
-          what_if: bool = True, provider: str = DEFAULT_PROVIDER) -> CheckResult:
+          what_if: bool = True, provider: str = DEFAULT_PROVIDER,
+          progress: Callable[[str], None] | None = None) -> CheckResult:
     """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1).
 
     Parameters
     ----------
     model, dims, default_dim, order, training, provider
         As analyze.analysis.
-    memory, gpu, runtime, reserve, gpus, shard, what_if
+    memory, gpu, runtime, reserve, gpus, shard, what_if, progress
         As fit.
 
     Returns
@@ -520,17 +589,20 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    analysed = analysis(model, dims, **_options(order, default_dim, training, provider))
+    check_parallelism(gpus, shard, training is not None)
+    analysed = analysis(model, dims, progress=progress, **_options(order, default_dim, training, provider))
     report = analysed.report
     need = _need(report, gpus, shard)
     required = _required(need, target)
     fits = required <= budget
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if:
+        if progress is not None:
+            progress("evaluating what-ifs")
         search = "batch" if "batch" in report.dims else ""
         groups = report.training.parameter_groups if report.training else ()
         what_ifs = _what_ifs(analysed.sizing, groups, need, search, report.dims.get(search, 0), order, training,
-                             gpus, shard)
+                             gpus, shard, target, budget)
     return CheckResult(
         model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
         target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
@@ -543,38 +615,48 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
 
 
 def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need, search: str, value: int,
-              order: str, training: TrainingOptions | None, gpus: int, shard: str | None) -> tuple[WhatIf, ...]:
+              order: str, training: TrainingOptions | None, gpus: int, shard: str | None,
+              target: Target | None = None, budget: int | None = None) -> tuple[WhatIf, ...]:
     """Give the single changes that lower the peak at a binding (`at`: its Sizing), the one that saves most first.
     Each is the analysis of the changed model or options (analyze.analysis): the passes after sizing run again on
     the same Sizing (another order, other training options), on the half-precision Sizing, or all of them at
     another binding; its peak is what `report` says of that change. `groups`: the training report's parameter
-    groups."""
+    groups. With a target and its budget, each says whether that change alone makes it fit (the allocator's rounding
+    applied to the changed peak)."""
     found: list[WhatIf] = []
 
-    def add(change: str, peak: int, detail: str) -> None:
+    def add(change: str, peak: int, detail: str, persistent: int | None = None) -> None:
         if peak < need.peak_bytes:
-            found.append(WhatIf(change, peak, need.peak_bytes - peak, detail))
+            fits = None
+            if target is not None and budget is not None:
+                held = min(need.persistent_bytes if persistent is None else persistent, peak)
+                fits = _required(_Need(peak, held, "", None), target) <= budget
+            found.append(WhatIf(change, peak, need.peak_bytes - peak, detail, fits))
+
+    def add_report(change: str, report: Report, detail: str) -> None:
+        changed = _need(report, gpus, shard)
+        add(change, changed.peak_bytes, detail, changed.persistent_bytes)
 
     def report_of(model: Sizing | LoadedModel = at, dims: Mapping[str, int] | None = None, run_order: str = order,
                   options: TrainingOptions | None = training) -> Report:
         return analysis(model, dims, **_options(run_order, at.default_dim, options, at.provider)).report
 
-    def peak_of(report: Report) -> int:
-        return _need(report, gpus, shard).peak_bytes
-
     if search and value >= 2:
-        add(f"{search} {value} -> {value // 2}", peak_of(report_of(at.loaded, {**at.dims, search: value // 2})),
-            f"halve {search}")
+        try:
+            add_report(f"{search} {value} -> {value // 2}", report_of(at.loaded, {**at.dims, search: value // 2}),
+                       f"halve {search}")
+        except (ValueError, DimError):  # half the batch is not a multiple of the micro-steps
+            pass
     if order != "memory":
-        add("memory-aware execution order", peak_of(report_of(run_order="memory")),
-            "greedy least-peak-first order (--order memory)" if training is None else
-            "forward ops in the greedy least-peak-first order (--order memory)")
+        add_report("memory-aware execution order", report_of(run_order="memory"),
+                   "greedy least-peak-first order (--order memory)" if training is None else
+                   "forward ops in the greedy least-peak-first order (--order memory)")
     if training is None:
         # (on the CPU provider a float16 model gets Casts: the converted model is analysed whole)
         halved = half_precision_sizing(at) if at.provider != "cpu" else None
-        add("float32 -> float16 (weights and activations)",
-            peak_of(report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims)),
-            "every float32 tensor stored as float16 (the model converted, then analysed)")
+        add_report("float32 -> float16 (weights and activations)",
+                   report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims),
+                   "every float32 tensor stored as float16 (the model converted, then analysed)")
         found.sort(key=lambda w: -w.saved_bytes)
         return tuple(found)
     changes: list[tuple[str, TrainingOptions, str]] = []
@@ -602,8 +684,8 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
             peak = result.training.checkpoint.peak_bytes
             if shard and need.sharding:
                 peak -= need.sharding.saved_bytes
+            add(change, peak, detail)
         else:
-            peak = peak_of(result)
-        add(change, peak, detail)
+            add_report(change, result, detail)
     found.sort(key=lambda w: -w.saved_bytes)
     return tuple(found)

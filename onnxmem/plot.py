@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OnnxMemError, require_extra
-from .render import format_bytes
+from .render import format_bytes, format_tick
 from .report import FitResult
-from .series import TimelineSeries, aggregated
+from .series import TimelineSeries, aggregated, byte_unit, round_ticks
 
 PLOT_SUFFIXES = (".png", ".svg")
 _POINTS = 2000
@@ -48,15 +48,17 @@ def save_plot(path: str | os.PathLike[str], timeline: TimelineSeries | None = No
 
 
 def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = None) -> None:
-    """Draw live bytes over the steps of a run, coloured by phase, with the peak marked and labelled (a long run
-    aggregated, see series.aggregated: each point the highest of its steps)."""
+    """Draw live bytes over the steps of a run, coloured by phase and named under the axis, with the peak marked and
+    labelled inside the plot and the legend above it (a long run aggregated, see series.aggregated: each point the
+    highest of its steps)."""
     series = aggregated(series, _POINTS)
-    scale, unit = _scale(max([*series.live_bytes, budget_bytes or 0], default=1))
+    largest = max([*series.live_bytes, budget_bytes or 0, 1])
     n = len(series.live_bytes)
-    values = [b / scale for b in series.live_bytes]
+    values = list(series.live_bytes)
     edges = [*series.steps, series.total_steps] if series.steps else list(range(n + 1))  # in the run's steps
     ax.step(edges, [*values, values[-1]] if values else [0], where="post", color="#333333", linewidth=1)
-    labelled: set[str] = set()
+    several = len(set(series.phases)) > 1
+    labelled: set[str] = set() if several else set(series.phases)  # one phase: no legend entry, no names
     ticks: list[tuple[float, str]] = []
     start = 0
     for i in range(1, n + 1):  # one filled run per stretch of the same phase
@@ -66,51 +68,67 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
         ax.fill_between(edges[start:i + 1], [*values[start:i], values[i - 1]], step="post", alpha=0.35,
                         color=_PHASE_COLOURS.get(phase, "#4c72b0"), label=None if phase in labelled else phase)
         labelled.add(phase)
-        ticks.append(((start + i) / 2, phase))
+        if several and edges[i] - edges[start] >= 0.012 * len(phase) * edges[-1]:  # a name where it has room
+            ticks.append(((edges[start] + edges[i]) / 2, phase))
         start = i
     if n:
         peak = series.live_bytes[series.peak_index]
         at = (edges[series.peak_index] + edges[series.peak_index + 1]) / 2
         right = at > edges[-1] / 2
-        ax.plot([at], [peak / scale], "v", color="#c44e52")
-        ax.annotate(f"peak {format_bytes(peak)}\n{_short(series.peak_label)}", (at, peak / scale),
-                    textcoords="offset points", xytext=(-10 if right else 8, 8), fontsize=8,
-                    ha="right" if right else "left")
-    if len(ticks) > 1:
-        ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks], rotation=30, fontsize=8)
+        ax.plot([at], [peak], "v", color="#c44e52")
+        ax.annotate(f"peak {format_bytes(peak)}: {_short(series.peak_label)}", (at, peak),
+                    textcoords="offset points", xytext=(-8 if right else 8, 4), fontsize=8,
+                    ha="right" if right else "left", va="bottom")
+    if several:  # phase names under the bars, and where the later step begins
+        ax.set_xticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=8)
+        half = edges[-1] / 2
+        ax.axvline(half, color="#888888", linestyle=":", linewidth=1)
+        for x, text, align in ((half, "first step ", "right"), (half, " later step", "left")):
+            ax.annotate(text, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -16),
+                        textcoords="offset points", ha=align, va="top", fontsize=8)
     if budget_bytes is not None:
-        ax.axhline(budget_bytes / scale, color="#c44e52", linestyle="--", linewidth=1,
+        ax.axhline(budget_bytes, color="#c44e52", linestyle="--", linewidth=1,
                    label=f"budget {format_bytes(budget_bytes)}")
-    ax.set_title(f"Memory over the run ({series.title})")
-    ax.set_xlabel("step (node in execution order)" if len(ticks) <= 1 else
-                  "events of a first and a later training step, by phase")
-    ax.set_ylabel(f"live bytes ({unit}): weights + inputs + live tensors")
-    ax.set_ylim(0, max([*values, (budget_bytes or 0) / scale, 1e-9]) * 1.2)  # room for the peak's label
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"Memory over the run ({series.title})", pad=24)
+    ax.set_xlabel("events of a first and a later training step, by phase" if several else
+                  "step (node in execution order)", labelpad=16 if several else 4)
+    ax.set_ylabel("live bytes: weights + inputs + live tensors")
+    _byte_axis(ax, largest)
+    ax.set_xlim(0, max(edges[-1], 1))
+    _legend_above(ax)
 
 
 def draw_curve(ax: Any, fit: FitResult) -> None:
     """Draw the peak against the searched dim, the budget line and the answer."""
     points = list(fit.curve)
-    scale, unit = _scale(max([p.required_bytes for p in points] + [fit.budget_bytes]))
+    largest = max([p.required_bytes for p in points] + [fit.budget_bytes, 1])
     xs = [p.value for p in points]
-    ax.plot(xs, [p.peak_bytes / scale for p in points], "o-", markersize=3, label="peak (estimate)")
+    ax.plot(xs, [p.peak_bytes for p in points], "o-", markersize=3, label="peak (estimate)")
     if any(p.required_bytes != p.peak_bytes for p in points):
-        ax.plot(xs, [p.required_bytes / scale for p in points], "s--", markersize=3,
+        ax.plot(xs, [p.required_bytes for p in points], "s--", markersize=3,
                 label=f"after {fit.target.allocator} rounding")
-    ax.axhline(fit.budget_bytes / scale, color="#c44e52", linestyle="--", linewidth=1,
+    ax.axhline(fit.budget_bytes, color="#c44e52", linestyle="--", linewidth=1,
                label=f"budget {format_bytes(fit.budget_bytes)}")
     if fit.max_value:
         best = next(p for p in points if p.value == fit.max_value)
-        ax.plot([best.value], [best.required_bytes / scale], "*", markersize=12, color="#55a868",
+        ax.plot([best.value], [best.required_bytes], "*", markersize=12, color="#55a868",
                 label=f"largest {fit.dim} that fits: {fit.max_value}")
-    if len(set(xs)) > 1 and max(xs) / max(min(xs), 1) > 64:
+    # a straight line drawn straight: linear axes where the peak is linear in the dim; where it is not (attention in
+    # seq) and the values span a wide range, both axes logarithmic, so a power law is a line too
+    if fit.linear is None and len(set(xs)) > 1 and max(xs) / max(min(xs), 1) > 64:
         ax.set_xscale("log", base=2)
-    ax.set_title(f"Memory against {fit.dim} ({fit.mode})")
-    ax.set_xlabel(fit.dim)
-    ax.set_ylabel(f"bytes ({unit})")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", fontsize=8)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(_byte_formatter(byte_unit(largest)))
+        ax.set_xlabel(f"{fit.dim} (log scale)")
+        ax.set_ylabel("bytes (log scale)")
+    else:
+        _byte_axis(ax, largest)
+        ax.set_xlim(0, round_ticks(max(xs))[-1])
+        ax.set_xticks(round_ticks(max(xs)))
+        ax.set_xlabel(fit.dim)
+        ax.set_ylabel("bytes")
+    ax.set_title(f"Memory against {fit.dim} ({fit.mode})", pad=24)
+    _legend_above(ax)
 
 
 def _pyplot() -> Any:
@@ -124,11 +142,29 @@ def _pyplot() -> Any:
     return plt
 
 
-def _scale(largest: int) -> tuple[int, str]:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if largest >= size:
-            return size, unit
-    return 1, "B"
+def _byte_axis(ax: Any, largest: int) -> None:
+    """Give a byte axis 4 to 6 round ticks (series.round_ticks), reaching past the largest value so that a label
+    above it stays inside the plot."""
+    unit = byte_unit(largest)
+    ticks = round_ticks(int(largest * 1.12), unit)
+    ax.set_yticks(ticks, [format_tick(t, unit) for t in ticks])
+    ax.set_ylim(0, ticks[-1])
+    ax.grid(axis="y", color="#e4e4e4", linewidth=0.8)
+    ax.set_axisbelow(True)
+
+
+def _byte_formatter(unit: int) -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda value, _: format_tick(int(value), unit) if value >= 1 else "")
+
+
+def _legend_above(ax: Any) -> None:
+    """Put the legend in one row above the plot area, where no label drawn inside the plot can sit on it."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), fontsize=8,
+                  frameon=False, borderaxespad=0.2)
 
 
 def _short(text: str, width: int = 60) -> str:

@@ -37,6 +37,15 @@ def format_bytes(n: int | None) -> str:
     return f"{n} B" if unit == 0 else f"{value:.2f} {_UNITS[unit]}"
 
 
+def format_tick(n: int, unit: int) -> str:
+    """Give an axis tick for people: `n` bytes in `unit` (1, KiB, MiB, ...; series.byte_unit) with no trailing
+    zeros: '0', '2.5 MiB', '200 MiB'."""
+    if n == 0:
+        return "0"
+    name = _UNITS[max(0, unit.bit_length() - 1) // 10]
+    return f"{n / unit:.3f}".rstrip("0").rstrip(".") + f" {name}"
+
+
 def render(report: Report, fmt: str, top: int = 10, timeline: bool = False) -> str:
     """Give the report in the named format: table, json or markdown (`timeline`: JSON with the timelines, see
     Report.to_dict)."""
@@ -133,12 +142,35 @@ def _summary_rows(report: Report) -> list[tuple[str, str, str]]:
     return rows
 
 
+def report_headline(report: Report) -> list[str]:
+    """Give the answer of a report in a line or two: the total peak, where it is, and what is live there (with
+    training, the training step's peak first)."""
+    inf = report.inference
+    lines = []
+    t = report.training
+    if t is not None:
+        live = sum(r.bytes for r in t.live_at_peak if r.category not in _STATE_CATEGORIES)
+        lines.append(f"training step peak {format_bytes(t.peak_bytes)} in {t.peak_phase} of the {t.peak_step} step "
+                     f"({t.peak_event}): model states {format_bytes(t.peak_bytes - live)} (weights, gradients, "
+                     f"optimizer), all else live {format_bytes(live)}")
+    lines.append(f"{'inference peak' if t is not None else 'total peak'} {format_bytes(inf.peak_bytes)} at step "
+                 f"{inf.peak_step} ({inf.peak_op_type} node '{inf.peak_node}'): activations live "
+                 f"{format_bytes(inf.peak_activation_bytes)}, weights {format_bytes(inf.weights_bytes)}, inputs "
+                 f"{format_bytes(inf.input_bytes)}")
+    return lines
+
+
+_STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
+
+
 def render_table(report: Report, top: int = 10) -> str:
-    """Give the report as text for a terminal."""
+    """Give the report as text for a terminal: the answer first (report_headline), then the detail."""
     inf = report.inference
     dims = ", ".join(f"{k}={v}" for k, v in report.dims.items()) or "none"
     out = [
         f"onnxmem report: {report.model}",
+        *report_headline(report),
+        "",
         f"dims: {dims}   nodes: {report.nodes}   order: {report.order}",
         "",
         "Inference memory",
@@ -183,7 +215,8 @@ def render_markdown(report: Report, top: int = 10) -> str:
     """Give the report as a markdown document."""
     inf = report.inference
     dims = ", ".join(f"`{k}={v}`" for k, v in report.dims.items()) or "none"
-    out = [f"# onnxmem report: `{report.model}`", "", f"dims: {dims} · nodes: {report.nodes} · order: {report.order}",
+    out = [f"# onnxmem report: `{report.model}`", "", *(f"**{line}**  " for line in report_headline(report)), "",
+           f"dims: {dims} · nodes: {report.nodes} · order: {report.order}",
            "", "| part | size | bytes |", "|---|---:|---:|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in _summary_rows(report)]
     out += ["", f"Peak at step {inf.peak_step}: `{inf.peak_op_type}` node `{inf.peak_node}`.", "",
@@ -265,17 +298,12 @@ def render_fit(result: FitResult, fmt: str) -> str:
     markdown = fmt == "markdown"
     dim = result.dim
     others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
-    if result.max_value == 0:
-        answer = f"nothing fits: {dim}=1 needs {format_bytes(_point(result, 1))}, more than the budget"
-    elif not result.bounded:
-        answer = f"every {dim} up to {result.search_limit} fits (the peak barely grows with {dim})"
-    else:
-        answer = f"largest {dim} that fits: {result.max_value}   largest power of two: {result.max_power_of_two}"
-    out = [f"# onnxmem fit: `{result.model}`" if markdown else f"onnxmem fit: {result.model}", "",
+    answer = fit_answer(result)
+    out = [f"# onnxmem fit: `{result.model}`" if markdown else f"onnxmem fit: {result.model}",
+           *([""] if markdown else []), f"**{answer}**" if markdown else answer, "",
            f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
-           *_target_lines(result.target, result.budget_bytes, markdown), "",
-           f"**{answer}**" if markdown else answer]
-    out += [f"- {n}" for n in result.notes]
+           *_target_lines(result.target, result.budget_bytes, markdown), ""]
+    out += [f"- {n}" for n in result.notes if not n.startswith(("nothing fits", "largest "))]  # (the answer's)
     if result.linear:
         lin = result.linear
         checked = f"verified at {len(lin.checked_values)} other values" if lin.verified else "not verified"
@@ -286,9 +314,29 @@ def render_fit(result: FitResult, fmt: str) -> str:
             for p in result.curve if _shown(p.value, result)]
     out += ["", "Memory against " + dim, *(_markdown_table(headers, rows) if markdown else
                                             _table(headers, rows, right=(0, 1, 2)))]
-    out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + 1} fit", markdown)
+    out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + result.step} fit", markdown)
     out += _warning_lines(result.warnings, markdown)
     return "\n".join(out) + ("\n" if markdown else "")
+
+
+def fit_answer(result: FitResult) -> str:
+    """Give a fit's answer in one line: the largest value that fits and against what budget, or nothing fits."""
+    dim, budget = result.dim, format_bytes(result.budget_bytes)
+    if result.max_value == 0:
+        return (f"nothing fits: {dim}={result.step} needs {format_bytes(_point(result, result.step))}, more than the "
+                f"budget {budget}")
+    if not result.bounded:
+        return f"every {dim} up to {result.search_limit} fits in {budget} (the peak barely grows with {dim})"
+    return (f"largest {dim} that fits: {result.max_value} (largest power of two: {result.max_power_of_two}; budget "
+            f"{budget})")
+
+
+def check_answer(result: CheckResult) -> str:
+    """Give a check's verdict in one line: FITS or DOES NOT FIT, what it needs of the budget, and the headroom."""
+    verdict = "FITS" if result.fits else "DOES NOT FIT"
+    headroom = "headroom" if result.headroom_bytes >= 0 else "short by"
+    return (f"{verdict}: needs {format_bytes(result.required_bytes)} of {format_bytes(result.budget_bytes)} "
+            f"({headroom} {format_bytes(abs(result.headroom_bytes))})")
 
 
 def render_check(result: CheckResult, fmt: str) -> str:
@@ -297,14 +345,12 @@ def render_check(result: CheckResult, fmt: str) -> str:
         return json_text(result)
     markdown = fmt == "markdown"
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
-    verdict = "FITS" if result.fits else "DOES NOT FIT"
-    headroom = "headroom" if result.headroom_bytes >= 0 else "short by"
-    out = [f"# onnxmem check: `{result.model}`" if markdown else f"onnxmem check: {result.model}", "",
+    answer = check_answer(result)
+    out = [f"# onnxmem check: `{result.model}`" if markdown else f"onnxmem check: {result.model}",
+           *([""] if markdown else []), f"**{answer}**" if markdown else answer,
+           f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}", "",
            f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
-           *_target_lines(result.target, result.budget_bytes, markdown), "",
-           f"{'**' + verdict + '**' if markdown else verdict}: needs {format_bytes(result.required_bytes)} of "
-           f"{format_bytes(result.budget_bytes)} ({headroom} {format_bytes(abs(result.headroom_bytes))})",
-           f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}"]
+           *_target_lines(result.target, result.budget_bytes, markdown)]
     if result.sharding:
         s = result.sharding
         out.append(f"model states per GPU: weights {format_bytes(s.weights_bytes)}, gradients "
@@ -337,8 +383,10 @@ def _shard_words(sharding: Sharding | None) -> str:
 
 
 def _shown(value: int, result: FitResult) -> bool:
-    # the table shows powers of two, the answer and the value after it; JSON has every value evaluated
-    return value & (value - 1) == 0 or value in (result.max_value, result.max_value + 1)
+    # the table shows powers of two (of the multiplier, with a step), the answer and the value after it; JSON has
+    # every value evaluated
+    multiple = value // result.step
+    return multiple & (multiple - 1) == 0 or value in (result.max_value, result.max_value + result.step)
 
 
 def _point(result: FitResult, value: int) -> int:
@@ -348,8 +396,10 @@ def _point(result: FitResult, value: int) -> int:
 def _what_if_lines(what_ifs: Sequence[WhatIf], title: str, markdown: bool) -> list[str]:
     if not what_ifs:
         return []
-    headers = ("change", "peak", "saves", "how")
-    rows = [(w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes), w.detail) for w in what_ifs]
+    judged = any(w.fits is not None for w in what_ifs)  # a budget to fit: say whether each change alone fits
+    headers = ("change", "peak", "saves", *(("fits",) if judged else ()), "how")
+    rows = [(w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes),
+             *((("yes" if w.fits else "no"),) if judged else ()), w.detail) for w in what_ifs]
     body = _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(1, 2))
     return ["", f"## {title}" if markdown else title, *(["", *body] if markdown else body)]
 
@@ -365,6 +415,24 @@ def _warning_lines(warnings: Sequence[Warning], markdown: bool) -> list[str]:
 def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
             *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+TARGETS_SCHEMA = "onnxmem.targets/1"
+
+
+def targets_document() -> dict[str, object]:
+    """Give the GPU catalog, the runtimes' fixed costs and the allocators as a JSON-ready document (schema
+    onnxmem.targets/1; sizes in bytes)."""
+    from .plan import ALLOCATORS, GPUS, RUNTIMES
+
+    return {
+        "schema": TARGETS_SCHEMA,
+        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes, "source": g.source} for g in GPUS.values()],
+        "runtimes": [{"name": r.name, "allocator": r.allocator,
+                      "fixed_costs": [{"name": c.name, "bytes": c.bytes, "source": c.source} for c in r.fixed_costs]}
+                     for r in RUNTIMES.values()],
+        "allocators": [{"name": a.name, "rule": a.rule} for a in ALLOCATORS.values()],
+    }
 
 
 def render_targets() -> str:

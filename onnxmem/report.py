@@ -261,10 +261,12 @@ def plain(value: Any) -> Any:
 @functools.cache
 def field_names(cls: type) -> tuple[str, ...] | None:
     """Give a dataclass's JSON field names (None for any other type; fields marked _NOT_IN_JSON are left out),
-    once per class: a report of a deep model has tens of thousands of rows."""
+    once per class: a report of a deep model has tens of thousands of rows. `schema` comes first, so that a reader
+    of a JSON document knows what it reads from its first key; the others keep their order."""
     if not dataclasses.is_dataclass(cls):
         return None
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("json", True))
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("json", True))
+    return ("schema", *(n for n in names if n != "schema")) if "schema" in names else names
 
 
 # --- Plan: fit and check (onnxmem/plan.py) ---------------------------------------------------------------------
@@ -339,6 +341,7 @@ class WhatIf:
     peak_bytes: int
     saved_bytes: int
     detail: str
+    fits: bool | None = None  # whether this change alone makes it fit the budget (None: no budget to fit)
 
 
 @dataclass(frozen=True)
@@ -364,6 +367,7 @@ class FitResult:
     notes: tuple[str, ...]
     warnings: tuple[Warning, ...]
     schema: str = FIT_SCHEMA
+    step: int = 1  # every value searched is a multiple of this (gradient accumulation: the micro-steps or micro-batch)
     # makes the report at max_value (at 1 where nothing fits), on first use: see `report`
     report_at_answer: Callable[[], Report] | None = dataclasses.field(default=None, compare=False, repr=False,
                                                                       metadata=_NOT_IN_JSON)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .report import Report
@@ -87,3 +88,30 @@ def aggregated(series: TimelineSeries, points: int) -> TimelineSeries:
 def _title(what: str, report: Report) -> str:
     bound = ", ".join(f"{k}={v}" for k, v in report.dims.items())
     return f"{what}, {bound}" if bound else what
+
+
+def round_ticks(largest: int, unit: int = 1) -> tuple[int, ...]:
+    """Give 4 to 6 evenly spaced round values from 0, the last at least `largest`: the step is 1, 2, 2.5 or 5 times a
+    power of ten of `unit` (bytes: pass the KiB, MiB or GiB the axis is written in, see byte_unit), never a
+    fraction of a byte."""
+    value = max(largest, 1) / unit
+    exponent = math.floor(math.log10(value / 5)) if value > 5 else 0
+    for scale in (10 ** (exponent - 1), 10 ** exponent, 10 ** (exponent + 1)):
+        for mantissa in (1, 2, 2.5, 5):
+            step = mantissa * scale
+            if step * unit < 1 or (step * unit) % 1:
+                continue
+            count = math.ceil(value / step - 1e-9)
+            if count <= 5:
+                whole = int(step * unit)
+                return tuple(whole * i for i in range(max(count, 3) + 1))
+    whole = max(1, -(-max(largest, 1) // 5))  # (not reached: 5 x 10^(e+1) always holds the value)
+    return tuple(whole * i for i in range(6))
+
+
+def byte_unit(largest: int) -> int:
+    """Give the binary unit (1, KiB, MiB, GiB, TiB) a byte axis up to `largest` is written in."""
+    unit = 1
+    while largest >= unit * 1024 and unit < 2**40:
+        unit *= 1024
+    return unit

@@ -82,7 +82,7 @@ _BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
 _TOP_LIVE = 20
 # Warnings a training report carries about its export: each is stated in the report's assumptions as
 # '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
-EXPORT_WARNINGS = ("folded-normalization", "eval-export")
+EXPORT_WARNINGS = ("folded-normalization", "eval-export", "unmatched-pattern")
 _ATEN_TARGET = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.")
 
 
@@ -198,6 +198,7 @@ class _Model:
     hidden: list[int] = field(default_factory=list)  # intermediates of decomposed ops simulated as one op
     restored: _Restored | None = None  # ops an export folded away, simulated again
     assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
+    unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -371,14 +372,15 @@ def _float_bytes(precision: str, low: bool) -> int:
     return 2 if low else 4
 
 
-def _is_trainable_name(name: str, module: str, options: TrainingOptions) -> bool:
-    def matches(patterns: tuple[str, ...]) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p)
-                   or fnmatch.fnmatchcase(module, p.rstrip(".*") + ".*") for p in patterns)
+def _matches(name: str, module: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p)
+               or fnmatch.fnmatchcase(module, p.rstrip(".*") + ".*") for p in patterns)
 
-    if options.train and not matches(options.train):
+
+def _is_trainable_name(name: str, module: str, options: TrainingOptions) -> bool:
+    if options.train and not _matches(name, module, options.train):
         return False
-    return not matches(options.freeze)
+    return not _matches(name, module, options.freeze)
 
 
 def module_path(layer: str) -> str:
@@ -397,7 +399,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     n_graph_nodes = len(nodes)
     model_output, loss_value = _append_loss(graph, values, nodes, options)
     _wire(graph, values, nodes)
-    params, frozen = _parameters(graph, values, nodes, options)
+    params, frozen, unmatched = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options)
     roots = _storage_roots(values, nodes)
     needs_grad, differentiable = _gradient_flow(values, nodes, params)
@@ -412,7 +414,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed)
+                  n_graph_nodes, hidden, restored, assumed, unmatched)
 
 
 def _forward(graph: ModelGraph, order: Sequence[int]) -> \
@@ -466,9 +468,10 @@ def _wire(graph: ModelGraph, values: list[_Value], nodes: list[_Node]) -> None:
 
 
 def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], options: TrainingOptions) -> \
-        tuple[list[int], list[int]]:
+        tuple[list[int], list[int], tuple[str, ...]]:
     """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
-    not buffers (running statistics), not scalars."""
+    not buffers (running statistics), not scalars; and the freeze/train patterns that match none of them."""
+    unmatched = {("freeze", p) for p in options.freeze} | {("train", p) for p in options.train}
     buffers: set[int] = set()
     for node in nodes:
         for i in _BUFFER_INPUTS.get(node.op_type, ()):
@@ -485,11 +488,14 @@ def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], opt
             seen.add(t)
             if t in buffers or any(b in v.name for b in _BUFFER_NAMES) or (v.numel or 0) <= 1:
                 continue
-            if _is_trainable_name(v.name, module_path(node.layer), options):
+            module = module_path(node.layer)
+            if unmatched:
+                unmatched -= {(flag, p) for flag, p in unmatched if _matches(v.name, module, (p,))}
+            if _is_trainable_name(v.name, module, options):
                 params.append(t)
             else:
                 frozen.append(t)
-    return params, frozen
+    return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched))
 
 
 def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: list[int],
@@ -1555,6 +1561,10 @@ def _assumptions(graph: ModelGraph, model: _Model, options: TrainingOptions, rul
                      "removed it and its masks are not counted")
     notes.extend(f"{text}: {count} place(s)" for text, count in model.assumed.items())
     notes.extend(_export_findings(model, mode))
+    if model.unmatched:
+        notes.append(f"[unmatched-pattern] no parameter's name or module path matches {', '.join(model.unmatched)}"
+                     f": {'it changes' if len(model.unmatched) == 1 else 'they change'} nothing (the report's "
+                     "parameter groups list the module paths)")
     if options.precision.startswith("amp-"):
         notes.append("mixed precision: fp32 master weights, gradients and optimizer state; MatMul/Gemm/Conv run in "
                      "16 bits on 16-bit copies of their inputs and weights; Softmax, LayerNorm and the loss in fp32")

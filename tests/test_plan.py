@@ -352,7 +352,7 @@ def test_check_exit_codes_and_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (("--budget", "lots"), "size 'lots'"),
     (("--gpu", "GTX-480"), "not in the catalog"),
-    ((), "exactly one of --memory"),
+    ((), "exactly one of a memory size (--memory SIZE"),
     (("--budget", "1GB", "--shard", "zero2"), "needs --training"),
 ])
 def test_check_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:

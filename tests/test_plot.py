@@ -161,3 +161,72 @@ def test_training_timeline_has_both_steps_and_marks_the_peak() -> None:
     assert {"forward", "backward", "optimizer"} <= set(series.phases)
     assert max(series.live_bytes) == report.training.peak_bytes
     assert series.live_bytes[series.peak_index] == report.training.peak_bytes
+
+
+# --- charts that read: the answer first, labels apart, phase names, round ticks, straight lines straight ----------
+
+def _svg_texts(page: str) -> list[tuple[float, str]]:
+    import re
+
+    return [(float(y), text) for y, text in re.findall(r'<text x="[^"]*" y="([^"]*)"[^>]*>([^<]*)</text>', page)]
+
+
+def test_training_page_leads_with_the_training_answer_and_keeps_labels_apart() -> None:
+    from onnxmem import html
+
+    model = make_llama(SHAPES["tiny"], TensorProto.FLOAT)
+    report = onnxmem.analyze(model, {"batch": 2, "seq": 16, "past": 1}, training=TrainingOptions())
+    page = report_page(report, series_of(report))
+    assert page.index("training step peak") < page.index("<svg")
+    assert page.index("Live at the training peak") < page.index("Live at the inference peak")
+    texts = _svg_texts(page)
+    legend = [y for y, t in texts if t in ("data", "forward", "loss", "backward", "optimizer") and y < html._PAD_T]
+    peak = [y for y, t in texts if t.startswith("peak ")]
+    assert len(legend) == 5 and len(peak) == 1
+    assert peak[0] >= html._PAD_T + 10 > max(legend)  # the peak's label is inside the plot, the legend above it
+    bottom = html._H - html._PAD_B
+    under = {t for y, t in texts if y > bottom and t in ("forward", "backward")}
+    assert under == {"forward", "backward"}  # phase names under the bars
+    assert {"first step", "later step"} <= {t for _, t in texts}
+    ticks = [t for y, t in texts if t == "0" or t.endswith("iB")]
+    assert 4 <= len(ticks) <= 6 and "2 MiB" in ticks  # round ticks: 0, 0.5 MiB ... or 0, 1 MiB, 2 MiB ...
+
+
+def test_fit_page_says_nothing_fits_once() -> None:
+    result = onnxmem.fit(graphs.symbolic_mlp(), memory=1000)
+    assert result.report is not None
+    page = fit_page(result, series_of(result.report))
+    assert page.count("nothing fits") == 1 and "that fits: 0" not in page
+
+
+def test_fit_curve_axes_are_linear_where_the_peak_is() -> None:
+    pytest.importorskip("matplotlib")
+    from onnxmem.plot import _pyplot, draw_curve, draw_timeline
+
+    plt = _pyplot()
+    linear = onnxmem.fit(graphs.symbolic_mlp(), memory="64MiB", what_if=False)
+    assert linear.linear is not None and max(p.value for p in linear.curve) > 64  # wide enough for a log axis
+    quadratic = onnxmem.fit(make_llama(SHAPES["tiny"], TensorProto.FLOAT), memory="40MiB", search="seq",
+                            dims={"batch": 2, "past": 1}, what_if=False)
+    assert quadratic.linear is None
+    figure, axes = plt.subplots(3, 1)
+    try:
+        draw_curve(axes[0], linear)
+        draw_curve(axes[1], quadratic)
+        assert (axes[0].get_xscale(), axes[0].get_yscale()) == ("linear", "linear")
+        assert (axes[1].get_xscale(), axes[1].get_yscale()) == ("log", "log")
+        assert 4 <= len(axes[0].get_yticks()) <= 6
+        report = onnxmem.analyze(make_llama(SHAPES["tiny"], TensorProto.FLOAT), {"batch": 2, "seq": 16, "past": 1},
+                                 training=TrainingOptions())
+        draw_timeline(axes[2], training_series(report), budget_bytes=4 * 2**20)
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+        legend = axes[2].get_legend().get_window_extent(renderer)
+        plot = axes[2].get_window_extent(renderer)
+        assert legend.y0 >= plot.y1 - 1  # above the plot area: no label inside it can sit on it
+        peak_label = next(t for t in axes[2].texts if t.get_text().startswith("peak "))
+        assert not peak_label.get_window_extent(renderer).overlaps(legend)
+        names = [t.get_text() for t in axes[2].get_xticklabels()]
+        assert "forward" in names and "backward" in names
+    finally:
+        plt.close(figure)
