@@ -6,15 +6,18 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+import stat
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from .dtypes import tensor_bytes
-from .errors import ModelFileError
+from .dtypes import element_bits, tensor_bytes
+from .errors import ModelFileError, quoted
+from .modelcheck import all_initializers, check_model
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
 from .rules.shapes import ONNX_DOMAIN_RULE_OPS
@@ -81,85 +84,214 @@ SERIALIZED_BYTES_KEPT = 64 * 1024 * 1024
 
 
 def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
-    """Give the parsed model; weight data stored outside the file is never read."""
+    """Give the parsed model; weight data stored outside the file is never read.
+
+    The model's structure is checked as it is loaded (modelcheck.check_model): an invalid model is a
+    ModelFileError naming the tensor or node and what is wrong.
+    """
     if isinstance(source, onnx.ModelProto):
-        _check_is_model(source, "the given ModelProto")
-        return LoadedModel(source, None, ())
+        checked = check_model(source, "the given ModelProto")
+        return LoadedModel(source, None, checked.warnings)
     path = Path(source)
     if not path.exists():
-        raise ModelFileError(f"{path}: no such file")
+        raise ModelFileError(f"{quoted(str(path))[1:-1]}: no such file")
     if path.is_dir():
-        raise ModelFileError(f"{path}: is a directory, not an ONNX file")
+        raise ModelFileError(f"{quoted(str(path))[1:-1]}: is a directory, not an ONNX file")
+    where = quoted(str(path))[1:-1]
     fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
+    data = _read_bounded(path, where, fmt == "protobuf")
     try:
-        data = path.read_bytes()
-        proto = onnx.serialization.registry.get(fmt).deserialize_proto(data, onnx.ModelProto())
+        with warnings.catch_warnings():  # onnx warns that its text format is experimental, on several lines
+            warnings.simplefilter("ignore")
+            proto = onnx.serialization.registry.get(fmt).deserialize_proto(data, onnx.ModelProto())
     except DecodeError as exc:
         raise ModelFileError(
-            f"{path}: not a valid ONNX model (the protobuf could not be parsed: {_one_line(exc)}); "
+            f"{where}: not a valid ONNX model (the protobuf could not be parsed: {_one_line(exc)}); "
             "the file may be truncated or not ONNX at all"
         ) from None
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelFileError(f"{path}: could not be read as ONNX: {_one_line(exc)}") from None
-    _check_is_model(proto, str(path))
+    except Exception as exc:  # noqa: BLE001 - the text and JSON parsers raise their own ParseError classes
+        raise ModelFileError(f"{where}: could not be read as ONNX ({fmt}): {_one_line(exc)}") from None
     nodes = NodeKinds.of(data, [o.domain for o in proto.opset_import]) if fmt == "protobuf" else None
-    warnings = _missing_external_data(proto, path.parent, nodes is None or nodes.graphs)
+    checked = check_model(proto, where, data if fmt == "protobuf" else None, nodes is None or nodes.graphs,
+                          nodes is None or nodes.prepared)
+    found = (*checked.warnings, *_missing_external_data(checked.external, path.parent))
     kept = data if nodes is not None and len(data) <= SERIALIZED_BYTES_KEPT else None
-    return LoadedModel(proto, path, tuple(warnings), nodes, kept)
+    return LoadedModel(proto, path, found, nodes, kept)
 
 
-def _check_is_model(proto: onnx.ModelProto, where: str) -> None:
-    # Protobuf parses many non-ONNX byte strings without complaint (an empty file is a valid empty message),
-    # so a model must at least declare an IR version, an opset and a graph with something in it.
-    graph = proto.graph
-    if proto.ir_version <= 0 or not proto.opset_import or not (graph.node or graph.output):
-        raise ModelFileError(
-            f"{where}: not a valid ONNX model (no IR version, opset or graph); "
-            "the file may be truncated or not ONNX at all"
-        )
+# The most bytes a model file may hold: protobuf's own limit on one serialized message (2 GiB). A file that is not
+# a regular file (a pipe, a device) is read up to this and no further.
+MAX_MODEL_BYTES = 2**31
+_CHUNK_BYTES = 1 << 24
 
 
-def _missing_external_data(proto: onnx.ModelProto, base: Path, subgraphs: bool) -> list[Warning]:
-    """Give a warning per external data file that is missing (`subgraphs` False: no node holds a graph, so only
-    the main graph's initializers are read)."""
-    missing: dict[str, int] = {}
-    present: dict[str, bool] = {}  # one stat per file, not per tensor (a large model has thousands in one file)
-    for tensor in _all_initializers(proto.graph) if subgraphs else proto.graph.initializer:
+def _read_bounded(path: Path, where: str, protobuf: bool) -> bytes:
+    """Give the file's bytes, reading at most MAX_MODEL_BYTES; a stream that is not a protobuf message (the
+    first fields that cannot be ONNX's, as /dev/zero's zeros) is refused as soon as that shows."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            status = os.fstat(file.fileno())
+            if stat.S_ISREG(status.st_mode) and status.st_size > MAX_MODEL_BYTES:
+                raise ModelFileError(f"{where}: {status.st_size:,} bytes, more than the 2 GiB one protobuf message "
+                                     "can hold: not an ONNX model file (its weights may be meant as external data)")
+            chunks: list[bytes] = []
+            total = 0
+            fields = _FieldWalk(where) if protobuf else None
+            first = status.st_size + 1 if stat.S_ISREG(status.st_mode) else _CHUNK_BYTES
+            while True:
+                chunk = file.read(min(first if not chunks else _CHUNK_BYTES, MAX_MODEL_BYTES + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+                if fields is not None:
+                    fields.feed(chunk)
+                if total > MAX_MODEL_BYTES:
+                    raise ModelFileError(f"{where}: more than 2 GiB read (the most one protobuf message can hold) "
+                                         "without its end: not an ONNX model")
+    except OSError as exc:
+        raise ModelFileError(f"{where}: could not be read: {_one_line(exc)}") from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _FieldWalk:
+    """Follows the top-level fields of a protobuf message as its bytes arrive, and refuses a stream whose next
+    field cannot be a field at all (a field number 0, a wire type protobuf does not use, a length past 2 GiB):
+    what lets a read of /dev/zero or /dev/urandom stop at once instead of at the 2 GiB cap."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.buffer = b""
+        self.skip = 0  # bytes of the current field still to come
+
+    def feed(self, chunk: bytes) -> None:
+        if self.skip >= len(chunk):
+            self.skip -= len(chunk)
+            return
+        data = self.buffer + chunk[self.skip:]
+        self.skip = 0
+        position = 0
+        while position < len(data):
+            tag, after = _varint(data, position)
+            if tag is None:
+                break  # the tag continues in the next chunk
+            number, wire = tag >> 3, tag & 7
+            if number == 0 or wire not in (0, 1, 2, 5):
+                raise ModelFileError(f"{self.where}: not a valid ONNX model (byte {position} does not start a "
+                                     "protobuf field); the file may be truncated or not ONNX at all")
+            if wire == 0:
+                value, end = _varint(data, after)
+                if value is None:
+                    break
+            elif wire == 2:
+                length, start = _varint(data, after)
+                if length is None:
+                    break
+                if length > MAX_MODEL_BYTES:
+                    raise ModelFileError(f"{self.where}: not a valid ONNX model (a field of {length:,} bytes at "
+                                         f"byte {position}, more than a protobuf message can hold)")
+                end = start + length
+            else:
+                end = after + (8 if wire == 1 else 4)
+            if end > len(data):
+                self.skip = end - len(data)
+                data, position = b"", 0
+                break
+            position = end
+        self.buffer = data[position:]
+
+
+def _varint(data: bytes, position: int) -> tuple[int | None, int]:
+    """Give the varint at `position` and the position after it, or (None, position) where it is cut off."""
+    value = shift = 0
+    for index in range(position, min(position + 10, len(data))):
+        byte = data[index]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, index + 1
+        shift += 7
+    if len(data) - position >= 10:
+        return 1 << 70, position + 10  # longer than any varint: no length protobuf accepts
+    return None, position
+
+
+def _missing_external_data(external: dict[str, int], base: Path) -> list[Warning]:
+    """Give a warning per external data file that is missing or not a regular file (`external`: location ->
+    the number of tensors stored there, as modelcheck found them)."""
+    found = []
+    for location, count in external.items():
+        try:
+            target = base / location
+            present = target.is_file()
+            problem = "is missing" if not present and not target.exists() else "is not a regular file"
+        except (OSError, ValueError) as exc:
+            present, problem = False, f"cannot be looked up ({_one_line(exc)})"
+        if not present:
+            found.append(Warning(
+                "missing-external-data",
+                f"external data file {quoted(location)} {problem} ({count} tensors): sizes come from the model's "
+                "headers, so the estimate stands, but the model cannot be run"))
+    return found
+
+
+def external_data_problems(model: onnx.ModelProto, base: Path) -> list[str]:
+    """Give what would stop the model's external data from being read (as onnx and onnxruntime read it): a file
+    missing, not a regular file (a pipe would block the reader), outside the model's folder (through a symlink),
+    or shorter than an offset and length ask; [] where every tensor can be read."""
+    problems: list[str] = []
+    folder = base.resolve()
+    sizes: dict[str, int | str] = {}
+    for tensor in all_initializers(model.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if location and location not in present:
-            present[location] = (base / location).is_file()
-        if location and not present[location]:
-            missing[location] = missing.get(location, 0) + 1
-    return [
-        Warning(
-            "missing-external-data",
-            f"external data file '{location}' is missing ({count} tensors): sizes come from the model's "
-            "headers, so the estimate stands, but the model cannot be run",
-        )
-        for location, count in missing.items()
-    ]
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        location = entries.get("location", "")
+        if location not in sizes:
+            sizes[location] = _external_file_size(folder, location)
+        size = sizes[location]
+        name = quoted(tensor.name)
+        if isinstance(size, str):
+            problems.append(f"initializer {name}: external data file {quoted(location)} {size}")
+            continue
+        offset_text, length = entries.get("offset", "0") or "0", entries.get("length")
+        if not all(text.isascii() and text.isdigit() for text in (offset_text, length or "0")):
+            problems.append(f"initializer {name}: external-data offset {quoted(offset_text)} or length "
+                            f"{quoted(length or '')} is not a non-negative integer")
+            continue
+        offset = int(offset_text)
+        bits = element_bits(tensor.data_type)
+        needed = (math.prod(tensor.dims) * bits + 7) // 8 if bits is not None else None
+        if length and needed is not None and int(length) != needed:
+            problems.append(f"initializer {name}: external-data length {length} where its dims need {needed} bytes")
+            continue
+        end = offset + (int(length) if length else needed or 0)
+        if offset > size or end > size:
+            problems.append(f"initializer {name}: external data at offset {offset}"
+                            f"{f' (length {length})' if length else ''} lies past the end of {quoted(location)} "
+                            f"({size} bytes)")
+    return problems
+
+
+def _external_file_size(folder: Path, location: str) -> int | str:
+    """Give the size of an external data file, or what is wrong with it."""
+    try:
+        target = (folder / location).resolve()
+        if not target.is_relative_to(folder):
+            return "lies outside the model's folder (through a symbolic link)"
+        if not target.exists():
+            return "is missing"
+        status = target.stat()
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        return f"cannot be looked up ({_one_line(exc)})"
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file"
+    return status.st_size
 
 
 def initializer_type(tensor: onnx.TensorProto) -> tuple[int, tuple[int, ...], int | None]:
     """Give an initializer's (dtype, dims, bytes), as shape inference types it (see shapes.TensorType)."""
     dims = tuple(tensor.dims)
     return tensor.data_type, dims, tensor_bytes(tensor.data_type, math.prod(dims))
-
-
-def _all_initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        domain, op_type = node.domain, node.op_type
-        if op_type not in CONTROL_FLOW and domain in ("", "ai.onnx"):
-            continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_initializers(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _all_initializers(sub)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -170,3 +170,168 @@ def test_nothing_is_written_next_to_the_model_or_in_the_working_directory(
         assert run("report", path, "--dim", "batch=4", "--format", fmt)[0] == 0
         assert run("report", custom_path, "--format", fmt)[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["custom.onnx", "m.onnx"]
+
+
+# --- issue 15: every cause of a traceback, a hang or a silent wrong answer -------------------------------------
+
+def _add_weight(weight: onnx.TensorProto, shape: list[int | str | None] | None = None) -> onnx.ModelProto:
+    return graphs.model([graphs.node("Add", ["x", weight.name], ["y"])], [graphs.value("x", shape)],
+                        [graphs.value("y", shape)], [weight])
+
+
+def _serialized_with(model: onnx.ModelProto, old: bytes, new: bytes) -> bytes:
+    data = model.SerializeToString()
+    assert old in data
+    return data.replace(old, new)
+
+
+def test_a_declared_length_is_never_built(tmp_path: Path) -> None:
+    # 2^62 int64 values declared over 8 bytes of data feeding Slice, and a 2^40-long graph input into Slice:
+    # ONNX's data propagation would expand either value by value (minutes, terabytes)
+    starts = onnx.TensorProto(name="starts", data_type=onnx.TensorProto.INT64, dims=[2**62], raw_data=b"\0" * 8)
+    ends = onnx.helper.make_tensor("ends", onnx.TensorProto.INT64, [1], [1])
+    slice_model = graphs.model([graphs.node("Slice", ["x", "starts", "ends"], ["y"])], [graphs.value("x", [4])],
+                               [graphs.value("y", [None])], [starts, ends])
+    code, _, err = run("report", save(slice_model, tmp_path / "a.onnx"))
+    assert_one_line_error(code, err, "initializer 'starts'", "dims [4611686018427387904]")
+    starts = onnx.TensorProto(name="starts", data_type=onnx.TensorProto.INT64, dims=[2**40], raw_data=b"\0" * 8)
+    slice_model.graph.initializer[0].CopyFrom(starts)
+    code, _, err = run("report", save(slice_model, tmp_path / "b.onnx"))
+    assert_one_line_error(code, err, "initializer 'starts'", "holds at most", "need 8796093022208")
+    long_input = graphs.model([graphs.node("Slice", ["x", "s", "ends"], ["y"])],
+                              [graphs.value("x", [4]), graphs.value("s", [2**40], onnx.TensorProto.INT64)],
+                              [graphs.value("y", [None])], [ends])
+    code, _, err = run("report", save(long_input, tmp_path / "c.onnx"))
+    assert_one_line_error(code, err, "graph input 's'", "vector of 1099511627776 integers")
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    (b"Add_y", b"Add\xff\xfe", "its name is not valid UTF-8 ('Add\\xff\\xfe')"),
+    (b"\x03Add", b"\x03A\xffd", "its op_type is not valid UTF-8"),
+    (b"absent.bin", b"abs\xffnt.bin", "external-data 'location' is not valid UTF-8"),
+])
+def test_strings_that_are_not_utf8_are_named(tmp_path: Path, old: bytes, new: bytes, needle: str) -> None:
+    model = _add_weight(graphs.external_header("w", onnx.TensorProto.FLOAT, [4, 4]))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_serialized_with(model, old, new))
+    code, _, err = run("report", str(path))
+    assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize(("tensor", "needle"), [
+    (onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[4, 4], raw_data=b"\0" * 60),
+     "initializer 'w' (FLOAT, dims [4, 4]) holds 60 bytes of data where its dims need 64"),
+    (onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[4, 4]), "holds no data"),
+    (onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[4, 4], float_data=[1.0] * 3),
+     "holds 3 values in float_data where its dims need 16"),
+    (onnx.TensorProto(name="w", data_type=99, dims=[4, 4], raw_data=b"\0" * 64), "data_type 99"),
+    (onnx.TensorProto(name="w", data_type=onnx.TensorProto.FLOAT, dims=[-4, -4], raw_data=b"\0" * 64),
+     "negative dim: dims [-4, -4]"),
+])
+def test_initializer_data_that_does_not_fit_its_dims(tmp_path: Path, tensor: onnx.TensorProto, needle: str) -> None:
+    code, _, err = run("report", save(_add_weight(tensor, [4, 4]), tmp_path / "m.onnx"))
+    assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize(("location", "needle"), [
+    ("a" * 5000, "is too long for a file name (5000 characters)"),
+    ("/etc/passwd", "is absolute"),
+    ("../outside.bin", "leaves the model's folder"),
+])
+def test_unusable_external_data_locations(tmp_path: Path, location: str, needle: str) -> None:
+    model = _add_weight(graphs.external_header("w", onnx.TensorProto.FLOAT, [4, 4], location=location), [4, 4])
+    code, _, err = run("report", save(model, tmp_path / "m.onnx"))
+    assert_one_line_error(code, err, "initializer 'w': external-data location", needle)
+    assert len(err) < 600
+
+
+def test_a_duplicate_initializer_is_refused_not_counted_twice(tmp_path: Path) -> None:
+    weight = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [4, 4], [1.0] * 16)
+    model = _add_weight(weight, [4, 4])
+    model.graph.initializer.append(weight)
+    code, _, err = run("report", save(model, tmp_path / "m.onnx"))
+    assert_one_line_error(code, err, "initializer 'w' is given twice")
+
+
+def test_a_loop_body_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
+    model = graphs.loop()
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    body = next(a for a in loop.attribute if a.name == "body")
+    body.CopyFrom(onnx.helper.make_attribute("body", 3))
+    code, _, err = run("report", save(model, tmp_path / "m.onnx"), "--default-dim", "2")
+    assert_one_line_error(code, err, "(Loop): attribute 'body' must be a graph (GRAPH), not INT")
+
+
+def test_invalid_elem_type_and_recursive_function(tmp_path: Path) -> None:
+    model = graphs.model([graphs.node("Relu", ["x"], ["y"])], [graphs.value("x", dtype=77)], [graphs.value("y")])
+    code, _, err = run("report", save(model, tmp_path / "a.onnx"), "--default-dim", "2")
+    assert_one_line_error(code, err, "graph input 'x' has elem_type 77")
+    call = onnx.helper.make_node("F", ["a"], ["b"], domain="local")
+    function = onnx.helper.make_function("local", "F", ["a"], ["b"], [call], [onnx.helper.make_opsetid("", 18)])
+    model = graphs.model([onnx.helper.make_node("F", ["x"], ["y"], domain="local")], [graphs.value("x")],
+                         [graphs.value("y")])
+    model.functions.append(function)
+    model.opset_import.append(onnx.helper.make_opsetid("local", 1))
+    code, _, err = run("report", save(model, tmp_path / "b.onnx"), "--default-dim", "2")
+    assert_one_line_error(code, err, "local function 'local::F' calls itself (local::F -> local::F)")
+
+
+def test_an_opset_newer_than_onnx_knows_is_a_named_warning() -> None:
+    model = graphs.model([graphs.node("Relu", ["x"], ["y"])], [graphs.value("x", [2])], [graphs.value("y", [2])],
+                         opset=onnx.defs.onnx_opset_version() + 1)
+    report = onnxmem.analyze(model)
+    assert [w.code for w in report.warnings] == ["newer-opset"]
+    assert report.inference.peak_activation_bytes == 8
+
+
+@pytest.mark.parametrize("suffix", [".onnxtxt", ".json"])
+def test_malformed_text_models(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"m{suffix}"
+    path.write_text('ir_version: 8\ngraph { node { op_type: "Relu" ' if suffix == ".onnxtxt" else '{"graph": [}')
+    code, _, err = run("report", str(path))
+    assert_one_line_error(code, err, "could not be read as ONNX")
+
+
+def test_endless_and_random_streams_are_refused_at_once() -> None:
+    for device in ("/dev/zero", "/dev/urandom"):
+        code, _, err = run("report", device)
+        assert_one_line_error(code, err, "not a valid ONNX model")
+
+
+def test_a_model_read_from_a_pipe_gives_the_files_answer(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    source = Path(__file__).parent.parent / "fixtures" / "mlp.onnx"
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(source.read_bytes()))
+    writer.start()
+    piped = onnxmem.analyze(str(fifo), {"batch": 4})
+    writer.join()
+    direct = onnxmem.analyze(str(source), {"batch": 4})
+    assert piped.inference == direct.inference and piped.inference.weights_bytes > 0
+
+
+def test_a_name_with_a_newline_and_200000_unbound_dims_stay_one_short_line(tmp_path: Path) -> None:
+    model = graphs.model([graphs.node("Add", ["x", "gh\nost"], ["y"])], [graphs.value("x")], [graphs.value("y")])
+    code, _, err = run("report", save(model, tmp_path / "a.onnx"))
+    assert_one_line_error(code, err, "'gh\\nost'")
+    inputs = [graphs.value(f"i{k}", [f"d{k}"]) for k in range(200_000)]
+    model = graphs.model([graphs.node("Relu", ["i0"], ["y"])], inputs, [graphs.value("y", ["d0"])])
+    code, _, err = run("report", save(model, tmp_path / "b.onnx"))
+    assert_one_line_error(code, err, "unbound dims", "more characters)")
+    assert len(err) < 2500
+
+
+@pytest.mark.parametrize(("option", "value"), [("--top", "0"), ("--default-dim", "0"), ("--grad-accum", "0"),
+                                                ("--micro-batch", "-1")])
+def test_numeric_options_are_validated_by_click(tmp_path: Path, option: str, value: str) -> None:
+    code, _, err = run("report", save(graphs.symbolic_mlp(), tmp_path / "m.onnx"), "--dim", "batch=2", option, value)
+    assert code == 2 and "Invalid value" in err and "Traceback" not in err
+
+
+def test_gpus_must_be_positive(tmp_path: Path) -> None:
+    code, _, err = run("check", save(graphs.symbolic_mlp(), tmp_path / "m.onnx"), "--dim", "batch=2",
+                       "--memory", "1GB", "--gpus", "0")
+    assert code == 2 and "Invalid value for '--gpus'" in err

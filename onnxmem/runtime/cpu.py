@@ -21,10 +21,13 @@ Scratch memory that a kernel allocates and frees inside itself is not seen.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ import numpy
 import onnx
 
 from ..errors import ModelFileError, RuntimeMeasurementError, require_extra
+from ..load import external_data_problems
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 
@@ -130,10 +134,42 @@ def _session_source(model: onnx.ModelProto | str | os.PathLike[str], workdir: Pa
         proto = onnx.load_model(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ...
         raise ModelFileError(f"cannot read {path} as ONNX: {_one_line(exc)}") from exc
+    # onnx and onnxruntime refuse external data outside the model's folder with their own errors, and a reader
+    # opened on a pipe blocks: every file is looked at first, without opening it.
+    problems = external_data_problems(proto, path.parent)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ModelFileError(f"{path}: its external data cannot be read: {problems[0]}{more}")
     if all(n.name for n in proto.graph.node):
         return str(path)  # onnxruntime resolves external data next to the model; it writes nothing there
     full = onnx.load_model(str(path), load_external_data=True)
     return _session_source(full, workdir)
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str) -> Iterator[str]:
+    """Give a temporary folder, removed when the block ends, also when the process is sent SIGTERM meanwhile.
+
+    SIGTERM ends a process without unwinding it, which would leave the folder behind: while the block runs in
+    the main thread, and only where SIGTERM has its default action (the host program has not chosen its own),
+    SIGTERM raises SystemExit(143) instead, so the block closes on the way out. (SIGINT needs nothing: its
+    KeyboardInterrupt unwinds.)
+    """
+    handled = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if handled:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as folder:
+            yield folder
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise SystemExit(128 + signum)
 
 
 def _load_optimized(path: Path) -> onnx.ModelProto | None:
@@ -270,7 +306,7 @@ def measure_cpu(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[str
         raise ValueError("runs must be at least 1")
     ort = _import_ort()
     settings = {"onnxruntime": str(ort.__version__), "execution_provider": "CPUExecutionProvider"}
-    with tempfile.TemporaryDirectory(prefix="onnxmem-ort-", ignore_cleanup_errors=True) as tmp:
+    with temporary_folder("onnxmem-ort-") as tmp:
         workdir = Path(tmp)
         source = _session_source(model, workdir)
         optimized_path = workdir / "optimized.onnx"

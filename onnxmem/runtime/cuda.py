@@ -29,7 +29,6 @@ import json
 import os
 import site
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from .cpu import (
     _session_source,
     _split_runs,
     session_options,
+    temporary_folder,
 )
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -628,7 +628,7 @@ def measure_cuda(model: onnx.ModelProto | str | os.PathLike[str], feeds: dict[st
     _KEEP_ALIVE.append(hooks)
     provider_options = {**cuda_options, **hooks.provider_options()}
 
-    with tempfile.TemporaryDirectory(prefix="onnxmem-ort-cuda-", ignore_cleanup_errors=True) as tmp:
+    with temporary_folder("onnxmem-ort-cuda-") as tmp:
         workdir = Path(tmp)
         source = _session_source(model, workdir)
 

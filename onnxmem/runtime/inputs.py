@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections import deque
 
 import numpy
 import onnx
 from onnx import TensorProto
 
-from ..errors import DimError, OnnxMemError
+from ..dtypes import element_bits
+from ..errors import DimError, OnnxMemError, RuntimeMeasurementError, quoted
 
 # Ops through which an integer input keeps its meaning (token ids stay token ids).
 _PASS_THROUGH = {"Cast", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand", "Transpose",
@@ -102,6 +105,20 @@ def _shape(value: onnx.ValueInfoProto, dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _check_fits(name: str, shape: tuple[int, ...], elem: int) -> None:
+    """Raise where an input of this shape could not be built in this machine's memory (it is never attempted)."""
+    bits = element_bits(elem) or 64  # strings: at least a pointer each
+    needed = (math.prod(shape) * bits + 7) // 8
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound known
+        return
+    if needed > memory:
+        raise RuntimeMeasurementError(
+            f"input {quoted(name)} of shape {list(shape)} needs {needed:,} bytes, more than this machine's "
+            f"{memory:,} bytes of memory: it cannot be fed to onnxruntime (bind smaller dims with --dim)")
+
+
 def make_feeds(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, numpy.ndarray]:
     """One array per graph input that is not an initializer, of the shape the bound dims give.
 
@@ -122,6 +139,7 @@ def make_feeds(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, numpy.
             raise OnnxMemError(f"input '{value.name}' is not a tensor; only tensor inputs can be fed")
         elem = value.type.tensor_type.elem_type
         shape = _shape(value, dims)
+        _check_fits(value.name, shape, elem)
         if elem == TensorProto.STRING:
             feeds[value.name] = numpy.full(shape, "a", dtype=object)
             continue
