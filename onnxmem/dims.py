@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from onnx import ModelProto
 
-from .errors import DimError
+from .errors import DimError, listing
 from .report import Warning
 from .tensor_types import TypeDecoder
 
@@ -75,11 +75,12 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
     # a dim named by an expression of other unbound dims ('past + seq') is bound with them: not asked for
     asked = [n for n in where if not (_dim_names(n) - {n}) & where.keys()]
     if asked and default_dim is None:
-        listed = ", ".join(f"{n} (input '{where[n][0].input}' axis {where[n][0].axis}"
-                           f"{f', and {len(where[n]) - 1} more inputs' if len(where[n]) > 1 else ''})"
-                           for n in sorted(asked))
-        example = " ".join(f"--dim {n}=N" for n in sorted(asked))
-        python = ", ".join(f"'{n}': N" for n in sorted(asked))
+        ordered = sorted(asked)
+        listed = listing([f"{n} (input '{where[n][0].input}' axis {where[n][0].axis}"
+                          f"{f', and {len(where[n]) - 1} more inputs' if len(where[n]) > 1 else ''})"
+                          for n in ordered])
+        example = listing([f"--dim {n}=N" for n in ordered], separator=" ")
+        python = listing([f"'{n}': N" for n in ordered])
         raise DimError(f"unbound dims: {listed}; bind them: {example} (or --default-dim N), or dims={{{python}}} "
                        "(or default_dim=N) in Python")
     if not where:

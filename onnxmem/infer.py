@@ -10,6 +10,7 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
 from .dims import InputDim
+from .errors import quoted
 from .load import initializer_type
 from .report import Warning
 from .rules.inference import ALL_ATTRIBUTES, CONTROL_FLOW, SHAPE_AS
@@ -60,11 +61,36 @@ def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
 
 
+# The longest integer vector ONNX's data propagation may build (a shape value is a few numbers; a Range of a bound
+# sequence length, or of a constant 2^40, is not one, and propagating it takes memory without bound).
+LONGEST_PROPAGATED_VECTOR = 1 << 20
+
+
+def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warning]) -> tuple[ModelProto, bool]:
+    """Give ONNX's inference of `light`, with data propagation where asked and bounded: inferred first without it,
+    and where an integer vector of more than LONGEST_PROPAGATED_VECTOR values shows, without it (a named warning);
+    and whether data propagation ran."""
+    if not data_prop:
+        return _inferred(light, False), False
+    plain = _inferred(light, False)
+    for value in _value_infos(plain.graph):
+        tensor = value.type.tensor_type
+        if tensor.elem_type not in (TensorProto.INT64, TensorProto.INT32) or len(tensor.shape.dim) != 1:
+            continue
+        length = tensor.shape.dim[0].dim_value
+        if length > LONGEST_PROPAGATED_VECTOR:
+            warnings.append(Warning(
+                "long-shape-value", f"integer tensor {quoted(value.name)} holds {length:,} values: shape values "
+                "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
+            return plain, False
+    return _inferred(light, True), True
+
+
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
            warnings: list[Warning], data_prop: bool = True) -> dict[str, TensorType]:
     light = _prepared(model, free, bound)
     try:
-        inferred = _inferred(light, data_prop)
+        inferred, data_prop = _bounded_inference(light, data_prop, warnings)
     except Exception as exc:  # onnx raises several types here; any of them means "no inference"
         warnings.append(Warning("shape-inference-failed", f"ONNX shape inference failed: {_one_line(exc)}"))
         return _collect_types(light.graph, TypeDecoder())

@@ -13,7 +13,7 @@ from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto
 
 from .dims import InputDim, _evaluate_dim, bind_dims, input_dims
 from .dtypes import tensor_bytes
-from .infer import _REST_ROUNDS, _infer, _substitute, _without_initializers
+from .infer import _REST_ROUNDS, _bounded_inference, _infer, _substitute, _without_initializers
 from .report import Warning
 from .rules.inference import CONTROL_FLOW, DIM_FROM_INPUTS
 from .shape_values import _INT_TYPES, _constant_value, _is_shape_constant, _is_small, _shape_values
@@ -294,7 +294,7 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
             inputs.append(ValueInfoProto(name=name, type=type_proto))
     graph.input.extend(inputs)
     try:
-        inferred = onnx.shape_inference.infer_shapes(sub, check_type=False, strict_mode=False, data_prop=True)
+        inferred, _ = _bounded_inference(sub, True, [])  # (the whole graph's inference warns of a long vector)
     except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
         return None
     found: dict[str, TensorType] = {}

@@ -105,3 +105,20 @@ def test_a_split_shape_value_sizes_a_reshape() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     assert bind_and_infer(model, {"batch": 3, "seq": 5}).types["y"][1] == (15, 16)
     assert onnxmem.analyze(model, {"batch": 3, "seq": 5}).inference.unsized_tensors == 0
+
+
+def test_a_range_of_a_huge_length_is_not_propagated() -> None:
+    # Range(0, 2^40): its output's type says 2^40 values, which ONNX's data propagation would build (and run out
+    # of memory); the inference runs without it, says so, and still sizes what does not depend on the values.
+    nodes = [const("zero", 0), const("limit", 2**40), const("step", 1),
+             helper.make_node("Range", ["zero", "limit", "step"], ["positions"]),
+             helper.make_node("Unsqueeze", ["positions", "zero_axis"], ["rows"]),
+             helper.make_node("Relu", ["x"], ["y"]), const("zero_axis", [0])]
+    nodes = [nodes[0], nodes[1], nodes[2], nodes[6], nodes[3], nodes[4], nodes[5]]
+    graph = helper.make_graph(nodes, "range", [helper.make_tensor_value_info("x", F, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", F, None),
+                               helper.make_tensor_value_info("rows", I64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sized = bind_and_infer(model, {"batch": 2})
+    assert sized.types["y"][1] == (2, 4) and sized.types["positions"][1] == (2**40,)
+    assert any(w.code == "long-shape-value" for w in sized.warnings)
