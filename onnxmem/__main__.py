@@ -1,5 +1,5 @@
 """`python -m onnxmem`: the same as the `onnxmem` command."""
 
-from .cli import run
+from .console import run
 
 run()

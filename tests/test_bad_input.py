@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -335,3 +339,23 @@ def test_gpus_must_be_positive(tmp_path: Path) -> None:
     code, _, err = run("check", save(graphs.symbolic_mlp(), tmp_path / "m.onnx"), "--dim", "batch=2",
                        "--memory", "1GB", "--gpus", "0")
     assert code == 2 and "Invalid value for '--gpus'" in err
+
+
+@pytest.mark.parametrize(("signum", "code", "word"), [(signal.SIGINT, 130, "interrupted"),
+                                                      (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize("after_s", [0.05, 0.4])
+def test_a_signal_at_any_time_ends_with_one_line(tmp_path: Path, signum: int, code: int, word: str,
+                                                 after_s: float) -> None:
+    # While the command starts (its imports) and while it analyses a graph of ~10k nodes: one line, no traceback.
+    from benchmarks.llm_graphs import LlamaShape, make_llama
+
+    path = save(make_llama(LlamaShape(layers=200, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)),
+                tmp_path / "m.onnx")
+    process = subprocess.Popen([sys.executable, "-m", "onnxmem", "report", path, "--dim", "batch=1", "--dim",
+                                "seq=8", "--dim", "past=1", "--training"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    time.sleep(after_s)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == code, err[-2000:]
+    assert err == f"onnxmem: {word}\n"
