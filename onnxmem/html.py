@@ -90,7 +90,8 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
     steps)."""
     series = aggregated(series, _BARS)
     n = len(series.live_bytes)
-    ticks = _byte_ticks(max([*series.live_bytes, budget_bytes or 0, 1]))
+    floor = series.axis_floor  # (a model whose weights dominate: the axis starts just below them)
+    ticks = tuple(floor + t for t in _byte_ticks(max([*series.live_bytes, budget_bytes or 0, 1]) - floor))
     edges = [*series.steps, series.total_steps] if series.steps else list(range(n + 1))  # in the run's steps
     place = _axis(0, max(edges[-1], 1), _PAD_L, _W - _PAD_R)
 
@@ -98,13 +99,22 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
         whole = int(point)
         return place(edges[whole] + (point - whole) * (edges[min(whole + 1, n)] - edges[whole]))
 
-    y = _axis(0, ticks[-1], _H - _PAD_B, _PAD_T)
+    y = _axis(floor, ticks[-1], _H - _PAD_B, _PAD_T)
     phases = list(dict.fromkeys(series.phases))
     parts = [_y_grid(ticks, y)]
+    base = series.baseline_bytes
+    if base:  # what the whole run holds (weights and inputs), in grey under the bars
+        parts.append(f'<rect x="{_PAD_L}" y="{y(base):.1f}" width="{_W - _PAD_L - _PAD_R}" '
+                     f'height="{y(floor) - y(base):.1f}" fill="#bbbbbb" fill-opacity="0.5"><title>weights and '
+                     f"inputs: {escape(format_bytes(base))}</title></rect>"
+                     f'<text x="{_PAD_L + 6}" y="{min(y(floor) - 4, y(base) + 13):.1f}" font-size="11" fill="#444">'
+                     f"weights + inputs {escape(format_bytes(base))}"
+                     f"{escape(f' (axis from {format_bytes(floor)})') if floor else ''}</text>")
     for i, value in enumerate(series.live_bytes):
         colour = _PHASE_COLOURS.get(series.phases[i], "#4c72b0")
+        bottom = max(base, floor)
         parts.append(f'<rect x="{x(i):.1f}" y="{y(value):.1f}" width="{max(x(i + 1) - x(i), 0.5):.2f}" '
-                     f'height="{y(0) - y(value):.1f}" fill="{colour}" fill-opacity="0.6">'
+                     f'height="{max(y(bottom) - y(value), 0):.1f}" fill="{colour}" fill-opacity="0.6">'
                      f"<title>{escape(series.labels[i])}: {escape(format_bytes(value))}</title></rect>")
     parts.append(_x_frame())
     if len(phases) > 1:

@@ -56,6 +56,10 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
     n = len(series.live_bytes)
     values = list(series.live_bytes)
     edges = [*series.steps, series.total_steps] if series.steps else list(range(n + 1))  # in the run's steps
+    floor = series.axis_floor  # (a model whose weights dominate: the axis starts just below them)
+    if series.baseline_bytes:  # what the whole run holds (weights and inputs), in grey under the live tensors
+        ax.axhspan(floor, series.baseline_bytes, color="#bbbbbb", alpha=0.5, linewidth=0,
+                   label=f"weights + inputs {format_bytes(series.baseline_bytes)}")
     ax.step(edges, [*values, values[-1]] if values else [0], where="post", color="#333333", linewidth=1)
     several = len(set(series.phases)) > 1
     labelled: set[str] = set() if several else set(series.phases)  # one phase: no legend entry, no names
@@ -65,8 +69,9 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
         if i < n and series.phases[i] == series.phases[start]:
             continue
         phase = series.phases[start]
-        ax.fill_between(edges[start:i + 1], [*values[start:i], values[i - 1]], step="post", alpha=0.35,
-                        color=_PHASE_COLOURS.get(phase, "#4c72b0"), label=None if phase in labelled else phase)
+        ax.fill_between(edges[start:i + 1], [*values[start:i], values[i - 1]], max(series.baseline_bytes, floor),
+                        step="post", alpha=0.35, color=_PHASE_COLOURS.get(phase, "#4c72b0"),
+                        label=None if phase in labelled else phase)
         labelled.add(phase)
         if several and edges[i] - edges[start] >= 0.012 * len(phase) * edges[-1]:  # a name where it has room
             ticks.append(((edges[start] + edges[i]) / 2, phase))
@@ -93,7 +98,7 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
     ax.set_xlabel("events of a first and a later training step, by phase" if several else
                   "step (node in execution order)", labelpad=16 if several else 4)
     ax.set_ylabel("live bytes: weights + inputs + live tensors")
-    _byte_axis(ax, largest)
+    _byte_axis(ax, largest, floor)
     ax.set_xlim(0, max(edges[-1], 1))
     _legend_above(ax)
 
@@ -142,13 +147,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def _byte_axis(ax: Any, largest: int) -> None:
-    """Give a byte axis 4 to 6 round ticks (series.round_ticks), reaching past the largest value so that a label
-    above it stays inside the plot."""
+def _byte_axis(ax: Any, largest: int, floor: int = 0) -> None:
+    """Give a byte axis from `floor` 4 to 6 round ticks (series.round_ticks), reaching past the largest value so
+    that a label above it stays inside the plot."""
     unit = byte_unit(largest)
-    ticks = round_ticks(int(largest * 1.12), unit)
+    ticks = tuple(floor + t for t in round_ticks(int((largest - floor) * 1.12), byte_unit(largest - floor)))
     ax.set_yticks(ticks, [format_tick(t, unit) for t in ticks])
-    ax.set_ylim(0, ticks[-1])
+    ax.set_ylim(floor, ticks[-1])
     ax.grid(axis="y", color="#e4e4e4", linewidth=0.8)
     ax.set_axisbelow(True)
 

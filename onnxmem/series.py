@@ -20,6 +20,21 @@ class TimelineSeries:
     peak_label: str
     steps: tuple[int, ...] = ()  # per point: its first step in the run, where points aggregate several (else ())
     total_steps: int = 0  # the run's steps (events, for training)
+    baseline_bytes: int = 0  # held through the whole run (inference: weights and inputs), drawn as a band apart
+
+    @property
+    def axis_floor(self) -> int:
+        """Give where a picture's byte axis starts: 0, or, where the baseline is most of the peak (a model whose
+        weights dominate, which would draw a solid block), a round value just below the baseline."""
+        top = max(self.live_bytes, default=0)
+        if not self.baseline_bytes or self.baseline_bytes < FLOOR_FROM * top:
+            return 0
+        step = round_ticks(max(top - self.baseline_bytes, 1), byte_unit(top))[1]
+        return (self.baseline_bytes // step) * step
+
+
+# The share of the peak from which the baseline starts the axis (see TimelineSeries.axis_floor).
+FLOOR_FROM = 0.6
 
 
 def series_of(report: Report) -> TimelineSeries:
@@ -35,8 +50,10 @@ def inference_series(report: Report) -> TimelineSeries:
         raise ValueError("the report has no inference timeline")
     labels = tuple(f"{op_type} {node}" for op_type, node in zip(timeline.op_types, timeline.nodes, strict=True))
     step = max(report.inference.peak_step, 0)
+    inference = report.inference
     return TimelineSeries(_title("inference", report), labels, ("forward",) * len(labels), timeline.live_bytes,
-                          step, labels[step] if labels else "", total_steps=len(labels))
+                          step, labels[step] if labels else "", total_steps=len(labels),
+                          baseline_bytes=inference.weights_bytes + inference.input_bytes)
 
 
 def training_series(report: Report) -> TimelineSeries:
@@ -82,7 +99,7 @@ def aggregated(series: TimelineSeries, points: int) -> TimelineSeries:
         start = end
     peak = steps.index(max(s for s in steps if s <= series.peak_index))
     return TimelineSeries(series.title, tuple(labels), tuple(phases), tuple(live), peak, series.peak_label,
-                          tuple(steps), n)
+                          tuple(steps), n, series.baseline_bytes)
 
 
 def _title(what: str, report: Report) -> str:

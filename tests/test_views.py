@@ -162,3 +162,18 @@ def test_a_large_timeline_is_drawn_aggregated_with_its_peak() -> None:
     assert small.live_bytes[small.peak_index] == report.inference.peak_bytes
     assert small.peak_label == series.peak_label and small.total_steps == len(series.live_bytes)
     assert list(small.steps) == sorted(small.steps) and small.steps[0] == 0
+
+
+def test_a_model_whose_weights_dominate_is_drawn_above_them() -> None:
+    # weights_mlp: 1 MiB of weights and a few KiB of activations: the weights are a band apart, and the axis starts
+    # just below them, so the activations' steps are visible (no solid block)
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "weights_mlp.onnx"
+    report = onnxmem.analyze(path, default_dim=2)
+    series = series_of(report)
+    inference = report.inference
+    assert series.baseline_bytes == inference.weights_bytes + inference.input_bytes
+    assert 0 < series.axis_floor <= series.baseline_bytes < inference.peak_bytes
+    page = report_page(report, series)
+    assert "weights + inputs" in page and f"peak {format_bytes(inference.peak_bytes)}" in page
+    small = series_of(onnxmem.analyze(graphs.fanout()))
+    assert small.axis_floor == 0  # activations dominate: the axis starts at 0
