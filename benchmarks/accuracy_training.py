@@ -25,20 +25,16 @@ profiler's c10 peak beside it. The script re-runs itself under the counter.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import gc
 import importlib
 import inspect
-import io
-import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import onnxmem  # noqa: E402
+from benchmarks.zoo import quiet  # noqa: E402
 from onnxmem.training import TrainingOptions  # noqa: E402
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
@@ -322,25 +319,11 @@ def export(case: Case, module: nn.Module, folder: Path) -> Path:
     batch = torch.export.Dim("batch", min=1, max=4096)
     module.train()
     # optimize=False: onnxscript's optimizer folds BatchNorm into Conv even in a training-mode export
-    with _quiet():
+    with quiet():
         torch.onnx.export(module, example, str(path), dynamo=True, optimize=False,
                           input_names=[f"input{i}" for i in range(len(example))],
                           dynamic_shapes=tuple({0: batch} for _ in example))
     return path
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence the exporter's progress messages and warnings."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
 
 
 def batch_dims(path: Path, batch: int) -> dict[str, int]:
@@ -607,7 +590,7 @@ def run_real(case: RealCase, folder: Path) -> list[RealRow]:
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     example = case.inputs(case.batch)
     default_path, recommended_path = folder / f"{case.name}.default.onnx", folder / f"{case.name}.train.onnx"
-    with _quiet():
+    with quiet():
         torch.onnx.export(reference.eval(), example, str(default_path), dynamo=True)  # what a user writes
         export_for_training(reference, case.inputs(2), recommended_path, {"batch": 0})
     del reference
