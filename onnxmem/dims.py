@@ -91,7 +91,8 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
     for name in where:  # an expression that does not evaluate (a size of 0 or less) takes the default too
         bound.setdefault(name, int(default_dim))  # type: ignore[arg-type]
     defaulted = ", ".join(sorted(asked))
-    return bound, (Warning("default-dim", f"dims {defaulted} were not given and took --default-dim {default_dim}"),)
+    return bound, (Warning("default-dim", f"dims {defaulted} were not given and took the default dim {default_dim} "
+                                          "(--default-dim, or default_dim= in Python)"),)
 
 
 def _bind_expressions(free: list[InputDim], bound: dict[str, int]) -> None:

@@ -219,7 +219,8 @@ def micro_batch_dims(model: onnx.ModelProto, dims: dict[str, int], options: Trai
                                       "name it with batch_dim")
         batch = axis0[0]
     if batch not in dims:
-        raise TrainingOptionError(f"gradient accumulation: batch dim '{batch}' is not bound (bind it with --dim)")
+        raise TrainingOptionError(f"gradient accumulation: batch dim '{batch}' is not bound (bind it: "
+                                  f"--dim {batch}=N, or dims={{'{batch}': N}} in Python)")
     if options.micro_batch is not None:
         if options.micro_batch < 1 or dims[batch] % options.micro_batch:
             raise TrainingOptionError(f"micro-batch {options.micro_batch} does not divide {batch}={dims[batch]}")

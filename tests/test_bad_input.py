@@ -109,7 +109,7 @@ def test_default_dim_sizes_an_expression_dim_from_its_parts(tmp_path: Path) -> N
     report = onnxmem.analyze(model, {"batch": 2, "seq": 5}, default_dim=3)
     assert report.dims["past"] == 3 and report.dims["past + seq"] == 8  # not the default itself
     assert [w.message for w in report.warnings if w.code == "default-dim"] == \
-        ["dims past were not given and took --default-dim 3"]
+        ["dims past were not given and took the default dim 3 (--default-dim, or default_dim= in Python)"]
 
 
 def test_default_dim_binds_with_a_warning(tmp_path: Path) -> None:
