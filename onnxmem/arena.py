@@ -165,3 +165,21 @@ def first_run_events(graph: ModelGraph, timeline: Timeline) -> list[tuple[str, i
                 events.append(("alloc", t, graph.tensors[t].nbytes or 0))
         events.extend(("free", t, 0) for t in ending.get(step, ()))
     return events
+
+
+def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int) -> list[tuple[str, int, int]]:
+    """Give the arena's allocations and frees up to a later run with the memory pattern: the first run's (see
+    first_run_events), everything it left freed at its end (its outputs go back with their results), then the
+    pattern block in one allocation and the graph outputs, allocated outside the block."""
+    events = first_run_events(graph, timeline)
+    held: set[int] = set()
+    for kind, buffer, _ in events:
+        if kind == "alloc":
+            held.add(buffer)
+        else:
+            held.discard(buffer)
+    events.extend(("free", t, 0) for t in sorted(held))
+    events.append(("alloc", -1, pattern_bytes))
+    events.extend(("alloc", -2 - t, graph.tensors[t].nbytes or 0) for t in graph.outputs
+                  if timeline.buffer_of[t] == t)
+    return events

@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from .analyze import analysis, size_warnings
+from .arena import first_run_events, held_after, later_run_events
 from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
@@ -42,6 +43,9 @@ class Figures:
 
     peak_activation_bytes: int
     weights_bytes: int  # weights the runtime's allocator holds (CPU: prepacked MatMul/Gemm weights)
+    # what the CPU arena holds from the system at the run's end (its regions and reserved bytes; estimated by
+    # onnxmem.arena's simulation of the first run); -1 where not measured or not estimated (CUDA: arena bypassed)
+    arena_held_bytes: int = -1
 
 
 @dataclass(frozen=True)
@@ -163,11 +167,16 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         weights = arena_weight_bytes(graph, ran)
         observed_runs = [(run.run_index, run.peak_activation_bytes, run.baseline_bytes) for run in measured.runs]
         notes = _notes()
+    # The arena's regions after a first run and after a later one (its memory pattern block taken from what the
+    # first run freed, or a new region), simulated; CPU only: the CUDA measurement bypasses the arena.
+    first_held = held_after(first_run_events(graph, timeline), weights) if provider == "cpu" else -1
+    later_held = held_after(later_run_events(graph, timeline, pattern_block_bytes(graph, timeline)), weights) \
+        if provider == "cpu" and mem_pattern else first_held
     results = []
     for run_index, peak, held in observed_runs:
         pattern = mem_pattern and run_index > 0
-        estimate = Figures(steady if pattern else first, weights)
-        observed = Figures(peak, held)
+        estimate = Figures(steady if pattern else first, weights, later_held if pattern else first_held)
+        observed = Figures(peak, held, getattr(measured.runs[run_index], "arena_held_bytes", -1))
         difference = estimate.peak_activation_bytes - peak
         results.append(RunValidation(
             run_index=run_index, phase="steady" if pattern else "first", measured=observed, estimated=estimate,

@@ -51,3 +51,20 @@ def test_a_chain_of_4_mib_tensors_holds_what_onnxruntime_holds() -> None:
     # 4 MiB regions, as each tensor is freed once the next one is made)
     analysed = analysis(graphs.chain())
     assert held_after(first_run_events(analysed.graph, analysed.timeline)) == 8 * MiB
+
+
+def test_validate_reports_the_arenas_held_bytes_as_simulated() -> None:
+    # the arena's regions and reserved bytes after each run, measured by onnxruntime's profile and simulated
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    from pathlib import Path
+
+    from benchmarks.fixture_dims import dims_for
+    from onnxmem.validate import validate
+
+    for name, batch in (("mlp", 8), ("transformer_encoder", 32), ("gpt_decoder", 32)):
+        path = Path(__file__).resolve().parent.parent / "fixtures" / f"{name}.onnx"
+        result = validate(path, dims_for(path, batch), runs=2)
+        assert [r.estimated.arena_held_bytes for r in result.runs] == \
+            [r.measured.arena_held_bytes for r in result.runs], name

@@ -42,6 +42,7 @@ OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 # The profile's allocator fields (checked against onnxruntime 1.32.0's JSON).
 _IN_USE = "mem_bytes_requested_in_use"
+_ARENA_HELD = "mem_arena_held"
 _IN_USE_DELTA = "mem_requested_in_use_delta"
 _KERNEL_SUFFIX = "_kernel_time"
 
@@ -60,6 +61,9 @@ class RunMeasurement:
     # Activation bytes already in use when the run's first node started, included in the peak: from the second
     # run on with the memory pattern, the pattern block (held for the whole run). 0 for a first run.
     start_bytes: int = 0
+    # What the arena holds from the system when the run's last kernel ends (mem_arena_held: its regions and the
+    # bytes it reserved), -1 where the profile does not say
+    arena_held_bytes: int = -1
 
 
 @dataclass(frozen=True)
@@ -245,8 +249,10 @@ def _measure_run(index: int, events: list[dict[str, Any]], baseline: int) -> Run
         value = _stat(e, _IN_USE)
         if value is not None and (value > peak or (value == peak and not peak_node)):
             peak, peak_node = value, _node_name(e)
+    held = _stat(events[-1], _ARENA_HELD)
     return RunMeasurement(run_index=index, peak_activation_bytes=peak - baseline, baseline_bytes=baseline,
-                          peak_node=peak_node, start_bytes=start - baseline)
+                          peak_node=peak_node, start_bytes=start - baseline,
+                          arena_held_bytes=-1 if held is None else held)
 
 
 def session_options(ort: Any, opt_level: str, mem_pattern: bool, workdir: Path,
