@@ -53,8 +53,12 @@ def run() -> None:
         if signal.getsignal(signum) != signal.SIG_IGN:  # (a background job of a shell ignores SIGINT: it still does)
             signal.signal(signum, _interrupt)
     try:
-        main()
-        code: Any = 0
+        code: Any = main(standalone_mode=False) or 0  # (click's own errors below: as JSON where JSON was asked)
+    except click.ClickException as exc:
+        code = _usage_error(exc)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        code = 1
     except SystemExit as exc:
         code = exc.code
     except _Interrupted as exc:
@@ -72,6 +76,18 @@ def run() -> None:
     except BrokenPipeError:  # onnxmem report ... | head: the reader left
         code = code or 1
     os._exit(code or 0)
+
+
+def _usage_error(exc: click.ClickException) -> int:
+    """Say an option click refused as click says it, and also as a JSON error object on stdout where the command
+    line asked for --format json or jsonl (a pipeline that reads JSON always reads JSON); give the exit code."""
+    arguments = sys.argv[1:]
+    asked = [b for a, b in zip(arguments, arguments[1:], strict=False) if a == "--format"] + \
+        [a.partition("=")[2] for a in arguments if a.startswith("--format=")]
+    if any(fmt in ("json", "jsonl") for fmt in asked):
+        click.echo(json_line(error_document("", exc, exc.format_message())))
+    exc.show()
+    return exc.exit_code
 
 
 class _Interrupted(BaseException):

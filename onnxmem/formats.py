@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import click
+
 from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError, TargetError
 from .errors import one_line as _one_line
 from .render import json_text, render_check, render_fit, render_markdown, render_table, render_validation
@@ -79,12 +81,14 @@ _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (TrainingOptionError, "training-option"), (ModelFileError, "model-file"), (DimError, "dim"),
     (TargetError, "target"), (MissingExtraError, "missing-extra"),
     (RuntimeMeasurementError, "runtime"), (OnnxMemError, "bad-input"), (MemoryError, "out-of-memory"),
+    (click.UsageError, "usage"),
 )
 
 
 def error_code(exc: BaseException) -> str:
     """Give the stable code an error document names an exception by: model-file, dim, target, missing-extra,
-    runtime, training-option, bad-input (another OnnxMemError), out-of-memory, internal (a bug)."""
+    runtime, training-option, bad-input (another OnnxMemError), out-of-memory, usage (an option click refused),
+    internal (a bug)."""
     return next((code for kind, code in _ERROR_CODES if isinstance(exc, kind)), "internal")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -359,3 +360,18 @@ def test_a_signal_at_any_time_ends_with_one_line(tmp_path: Path, signum: int, co
     _, err = process.communicate(timeout=120)
     assert process.returncode == code, err[-2000:]
     assert err == f"onnxmem: {word}\n"
+
+
+def test_an_option_click_refuses_is_also_a_json_error_where_json_was_asked(tmp_path: Path) -> None:
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    root = Path(__file__).resolve().parent.parent
+    for fmt, json_out in (("json", True), ("jsonl", True), ("table", False)):
+        done = subprocess.run([sys.executable, "-m", "onnxmem", "report", path, "--dim", "batch=2", "--top", "0",
+                               "--format", fmt], capture_output=True, text=True, timeout=120, cwd=root)
+        assert done.returncode == 2 and "Invalid value for '--top'" in done.stderr and "Traceback" not in done.stderr
+        if json_out:
+            document = json.loads(done.stdout)
+            assert document["schema"] == "onnxmem.error/1" and document["code"] == "usage"
+            assert "--top" in document["message"]
+        else:
+            assert done.stdout == ""
