@@ -11,17 +11,11 @@ from pathlib import Path
 
 import onnx
 import pytest
-from click.testing import CliRunner
 
 import onnxmem
-from onnxmem.cli import main
 
 from . import graphs
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
+from .cli import run, save
 
 
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:
@@ -32,11 +26,6 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     assert lines[0].startswith("onnxmem: error: ")
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
-
-
-def save(model: onnx.ModelProto, path: Path) -> str:
-    onnx.save(model, str(path))
-    return str(path)
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -7,12 +7,10 @@ import io
 import json
 from pathlib import Path
 
-import onnx
 import pytest
-from click.testing import CliRunner
 
 import onnxmem
-from onnxmem.cli import _Progress, main
+from onnxmem.cli import _Progress
 from onnxmem.dims import bind_dims, input_dims
 from onnxmem.errors import DimError, TargetError
 from onnxmem.plan import resolve_target
@@ -20,19 +18,10 @@ from onnxmem.series import round_ticks
 from onnxmem.training import TrainingOptions
 
 from . import graphs
+from .cli import run, save
 
 # symbolic_mlp, worked by hand in tests/test_plan.py: peak(b) = 786,432 + 3,584 b.
 MLP_WEIGHTS, MLP_PER_ROW = 786_432, 3_584
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def save(model: onnx.ModelProto, path: Path) -> str:
-    onnx.save(model, str(path))
-    return str(path)
 
 
 @pytest.fixture

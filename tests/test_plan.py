@@ -8,12 +8,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from click.testing import CliRunner
 from onnx import TensorProto
 
 import onnxmem
 from benchmarks.llm_graphs import SHAPES, make_llama
-from onnxmem.cli import main
 from onnxmem.errors import DimError, TargetError
 from onnxmem.graph import build_graph
 from onnxmem.liveness import liveness
@@ -35,6 +33,7 @@ from onnxmem.shapes import bind_and_infer
 from onnxmem.training import TrainingOptions
 
 from . import graphs
+from .cli import run, save
 
 ROOT = Path(__file__).resolve().parent.parent
 T = graphs.T
@@ -51,16 +50,6 @@ def mlp_peak(b: int) -> int:
 
 def llama(dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
     return make_llama(SHAPES["tiny"], dtype)
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def save(model: onnx.ModelProto, path: Path) -> str:
-    onnx.save(model, str(path))
-    return str(path)
 
 
 # --- sizes ------------------------------------------------------------------------------------------------------

@@ -6,32 +6,20 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import onnx
 import pytest
-from click.testing import CliRunner
 from onnx import TensorProto
 
 import onnxmem
 from benchmarks.llm_graphs import SHAPES, make_llama
-from onnxmem.cli import main
 from onnxmem.errors import MissingExtraError, OnnxMemError
 from onnxmem.html import check_page, fit_page, report_page
 from onnxmem.series import inference_series, series_of, training_series
 from onnxmem.training import TrainingOptions
 
 from . import graphs
+from .cli import run, save
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def save(model: onnx.ModelProto, path: Path) -> str:
-    onnx.save(model, str(path))
-    return str(path)
 
 
 class _Page(HTMLParser):
