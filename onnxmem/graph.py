@@ -256,9 +256,6 @@ class _Builder:
                 "memory beyond its outputs"))
         return ModelGraph(ops, tensors, inputs, outputs, warnings)
 
-    def _size(self, name: str) -> TensorType:
-        return self.types.get(name, UNKNOWN_TYPE)
-
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions or \
                 rule_key(node.op_type, node.domain) in SHAPE_RULES:  # onnxruntime's contrib ops in ONNX's domain

@@ -2,16 +2,14 @@
 
 Compilers reorder for peak memory (PyTorch Inductor's `topological_sort_lpmf`): among the ops whose inputs are
 ready, run next the one whose outputs raise live memory least while it runs, and among equals the one that frees
-most. The order is a heuristic, not an optimum; `liveness` evaluates it exactly like any other order, so callers
-compare the two peaks and keep the lower (`reorder_what_if`).
+most. The order is a heuristic, not an optimum; `liveness` evaluates it exactly like any other order, so the what-ifs
+compare its peak with the given order's and list it only where it is lower (plan.what_ifs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .graph import ACTIVATION, OUTPUT, ModelGraph
-from .liveness import alias_roots, liveness
+from .liveness import alias_roots
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .schedule import topological_order
 
@@ -82,28 +80,3 @@ def memory_order(graph: ModelGraph, rules: InferenceRules = DEFAULT_INFERENCE_RU
     if len(order) != len(graph.ops):  # a cycle: the model's order reports it with the nodes' names
         return topological_order(graph)
     return order
-
-
-@dataclass(frozen=True)
-class ReorderResult:
-    """The activation peak in the given order and in the memory-aware order (the better of the two is kept)."""
-
-    order: tuple[int, ...]  # the memory-aware order, or the given one when that is no worse
-    given_peak_bytes: int
-    peak_bytes: int  # the activation peak in `order`
-    peak_step: int
-
-    @property
-    def saved_bytes(self) -> int:
-        """Give how many activation bytes the memory-aware order saves at the peak (0: none)."""
-        return self.given_peak_bytes - self.peak_bytes
-
-
-def reorder(graph: ModelGraph, given: list[int], rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> ReorderResult:
-    """Give the memory-aware order with its activation peak, compared with the peak of the `given` order."""
-    before = liveness(graph, given, rules)
-    candidate = memory_order(graph, rules)
-    after = liveness(graph, candidate, rules)
-    if after.peak_bytes >= before.peak_bytes:
-        return ReorderResult(tuple(given), before.peak_bytes, before.peak_bytes, before.peak_step)
-    return ReorderResult(tuple(candidate), before.peak_bytes, after.peak_bytes, after.peak_step)
