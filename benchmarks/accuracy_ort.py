@@ -1,7 +1,8 @@
 """`onnxmem validate` on every fixture: the estimate on onnxruntime's graph and order against its allocations.
 
     python benchmarks/accuracy_ort.py [--batches 1 8 32] [--levels disable basic extended]
-                                      [--set fixtures|held-out|real] [--zoo DIR] [--provider cpu|cuda]
+                                      [--set fixtures|held-out|real] [--zoo DIR] [--models NAME ...]
+                                      [--provider cpu|cuda]
 
 For each fixture, batch and optimization level: onnxruntime CPU runs the model twice (first run: tensor by
 tensor; second run: the memory pattern), activations measured to the byte by the profiler's allocator statistics;
@@ -48,6 +49,8 @@ def main() -> None:
                              "real exported models benchmarks/zoo.py built")
     parser.add_argument("--zoo", type=Path, default=DEFAULT_ZOO,
                         help=f"--set real: the folder benchmarks/zoo.py built (default {DEFAULT_ZOO})")
+    parser.add_argument("--models", nargs="+", default=None,
+                        help="--set real: only the zoo models of these names (default: all)")
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: onnxruntime-gpu on an NVIDIA GPU (pip install '.[gpu]')")
     args = parser.parse_args()
@@ -145,7 +148,7 @@ def run_real(args: argparse.Namespace) -> None:
     index = zoo / ZOO_INDEX
     if not index.exists():
         raise SystemExit(f"accuracy_ort: no {index}: build the zoo first (python benchmarks/zoo.py --out {zoo})")
-    entries = json.loads(index.read_text())["models"]
+    entries = [e for e in json.loads(index.read_text())["models"] if not args.models or e["name"] in args.models]
     rows: list[tuple[str, ...]] = []
     misses: list[str] = []
     plain_rows: list[tuple[str, ...]] = []

@@ -18,7 +18,7 @@ from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
-from .planner import infer_symbolic, runtime_view
+from .planner import declared_dim_names, infer_symbolic, runtime_view
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import SizedModel, bind_and_infer
@@ -137,7 +137,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
-    plan_shapes = planner_shapes(graph, symbolic)
+    plan_shapes = planner_shapes(graph, symbolic, loaded.proto)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                   (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider)
 
@@ -226,16 +226,22 @@ def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDi
     return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
 
 
-def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None) -> list[tuple[Dim, ...] | None] | None:
-    """Give, per tensor of the graph, its shape as the planner sees it (see planner_types)."""
+def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
+                   model: onnx.ModelProto | None = None) -> list[tuple[Dim, ...] | None] | None:
+    """Give, per tensor of the graph, its shape as the planner sees it (see planner_types; `model`: the model the
+    graph is of, whose declared 'unk__N' names onnxruntime keeps: planner.runtime_view)."""
     if symbolic is None:
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
+    declared: frozenset[str] | None = None  # read from the model where a shape has a 'unk__N' name
     shapes = []
     for t in graph.tensors:
         shape = symbolic.get(t.name, UNKNOWN_TYPE)[1]
         if shape not in views:
-            views[shape] = runtime_view(shape)
+            if declared is None and model is not None and shape is not None and \
+                    any(isinstance(d, str) and d.startswith("unk__") for d in shape):
+                declared = declared_dim_names(model)
+            views[shape] = runtime_view(shape, declared or ())
         shapes.append(views[shape])
     return shapes
 

@@ -3,7 +3,7 @@ sees the model before any input arrives (it decides buffer reuse on these shapes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import onnx
@@ -68,13 +68,24 @@ def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: l
     return _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=candidates)
 
 
-def runtime_view(shape: tuple[Dim, ...] | None) -> tuple[Dim, ...] | None:
+def runtime_view(shape: tuple[Dim, ...] | None, declared: Container[str] = ()) -> tuple[Dim, ...] | None:
     """Give a shape as onnxruntime's planner holds it: ONNX names every dim it cannot infer 'unk__N', where
     onnxruntime leaves the dim empty, and an empty dim equals nothing (measured: Softmax after a dynamic Reshape
-    is not done in place)."""
+    is not done in place). A 'unk__N' the model file itself declares (`declared`: declared_dim_names; a file saved
+    after ONNX's shape inference carries them in its value_info) is a name to onnxruntime like any other, which
+    it propagates and compares (measured: a quantized BERT's MatMulInteger output takes the freed buffer of an
+    Add whose declared shape names the same 'unk__9')."""
     if shape is None:
         return None
-    return tuple(None if isinstance(d, str) and d.startswith("unk__") else d for d in shape)
+    return tuple(None if isinstance(d, str) and d.startswith("unk__") and d not in declared else d for d in shape)
+
+
+def declared_dim_names(model: ModelProto) -> frozenset[str]:
+    """Give the 'unk__N' dim names the model's main graph declares (its inputs, outputs and value_info): names
+    onnxruntime reads from the file, not ones ONNX's inference made up (see runtime_view)."""
+    return frozenset(d.dim_param for v in (*model.graph.input, *model.graph.output, *model.graph.value_info)
+                     if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")
+                     for d in v.type.tensor_type.shape.dim if d.dim_param.startswith("unk__"))
 
 
 _PLANNER_ROUNDS = 128  # (see infer._RULE_ROUNDS): rounds stop as soon as one learns nothing

@@ -19,19 +19,18 @@ from typing import Any
 
 import onnx
 
-from .analyze import analysis, size_warnings
+from .analyze import analysis, planner_shapes, size_warnings
 from .arena import first_run_events, held_after, later_run_events
 from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
 from .orders import execution_order
-from .planner import infer_symbolic, runtime_view
+from .planner import infer_symbolic
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
 from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_PADDED_COLUMNS, PREPACKED
 from .shapes import bind_and_infer
-from .tensor_types import UNKNOWN_TYPE
 
 SCHEMA = "onnxmem.validate/1"
 PROVIDERS = ("cpu", "cuda")
@@ -149,7 +148,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
     # declares in value_info, which it loads and the saved graph carries.
     plan_types = {**infer_symbolic(ran), **declared_types(ran)}
-    plan = [runtime_view(plan_types.get(t.name, UNKNOWN_TYPE)[1]) for t in graph.tensors]
+    plan = planner_shapes(graph, plan_types, ran)
     timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan)
     first = timeline.peak_bytes
     steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline)
