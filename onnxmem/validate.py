@@ -29,7 +29,19 @@ from .orders import execution_order
 from .planner import infer_symbolic
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
-from .rules.inference import ARENA_COPIED_INITIALIZER_BYTES, PREPACK_PADDED_COLUMNS, PREPACKED
+from .rules.inference import (
+    ARENA_COPIED_INITIALIZER_BYTES,
+    CONV_SYM_GROUP_ALIGNMENT,
+    CONV_SYM_INPUT_ALIGNMENT,
+    CONV_SYM_OUTPUT_ALIGNMENT,
+    CONV_SYM_OUTPUT_PACK,
+    PREPACK_PADDED_COLUMNS,
+    PREPACKED,
+    QGEMM_BUFFER_ALIGNMENT,
+    QGEMM_COLUMN_ALIGNMENT,
+    QGEMM_PACKED_K,
+    QUANTIZED_PREPACKED,
+)
 from .shapes import bind_and_infer
 
 SCHEMA = "onnxmem.validate/1"
@@ -220,12 +232,101 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
             if op.name in transposed:
                 rows, columns = columns, rows
             total += rows * (-(-columns // alignment) * alignment) * 4
+    total += _quantized_prepacked_bytes(graph, model, packed)
     for weight in graph.tensors:
         if weight.kind == WEIGHT and weight.index not in packed and weight.nbytes is not None \
                 and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None \
                 and weight.name not in external:
             total += weight.nbytes
     return total
+
+
+def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int]) -> int:
+    """Give the bytes the quantized kernels' PrePack allocates in the arena (rules.inference.QUANTIZED_PREPACKED);
+    add the weights they pack to `packed`."""
+    total = 0
+    nodes: dict[str, onnx.NodeProto] | None = None  # the model's nodes by name, read where a quantized op is met
+    initializers: dict[str, onnx.TensorProto] = {}
+    for op in graph.ops:
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        rule = QUANTIZED_PREPACKED.get(key)
+        if rule is None:
+            continue
+        slot, how = rule
+        if slot >= len(op.inputs) or op.inputs[slot] < 0:
+            continue
+        weight = graph.tensors[op.inputs[slot]]
+        if weight.kind != WEIGHT or weight.index in packed or weight.shape is None \
+                or not all(isinstance(d, int) for d in weight.shape):
+            continue
+        if nodes is None:
+            nodes = {n.name: n for n in model.graph.node}
+            initializers = {t.name: t for t in model.graph.initializer}
+        node = nodes.get(op.name)
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node else {}
+        shape = [d for d in weight.shape if isinstance(d, int)]  # (all ints: checked above)
+        signed = weight.dtype == onnx.TensorProto.INT8
+        size: int | None
+        if how == "gemm":
+            if len(shape) != 2:
+                continue
+            rows, columns = (shape[1], shape[0]) if attributes.get("transB", 0) == 1 else (shape[0], shape[1])
+            size = _qgemm_pack_bytes(columns, rows, signed)
+        else:
+            size = _qlinear_conv_pack_bytes(shape, int(attributes.get("group", 1)), signed,
+                                            signed and _symmetric(graph, op.inputs, initializers))
+            if size is None:
+                continue
+        packed.add(weight.index)
+        total += size
+    return total
+
+
+def _qgemm_pack_bytes(columns: int, rows: int, signed: bool) -> int:
+    """Give MlasGemmPackBSize's bytes for a [rows, columns] quantized weight (see QUANTIZED_PREPACKED)."""
+    aligned_columns = -(-columns // QGEMM_COLUMN_ALIGNMENT) * QGEMM_COLUMN_ALIGNMENT
+    packed_k = QGEMM_PACKED_K[signed]
+    aligned_rows = -(-rows // packed_k) * packed_k
+    size = aligned_columns * 4 + aligned_columns * aligned_rows
+    return -(-size // QGEMM_BUFFER_ALIGNMENT) * QGEMM_BUFFER_ALIGNMENT
+
+
+def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool, symmetric: bool) -> int | None:
+    """Give the bytes QLinearConv::PrePack allocates for a weight of `shape` (see QUANTIZED_PREPACKED; `signed`: an
+    int8 weight, `symmetric`: one whose zero points are all zero), None where it packs nothing (a weight of rank 2
+    or less, output channels not a multiple of the groups)."""
+    if len(shape) <= 2 or groups < 1 or shape[0] % groups:
+        return None
+    outputs, inputs = shape[0], shape[1]
+    kernel = 1
+    for d in shape[2:]:
+        kernel *= d
+    group_outputs = outputs // groups
+    if symmetric:
+        if groups == 1 and outputs >= CONV_SYM_OUTPUT_PACK and inputs % CONV_SYM_INPUT_ALIGNMENT == 0 \
+                and outputs % CONV_SYM_OUTPUT_ALIGNMENT == 0:
+            return -(-outputs // CONV_SYM_OUTPUT_PACK) * CONV_SYM_OUTPUT_PACK * inputs * kernel
+        if groups > 1 and inputs == 1 and group_outputs == 1 and groups % CONV_SYM_GROUP_ALIGNMENT == 0:
+            return groups * kernel
+    if inputs != 1 or group_outputs != 1:
+        return groups * _qgemm_pack_bytes(group_outputs, inputs * kernel, signed)
+    return outputs * inputs * kernel  # the reordered weight of a depthwise conv
+
+
+def _symmetric(graph: ModelGraph, inputs: Sequence[int], initializers: Mapping[str, onnx.TensorProto]) -> bool:
+    """Say whether a QLinearConv takes MLAS's symmetric path: its input zero point (slot 2) a constant and its
+    weight zero points (slot 5) all zero; a zero point whose data the file does not hold counts as zero (the
+    onnxruntime quantizer's default for int8 weights)."""
+    if len(inputs) <= 5 or inputs[2] < 0 or inputs[5] < 0:
+        return False
+    if graph.tensors[inputs[2]].kind != WEIGHT or graph.tensors[inputs[5]].kind != WEIGHT:
+        return False
+    zero_point = initializers.get(graph.tensors[inputs[5]].name)
+    if zero_point is None or zero_point.data_location == onnx.TensorProto.EXTERNAL:
+        return True
+    from onnx import numpy_helper
+
+    return not numpy_helper.to_array(zero_point).any()
 
 
 def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
@@ -323,7 +424,8 @@ def _notes() -> tuple[str, ...]:
         "scratch memory a kernel allocates and frees inside itself is not seen",
         "estimated on the graph onnxruntime ran, in the order it ran it; steady runs: the memory-pattern block "
         "(best-fit replay of the first run's planned buffers, 256-byte aligned) plus graph outputs",
-        "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns) and initializers under "
+        "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns), the quantized kernels' packed "
+        "weights (MatMulInteger, QLinearConv, QGemm, ...: MLAS's AVX2 packing) and initializers under "
         "128 bytes; larger initializers are used in place from the model and are not measured",
     )
 

@@ -207,3 +207,62 @@ def test_unknown_dim_names_the_file_declares_are_names_to_the_planner() -> None:
     assert result.runs[0].measured.peak_activation_bytes == 112 * 8 * 4
     assert result.runs[0].estimated.peak_activation_bytes == 112 * 8 * 4
     assert result.raw_estimate.peak_activation_bytes == 112 * 8 * 4  # the plain report, on the file as given
+
+
+def _initializer(name: str, values: object, dtype: object) -> onnx.TensorProto:
+    import numpy as np
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
+
+
+def _small_initializer_bytes(model: onnx.ModelProto, packed: set[str]) -> int:
+    """The initializers under 128 bytes the arena copies (see test_prepacked_weights_are_the_arena_baseline)."""
+    import numpy as np
+
+    sizes = {t.name: int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+             for t in model.graph.initializer if t.name not in packed}
+    return sum(size for size in sizes.values() if size < 128)
+
+
+def test_quantized_matmul_weight_is_packed_into_the_arena() -> None:
+    # MatMulInteger packs its int8 [K=37, N=21] weight as MLAS's QGEMM does: 21 columns -> 32, 37 rows -> 40
+    # (a multiple of PackedK 4): 32 int32 column sums + 32 x 40 bytes = 128 + 1,280 = 1,408 B (a multiple of 64).
+    import numpy as np
+
+    nodes = [graphs.node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             graphs.node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+             graphs.node("Cast", ["acc"], ["y"], to=onnx.TensorProto.FLOAT)]
+    weights = [_initializer("w", np.ones((37, 21)), np.int8), _initializer("wz", 0, np.int8)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", 37])], [graphs.value("y", ["batch", 21])], weights)
+    run = validate(model, {"batch": 4}, runs=1).runs[0]
+    assert run.measured.weights_bytes == 1408 + _small_initializer_bytes(model, {"w"})
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
+def test_quantized_conv_weights_are_packed_into_the_arena() -> None:
+    # QLinearConv, uint8 activations, int8 weights of zero zero point, on MLAS's AVX2 kernels:
+    # a: [32,3,3,3], 3 input channels (not a multiple of 4): the gemm pack of [K=27, N=32]: 32 x 4 + 32 x 28 = 1,024
+    # b: [32,32,3,3]: the symmetric conv pack, round_up(32, 16) x 32 x 9 = 9,216
+    # c: [32,1,3,3], 32 groups (a multiple of 16): depthwise symmetric pack, 32 x 9 = 288
+    # d: [24,32,1,1]: symmetric (24 >= 16, a multiple of 8): round_up(24, 16) x 32 x 1 = 1,024
+    # e: [24,1,3,3], 24 groups (not a multiple of 16): the reordered weight at its own size, 216
+    import numpy as np
+
+    specs = [("a", [32, 3, 3, 3], 1, 1), ("b", [32, 32, 3, 3], 1, 1), ("c", [32, 1, 3, 3], 32, 1),
+             ("d", [24, 32, 1, 1], 1, 0), ("e", [24, 1, 3, 3], 24, 1)]
+    weights = [_initializer("s", 0.5, np.float32), _initializer("z", 128, np.uint8),
+               _initializer("wz", 0, np.int8)]
+    nodes = []
+    previous = "x"
+    for name, shape, groups, pad in specs:
+        weights.append(_initializer(f"w{name}", np.ones(shape), np.int8))
+        nodes.append(graphs.node("QLinearConv", [previous, "s", "z", f"w{name}", "s", "wz", "s", "z"], [name],
+                                 group=groups, pads=[pad] * 4))
+        previous = name
+    model = graphs.model(nodes, [graphs.value("x", [1, 3, 8, 8], onnx.TensorProto.UINT8)],
+                         [graphs.value("e", [1, 24, 8, 8], onnx.TensorProto.UINT8)], weights)
+    run = validate(model, {}, runs=1).runs[0]
+    packed = 1024 + 9216 + 288 + 1024 + 216
+    assert run.measured.weights_bytes == packed + _small_initializer_bytes(model, {f"w{s[0]}" for s in specs})
+    assert run.estimated.weights_bytes == run.measured.weights_bytes

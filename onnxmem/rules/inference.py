@@ -54,6 +54,33 @@ PREPACKED: dict[str, tuple[int, ...]] = {
     "com.microsoft::Attention": (1,),
 }
 PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16}  # op type -> column alignment of the pack
+# Quantized weights the CPU kernels prepack into the arena at session creation (their PrePack allocates from the
+# kernel's allocator, the arena): op type -> (the weight's input slot, how it is packed). "gemm":
+# MatMulIntegerBase::PrePack (MatMulInteger, QLinearMatMul, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul)
+# packs a 2-D [K, N] weight (QGemm with transB: [N, K]) by MlasGemmPackBSize: round_up(N, 16) int32 column sums and
+# round_up(N, 16) x round_up(K, PackedK) bytes, the whole rounded up to 64 bytes. "conv": QLinearConv::PrePack packs
+# an int8 weight of zero zero points by MlasConvSymPackWSize where MLAS has a symmetric kernel for it (a group-1
+# conv: round_up(M, 16) x C x kernel bytes; a depthwise conv of groups a multiple of 16: groups x kernel bytes),
+# else each group's [M/g, C x kernel] matrix as a gemm pack, else (a depthwise conv) the reordered weight at its
+# own size. The constants are MLAS's AMD64 AVX2 dispatch (onnxruntime/core/mlas/lib/qgemm.h, convsym.cpp), the
+# one measured: dynamic int8 BERT and Llama, static QDQ ResNet-18 (QLinearConv, QGemm) exact to the byte.
+QUANTIZED_PREPACKED: dict[str, tuple[int, str]] = {
+    "MatMulInteger": (1, "gemm"),
+    "QLinearMatMul": (3, "gemm"),
+    "com.microsoft::QGemm": (3, "gemm"),
+    "com.microsoft::MatMulIntegerToFloat": (1, "gemm"),
+    "com.microsoft::DynamicQuantizeMatMul": (1, "gemm"),
+    "QLinearConv": (3, "conv"),
+    "com.microsoft::QLinearConv": (3, "conv"),
+}
+QGEMM_COLUMN_ALIGNMENT = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN
+QGEMM_PACKED_K: dict[bool, int] = {True: 4, False: 2}  # by whether the weight is int8: U8S8 and U8U8 AVX2 kernels
+QGEMM_BUFFER_ALIGNMENT = 64  # MlasGetPreferredBufferAlignment
+CONV_SYM_OUTPUT_PACK = 16  # MlasConvSymDispatchAvx2: FilterOutputChannelPackCount
+CONV_SYM_INPUT_ALIGNMENT = 4  # KernelInputChannelAlignment
+CONV_SYM_OUTPUT_ALIGNMENT = 8  # KernelOutputChannelAlignment
+CONV_SYM_GROUP_ALIGNMENT = 16  # a depthwise conv's group count must be a multiple of this
+
 # Initializers stored in the model file and smaller than this are copied into the arena; larger ones are used in
 # place from the model's bytes, and external ones are loaded outside it (measured: float32 [31] in the arena, [32]
 # not; int64 [2] in, [16] not; a 40-byte external bias not).
