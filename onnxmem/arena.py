@@ -6,19 +6,26 @@ equals: its bins keep free chunks ordered by size, then address), splits off the
 twice the request or wastes 128 MiB or more, and coalesces a freed chunk with its free neighbours in the same
 region. Where no free chunk holds a request it extends by a region (kNextPowerOfTwo, the default): the current
 region size, doubled until it holds the request, and doubled once more after a region that needed no doubling;
-the first region size is 1 MiB (initial_chunk_size_bytes). Memory it reserves (Reserve: onnxruntime's prepacked
-weights at session creation) is held at its exact size, outside the regions. The same code runs the CPU and the
-CUDA providers' arenas.
+the first region size is 1 MiB (initial_chunk_size_bytes). Memory it reserves (Reserve: most of onnxruntime's
+prepacked weights at session creation) is held at its exact size, outside the regions; a kernel that packs its
+weight with a plain allocation (ConvTranspose) puts it in a region. The events replayed are the estimate's own:
+each step's outputs, then its kernel's scratch (rules.inference.KERNEL_SCRATCH: LSTM, contrib Attention, BiasGelu),
+allocated and freed, then the buffers that die there. The same code runs the CPU and the CUDA providers' arenas;
+what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces) is its own and not modelled.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import onnx
+
+from .dtypes import element_bits
 from .graph import ModelGraph
 from .liveness import Timeline
+from .rules.inference import KERNEL_SCRATCH
 
 MIN_ALLOCATION = 256  # kMinAllocationSize
 INITIAL_REGION = 1 << 20  # initial_chunk_size_bytes (the default arena config)
@@ -150,28 +157,72 @@ def held_after(events: Iterable[tuple[str, int, int]], reserved: int = 0,
     return arena.held_bytes
 
 
-def first_run_events(graph: ModelGraph, timeline: Timeline) -> list[tuple[str, int, int]]:
+def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto) -> dict[int, tuple[int, ...]]:
+    """Give, per op index, the bytes of the scratch its CPU kernel allocates from the arena while it runs, in
+    order (rules.inference.KERNEL_SCRATCH); ops without a rule, or whose shapes are not known, are left out.
+    `model`: the model the graph was built from (its nodes' attributes; op i is node i)."""
+    scratch: dict[int, tuple[int, ...]] = {}
+    for op in graph.ops:
+        rule = KERNEL_SCRATCH.get(op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}")
+        if rule is None or op.index >= len(model.graph.node):
+            continue
+        node = model.graph.node[op.index]
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        inputs = [_shape(graph, t) for t in op.inputs]
+        outputs = [_shape(graph, t) for t in op.outputs]
+        first = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
+        element = (element_bits(first.dtype) or 0) // 8 if first is not None else 0
+        if element:
+            sizes = tuple(n for n in rule(inputs, outputs, element, attributes) if n > 0)
+            if sizes:
+                scratch[op.index] = sizes
+    return scratch
+
+
+def _shape(graph: ModelGraph, tensor: int) -> tuple[int, ...] | None:
+    """A slot's shape for a scratch rule: None where the slot is omitted, () where its shape is not known."""
+    if tensor < 0:
+        return None
+    shape = graph.tensors[tensor].shape
+    return tuple(d for d in shape if isinstance(d, int)) if shape is not None and \
+        all(isinstance(d, int) for d in shape) else ()
+
+
+def _scratch_events(sizes: Sequence[int], first_id: int) -> list[tuple[str, int, int]]:
+    """A kernel's scratch: allocated in order, freed when it returns."""
+    ids = range(first_id, first_id - len(sizes), -1)
+    return [*(("alloc", i, n) for i, n in zip(ids, sizes, strict=True)), *(("free", i, 0) for i in reversed(ids))]
+
+
+def first_run_events(graph: ModelGraph, timeline: Timeline,
+                     scratch: Mapping[int, Sequence[int]] | None = None) -> list[tuple[str, int, int]]:
     """Give the arena's allocations and frees of a first run (no memory pattern) in the timeline's order: at each
-    step the op's output buffers in output order, then the buffers whose last step it is (graph outputs and unread
-    outputs stay to the end). Kernels' own scratch is not known here and not included."""
+    step the op's output buffers in output order, then its kernel's scratch (`scratch`: kernel_scratch), allocated
+    and freed, then the buffers whose last step it is (graph outputs and unread outputs stay to the end)."""
     ending: dict[int, list[int]] = {}
     for t, first in enumerate(timeline.first_step):
         if first >= 0:
             ending.setdefault(timeline.last_step[t], []).append(t)
     events: list[tuple[str, int, int]] = []
+    scratch_id = _SCRATCH_IDS - len(graph.tensors)
     for step, op in enumerate(timeline.order):
         for t in graph.ops[op].outputs:
             if t >= 0 and timeline.first_step[t] == step:
                 events.append(("alloc", t, graph.tensors[t].nbytes or 0))
+        if scratch and op in scratch:
+            events.extend(_scratch_events(scratch[op], scratch_id))
+            scratch_id -= len(scratch[op])
         events.extend(("free", t, 0) for t in ending.get(step, ()))
     return events
 
 
-def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int) -> list[tuple[str, int, int]]:
+def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int,
+                     scratch: Mapping[int, Sequence[int]] | None = None) -> list[tuple[str, int, int]]:
     """Give the arena's allocations and frees up to a later run with the memory pattern: the first run's (see
     first_run_events), everything it left freed at its end (its outputs go back with their results), then the
-    pattern block in one allocation and the graph outputs, allocated outside the block."""
-    events = first_run_events(graph, timeline)
+    pattern block in one allocation and, step by step, the graph outputs made there (allocated outside the block)
+    and the kernels' scratch."""
+    events = first_run_events(graph, timeline, scratch)
     held: set[int] = set()
     for kind, buffer, _ in events:
         if kind == "alloc":
@@ -180,6 +231,23 @@ def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int) 
             held.discard(buffer)
     events.extend(("free", t, 0) for t in sorted(held))
     events.append(("alloc", -1, pattern_bytes))
+    made: dict[int, list[int]] = {}
+    for t in graph.outputs:
+        producer = graph.tensors[t].producer
+        if timeline.buffer_of[t] == t and producer is not None:
+            made.setdefault(producer, []).append(t)
+    scratch_id = _SCRATCH_IDS - 2 * len(graph.tensors) - sum(len(s) for s in (scratch or {}).values())
+    placed: set[int] = set()
+    for op in timeline.order:
+        for t in made.get(op, ()):
+            events.append(("alloc", -2 - t, graph.tensors[t].nbytes or 0))
+            placed.add(t)
+        if scratch and op in scratch:
+            events.extend(_scratch_events(scratch[op], scratch_id))
+            scratch_id -= len(scratch[op])
     events.extend(("alloc", -2 - t, graph.tensors[t].nbytes or 0) for t in graph.outputs
-                  if timeline.buffer_of[t] == t)
+                  if timeline.buffer_of[t] == t and t not in placed)
     return events
+
+
+_SCRATCH_IDS = -(1 << 40)  # buffer ids of kernel scratch: apart from tensors (>= 0), the block and outputs (< 0)

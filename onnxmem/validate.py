@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from .analyze import analysis, planner_shapes, size_warnings
-from .arena import first_run_events, held_after, later_run_events
+from .arena import first_run_events, held_after, kernel_scratch, later_run_events
 from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
@@ -37,6 +37,7 @@ from .rules.inference import (
     CONV_SYM_OUTPUT_PACK,
     PREPACK_PADDED_COLUMNS,
     PREPACKED,
+    PREPACKED_IN_REGIONS,
     QGEMM_BUFFER_ALIGNMENT,
     QGEMM_COLUMN_ALIGNMENT,
     QGEMM_PACKED_K,
@@ -169,19 +170,26 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         # Device memory: every initializer is copied to the GPU when the session is created; each run copies
         # the graph inputs in before the activations are allocated.
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
+        reserved, in_regions = weights, list[int]()
         inputs = sum(graph.tensors[t].nbytes or 0 for t in graph.inputs)
         first, steady = first + inputs, steady + inputs
         observed_runs = [(run.run_index, run.peak_activation_bytes, measured.session_bytes)
                          for run in measured.runs]
         notes = _cuda_notes(measured)
     else:
-        weights = arena_weight_bytes(graph, ran)
+        reserved, in_regions = arena_weights(graph, ran, loaded.proto)
+        weights = reserved + sum(in_regions)
         observed_runs = [(run.run_index, run.peak_activation_bytes, run.baseline_bytes) for run in measured.runs]
         notes = _notes()
     # The arena's regions after a first run and after a later one (its memory pattern block taken from what the
     # first run freed, or a new region), simulated; CPU only: the CUDA measurement bypasses the arena.
-    first_held = held_after(first_run_events(graph, timeline), weights) if provider == "cpu" else -1
-    later_held = held_after(later_run_events(graph, timeline, pattern_block_bytes(graph, timeline)), weights) \
+    scratch = kernel_scratch(graph, ran) if provider == "cpu" else {}
+    at_creation = [("alloc", -2 - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)] \
+        if provider == "cpu" else []
+    first_held = held_after([*at_creation, *first_run_events(graph, timeline, scratch)], reserved) \
+        if provider == "cpu" else -1
+    later_held = held_after([*at_creation, *later_run_events(graph, timeline, pattern_block_bytes(graph, timeline),
+                                                              scratch)], reserved) \
         if provider == "cpu" and mem_pattern else first_held
     results = []
     for run_index, peak, held in observed_runs:
@@ -204,14 +212,27 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
 
 
-def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
-    """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED) and
-    initializers stored in the model too small to be used in place (ARENA_COPIED_INITIALIZER_BYTES)."""
+def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> int:
+    """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED,
+    QUANTIZED_PREPACKED) and initializers stored in the model too small to be used in place
+    (ARENA_COPIED_INITIALIZER_BYTES). `model`: the graph's model; `given`: the model as the user gave it, whose
+    external initializers onnxruntime loads outside the arena (its saved optimized model marks none external)."""
+    reserved, in_regions = arena_weights(graph, model, given)
+    return reserved + sum(in_regions)
+
+
+def arena_weights(graph: ModelGraph, model: onnx.ModelProto,
+                  given: onnx.ModelProto | None = None) -> tuple[int, list[int]]:
+    """Give the weight bytes the arena reserves (held at their exact size) and the sizes of those it allocates in
+    its regions at session creation (rules.inference.PREPACKED_IN_REGIONS), in node order (see
+    arena_weight_bytes)."""
     # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
     transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
                   and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
-    external = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    external = {t.name for t in (given or model).graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL}
     total = 0
+    in_regions: list[int] = []
     packed: set[int] = set()
     for op in graph.ops:
         key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
@@ -225,7 +246,10 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
             packed.add(weight.index)
             alignment = PREPACK_PADDED_COLUMNS.get(key)
             if alignment is None or len(weight.shape) != 2:
-                total += weight.nbytes
+                if key in PREPACKED_IN_REGIONS:
+                    in_regions.append(weight.nbytes)
+                else:
+                    total += weight.nbytes
                 continue
             rows, columns = weight.shape
             assert isinstance(rows, int) and isinstance(columns, int)
@@ -238,7 +262,7 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto) -> int:
                 and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None \
                 and weight.name not in external:
             total += weight.nbytes
-    return total
+    return total, in_regions
 
 
 def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int]) -> int:
@@ -448,4 +472,5 @@ def _cuda_notes(measured: Any) -> tuple[str, ...]:
     return tuple(notes)
 
 
-__all__ = ["Figures", "RunValidation", "Validation", "arena_weight_bytes", "take_ran_branches", "validate"]
+__all__ = ["Figures", "RunValidation", "Validation", "arena_weight_bytes", "arena_weights", "take_ran_branches",
+           "validate"]

@@ -68,3 +68,92 @@ def test_validate_reports_the_arenas_held_bytes_as_simulated() -> None:
         result = validate(path, dims_for(path, batch), runs=2)
         assert [r.estimated.arena_held_bytes for r in result.runs] == \
             [r.measured.arena_held_bytes for r in result.runs], name
+
+
+def _weight(name: str, shape: list[int]) -> object:
+    import numpy as np
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.full(shape, 0.01, np.float32), name)
+
+
+def _first_run_held(model: object, dims: dict[str, int] | None = None) -> tuple[int, int]:
+    """The arena's held bytes after a first run: measured by onnxruntime, and simulated."""
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    from onnxmem.validate import validate
+
+    run = validate(model, dims or {}, runs=1).runs[0]  # type: ignore[arg-type]
+    return run.measured.arena_held_bytes, run.estimated.arena_held_bytes
+
+
+def test_lstm_scratch_grows_the_arena() -> None:
+    # LSTM, seq 32, batch 32, input 32, hidden 64, with a bias, Y_h and Y_c not output. Reserved: the packed W
+    # [1,256,32] and R [1,256,64] (32 KiB + 64 KiB; the 2 KiB bias is used in place). Y [32,1,32,64] (256 KiB)
+    # takes the first 1 MiB region; the kernel's scratch (Y_h and Y_c 8 KiB each, hidden0 and the previous cell
+    # 256 B each, three [32,64] states 8 KiB each, the gates [32,32,256] 1 MiB, four fused biases, the sequence
+    # lengths) does not fit in its rest: a second region of 2 MiB. Without the scratch the arena would hold 1 MiB
+    # and the weights.
+    import onnx.helper as oh
+
+    weights = [_weight("w", [1, 256, 32]), _weight("r", [1, 256, 64]), _weight("b", [1, 512])]
+    node = oh.make_node("LSTM", ["x", "w", "r", "b"], ["y"], name="lstm", hidden_size=64)
+    model = graphs.model([node], [graphs.value("x", [32, 32, 32])], [graphs.value("y", [32, 1, 32, 64])], weights)
+    reserved = (256 * 32 + 256 * 64) * 4
+    assert _first_run_held(model) == (3 * MiB + reserved, 3 * MiB + reserved)
+
+
+def test_contrib_attention_scratch_grows_the_arena() -> None:
+    # com.microsoft Attention, batch 32, seq 32, hidden 64, 4 heads. Reserved: the packed [64,192] weight (48 KiB;
+    # the 768 B bias is used in place). The output (256 KiB) and the Q, K, V projections (768 KiB) fill the first
+    # 1 MiB region; the probabilities [32,4,32,32] (512 KiB) take a second region of 2 MiB, which the per-head
+    # output (256 KiB) fits in: 3 MiB.
+    import onnx.helper as oh
+
+    weights = [_weight("w", [64, 192]), _weight("b", [192])]
+    node = oh.make_node("Attention", ["x", "w", "b"], ["y"], name="attention", domain="com.microsoft", num_heads=4)
+    model = graphs.model([node], [graphs.value("x", [32, 32, 64])], [graphs.value("y", [32, 32, 64])], weights)
+    model.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    reserved = 64 * 192 * 4
+    assert _first_run_held(model) == (3 * MiB + reserved, 3 * MiB + reserved)
+
+
+def test_bias_gelu_temporary_grows_the_arena() -> None:
+    # com.microsoft BiasGelu on [3,256,256] (768 KiB): the output takes the first 1 MiB region, the kernel's
+    # temporary of the input's size a second one of 2 MiB. The [256] bias (1 KiB) is used in place.
+    import onnx.helper as oh
+
+    node = oh.make_node("BiasGelu", ["x", "b"], ["y"], name="gelu", domain="com.microsoft")
+    model = graphs.model([node], [graphs.value("x", [3, 256, 256])], [graphs.value("y", [3, 256, 256])],
+                         [_weight("b", [256])])
+    model.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    assert _first_run_held(model) == (3 * MiB, 3 * MiB)
+
+
+def test_conv_transpose_weight_is_packed_inside_a_region() -> None:
+    # ConvTranspose packs its [64,64,3,3] weight (144 KiB) with a plain allocation, in the arena's first region
+    # (1 MiB), where MatMul reserves its packed weight outside the regions: the arena holds 1 MiB, not 1 MiB + 144 KiB.
+    import onnx.helper as oh
+
+    node = oh.make_node("ConvTranspose", ["x", "w"], ["y"], name="up")
+    model = graphs.model([node], [graphs.value("x", [1, 64, 4, 4])], [graphs.value("y", [1, 64, 6, 6])],
+                         [_weight("w", [64, 64, 3, 3])])
+    assert _first_run_held(model) == (MiB, MiB)
+
+
+def test_external_initializers_stay_out_of_the_arena() -> None:
+    # mlp_external keeps every initializer in a data file: onnxruntime loads them outside the arena, even the
+    # 40-byte fc4.bias that it would copy into the arena from inside the model (its saved optimized graph, on which
+    # the estimate is made, no longer marks them external).
+    import pytest
+
+    pytest.importorskip("onnxruntime")
+    from pathlib import Path
+
+    from onnxmem.validate import validate
+
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "mlp_external.onnx"
+    run = validate(path, {"batch": 1}, runs=1).runs[0]
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+    assert run.estimated.arena_held_bytes == run.measured.arena_held_bytes

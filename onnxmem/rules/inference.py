@@ -12,6 +12,8 @@ Operators of other domains are keyed 'domain::OpType'. Anything not listed alloc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})  # the standard operators whose attributes hold graphs
 
 ALIASES: dict[str, int] = {
@@ -53,6 +55,10 @@ PREPACKED: dict[str, tuple[int, ...]] = {
     "ConvTranspose": (1,),
     "com.microsoft::Attention": (1,),
 }
+# Prepacked weights the kernel allocates in the arena's regions (IAllocator::Alloc) rather than reserving them at
+# their exact size outside the regions, as the others do (MakeUniquePtr with use_reserve): measured, a ConvTranspose
+# weight of 2,048 B or 147,456 B leaves the arena holding its 1 MiB first region and nothing more.
+PREPACKED_IN_REGIONS: frozenset[str] = frozenset({"ConvTranspose"})
 PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16}  # op type -> column alignment of the pack
 # Quantized weights the CPU kernels prepack into the arena at session creation (their PrePack allocates from the
 # kernel's allocator, the arena): op type -> (the weight's input slot, how it is packed). "gemm":
@@ -141,4 +147,102 @@ DIM_FROM_INPUTS: dict[str, str] = {
     **{op: "broadcast" for op in ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Max", "Min", "Sum", "Mean",
                                   "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
                                   "BitShift", "PRelu")},
+}
+
+# Scratch memory a CPU kernel allocates from the arena while it runs (its temp-space allocator) and frees before
+# it returns: not seen in the activation peak (measured at node ends), but it can make the arena grow a region.
+# Op key -> a function of (input shapes, output shapes, element bytes of input 0, attributes) giving the bytes of
+# each allocation in the kernel's order, after its outputs; a shape is None where the slot is omitted or unknown.
+Shapes = Sequence[tuple[int, ...] | None]
+
+
+def _attribute_text(value: object, default: str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value) if value is not None else default
+
+
+def lstm_scratch(inputs: Shapes, outputs: Shapes, element: int, attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """LSTM (onnxruntime/core/providers/cpu/rnn/lstm_base.cc, uni_directional_lstm.cc, float32): a [directions,
+    batch, hidden] buffer for Y_h and for Y_c where the node does not output them; per direction (forward, then
+    reverse), UniDirectionalLstm::AllocateBuffers: hidden0 and internal_memory_prev [hidden], batched_hidden0,
+    batched_internal_memory_prev and _clipped [batch, hidden], output_iofc [seq, batch, 4 hidden], with a bias
+    four [hidden], a reverse direction inputs_reverse [seq, batch, input] and outputs_reverse [seq, batch, hidden],
+    with peepholes three [hidden]; then, per direction as it computes, sequence_lengths [batch] int32 where the
+    node has no sequence_lens (measured: the LSTM fixture at batch 32, 1,074,944 B at the kernel's peak)."""
+    x = inputs[0] if inputs else None
+    if x is None or len(x) != 3:
+        return ()
+    seq, batch, size = x
+    recurrence = inputs[2] if len(inputs) > 2 else None
+    hidden_attribute = attributes.get("hidden_size")
+    hidden = hidden_attribute if isinstance(hidden_attribute, int) else \
+        recurrence[2] if recurrence is not None and len(recurrence) == 3 else None
+    if hidden is None:
+        return ()
+    direction = _attribute_text(attributes.get("direction"), "forward")
+    directions = 2 if direction == "bidirectional" else 1
+
+    def given(slot: int, shapes: Shapes) -> bool:
+        return slot < len(shapes) and shapes[slot] is not None
+
+    sizes = [directions * batch * hidden * element for slot in (1, 2) if not given(slot, outputs)]
+    for reverse in ((False, True) if directions == 2 else (direction == "reverse",)):
+        sizes += [hidden * element] * 2 + [batch * hidden * element] * 3 + [4 * hidden * batch * seq * element]
+        if given(3, inputs):
+            sizes += [hidden * element] * 4
+        if reverse:
+            sizes += [seq * batch * size * element, seq * batch * hidden * element]
+        if given(7, inputs):
+            sizes += [hidden * element] * 3
+    if not given(4, inputs):
+        sizes += [batch * 4] * directions
+    return tuple(sizes)
+
+
+def attention_scratch(inputs: Shapes, outputs: Shapes, element: int,
+                      attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """com.microsoft Attention (onnxruntime/contrib_ops/cpu/bert/attention.cc, attention_cpu_base.h): the Q, K, V
+    projections [batch, seq, q + k + v hidden]; in ApplyAttention, where a mask input is given or the attention
+    is unidirectional, the mask [batch, seq, total seq]; the probabilities [batch, heads, seq, total seq]; the
+    per-head output [batch, heads, seq, v head size] (measured: the contrib transformer fixture at batch 1, 8
+    and 32; the kernel holds batch x 256 B more at its peak in onnxruntime 1.32, not found in its source, not
+    counted). Total seq is seq plus the past's length."""
+    x = inputs[0] if inputs else None
+    weights = inputs[1] if len(inputs) > 1 else None
+    heads = attributes.get("num_heads")
+    if x is None or len(x) != 3 or weights is None or len(weights) != 2 or not isinstance(heads, int) or heads < 1:
+        return ()
+    batch, seq, _ = x
+    sizes_attribute = attributes.get("qkv_hidden_sizes")
+    if isinstance(sizes_attribute, (list, tuple)) and len(sizes_attribute) == 3:
+        q_hidden, k_hidden, v_hidden = (int(s) for s in sizes_attribute)
+    else:
+        q_hidden = k_hidden = v_hidden = weights[1] // 3
+    past = inputs[4] if len(inputs) > 4 else None
+    total = seq + (past[3] if past is not None and len(past) == 5 else 0)
+    unidirectional = attributes.get("unidirectional", 0) == 1
+    sizes = [batch * seq * (q_hidden + k_hidden + v_hidden) * element]
+    if (len(inputs) > 3 and inputs[3] is not None) or (unidirectional and seq > 1):
+        sizes.append(batch * seq * total * element)
+    sizes += [batch * heads * seq * total * element, batch * seq * v_hidden * element]
+    return tuple(sizes)
+
+
+def bias_gelu_scratch(inputs: Shapes, outputs: Shapes, element: int,
+                      attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """com.microsoft BiasGelu and FastGelu with a bias (onnxruntime/contrib_ops/cpu/bert/bias_gelu.cc): a
+    temporary the size of input 0 (measured: the transformer-optimized BERT at batch 8 grows a region there)."""
+    x = inputs[0] if inputs else None
+    if x is None or not x or len(inputs) < 2 or inputs[1] is None:
+        return ()
+    count = 1
+    for d in x:
+        count *= d
+    return (count * element,)
+
+
+KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], tuple[int, ...]]] = {
+    "LSTM": lstm_scratch,
+    "com.microsoft::Attention": attention_scratch,
+    "com.microsoft::BiasGelu": bias_gelu_scratch,
+    "com.microsoft::FastGelu": bias_gelu_scratch,
 }
