@@ -23,9 +23,23 @@ from dataclasses import dataclass, field
 import onnx
 
 from .dtypes import element_bits
-from .graph import ModelGraph
-from .liveness import Timeline
-from .rules.inference import KERNEL_SCRATCH
+from .graph import WEIGHT, ModelGraph
+from .liveness import Timeline, pattern_block_bytes
+from .rules.inference import (
+    ARENA_COPIED_INITIALIZER_BYTES,
+    CONV_SYM_GROUP_ALIGNMENT,
+    CONV_SYM_INPUT_ALIGNMENT,
+    CONV_SYM_OUTPUT_ALIGNMENT,
+    CONV_SYM_OUTPUT_PACK,
+    KERNEL_SCRATCH,
+    PREPACK_PADDED_COLUMNS,
+    PREPACKED,
+    PREPACKED_IN_REGIONS,
+    QGEMM_BUFFER_ALIGNMENT,
+    QGEMM_COLUMN_ALIGNMENT,
+    QGEMM_PACKED_K,
+    QUANTIZED_PREPACKED,
+)
 
 MIN_ALLOCATION = 256  # kMinAllocationSize
 INITIAL_REGION = 1 << 20  # initial_chunk_size_bytes (the default arena config)
@@ -142,6 +156,155 @@ class BFCArena:
         del self._free[i]
 
 
+@dataclass(frozen=True)
+class ArenaWeights:
+    """The weights onnxruntime's CPU arena holds from session creation on."""
+
+    reserved: int  # bytes reserved at their exact size outside the regions (most prepacked weights, small copies)
+    in_regions: tuple[int, ...]  # sizes allocated in its regions at session creation (PREPACKED_IN_REGIONS)
+    held: frozenset[int]  # the initializers (tensor indices) these stand for: packed or copied into the arena
+
+
+def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> int:
+    """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED,
+    QUANTIZED_PREPACKED) and initializers stored in the model too small to be used in place
+    (ARENA_COPIED_INITIALIZER_BYTES). `model`: the graph's model; `given`: the model as the user gave it, whose
+    external initializers onnxruntime loads outside the arena (its saved optimized model marks none external)."""
+    weights = arena_weights(graph, model, given)
+    return weights.reserved + sum(weights.in_regions)
+
+
+def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> ArenaWeights:
+    """Give the weights onnxruntime's CPU arena holds (see ArenaWeights and arena_weight_bytes)."""
+    # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
+    transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
+                  and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
+    external = {t.name for t in (given or model).graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL}
+    total = 0
+    in_regions: list[int] = []
+    packed: set[int] = set()
+    for op in graph.ops:
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        for slot in PREPACKED.get(key, ()):
+            if slot >= len(op.inputs) or op.inputs[slot] < 0:
+                continue
+            weight = graph.tensors[op.inputs[slot]]
+            if weight.kind != WEIGHT or weight.index in packed or weight.dtype != onnx.TensorProto.FLOAT \
+                    or weight.shape is None or weight.nbytes is None:
+                continue
+            packed.add(weight.index)
+            alignment = PREPACK_PADDED_COLUMNS.get(key)
+            if alignment is None or len(weight.shape) != 2:
+                if key in PREPACKED_IN_REGIONS:
+                    in_regions.append(weight.nbytes)
+                else:
+                    total += weight.nbytes
+                continue
+            rows, columns = weight.shape
+            assert isinstance(rows, int) and isinstance(columns, int)
+            if op.name in transposed:
+                rows, columns = columns, rows
+            total += rows * (-(-columns // alignment) * alignment) * 4
+    total += _quantized_prepacked_bytes(graph, model, packed)
+    copied = set()
+    for weight in graph.tensors:
+        if weight.kind == WEIGHT and weight.index not in packed and weight.nbytes is not None \
+                and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None \
+                and weight.name not in external:
+            total += weight.nbytes
+            copied.add(weight.index)
+    return ArenaWeights(total, tuple(in_regions), frozenset(packed | copied))
+
+
+def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int]) -> int:
+    """Give the bytes the quantized kernels' PrePack allocates in the arena (rules.inference.QUANTIZED_PREPACKED);
+    add the weights they pack to `packed`."""
+    total = 0
+    nodes: dict[str, onnx.NodeProto] | None = None  # the model's nodes by name, read where a quantized op is met
+    initializers: dict[str, onnx.TensorProto] = {}
+    for op in graph.ops:
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        rule = QUANTIZED_PREPACKED.get(key)
+        if rule is None:
+            continue
+        slot, how = rule
+        if slot >= len(op.inputs) or op.inputs[slot] < 0:
+            continue
+        weight = graph.tensors[op.inputs[slot]]
+        if weight.kind != WEIGHT or weight.index in packed or weight.shape is None \
+                or not all(isinstance(d, int) for d in weight.shape):
+            continue
+        if nodes is None:
+            nodes = {n.name: n for n in model.graph.node}
+            initializers = {t.name: t for t in model.graph.initializer}
+        node = nodes.get(op.name)
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node else {}
+        shape = [d for d in weight.shape if isinstance(d, int)]  # (all ints: checked above)
+        signed = weight.dtype == onnx.TensorProto.INT8
+        size: int | None
+        if how == "gemm":
+            if len(shape) != 2:
+                continue
+            rows, columns = (shape[1], shape[0]) if attributes.get("transB", 0) == 1 else (shape[0], shape[1])
+            size = _qgemm_pack_bytes(columns, rows, signed)
+        else:
+            size = _qlinear_conv_pack_bytes(shape, int(attributes.get("group", 1)), signed,
+                                            signed and _symmetric(graph, op.inputs, initializers))
+            if size is None:
+                continue
+        packed.add(weight.index)
+        total += size
+    return total
+
+
+def _qgemm_pack_bytes(columns: int, rows: int, signed: bool) -> int:
+    """Give MlasGemmPackBSize's bytes for a [rows, columns] quantized weight (see QUANTIZED_PREPACKED)."""
+    aligned_columns = -(-columns // QGEMM_COLUMN_ALIGNMENT) * QGEMM_COLUMN_ALIGNMENT
+    packed_k = QGEMM_PACKED_K[signed]
+    aligned_rows = -(-rows // packed_k) * packed_k
+    size = aligned_columns * 4 + aligned_columns * aligned_rows
+    return -(-size // QGEMM_BUFFER_ALIGNMENT) * QGEMM_BUFFER_ALIGNMENT
+
+
+def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool, symmetric: bool) -> int | None:
+    """Give the bytes QLinearConv::PrePack allocates for a weight of `shape` (see QUANTIZED_PREPACKED; `signed`: an
+    int8 weight, `symmetric`: one whose zero points are all zero), None where it packs nothing (a weight of rank 2
+    or less, output channels not a multiple of the groups)."""
+    if len(shape) <= 2 or groups < 1 or shape[0] % groups:
+        return None
+    outputs, inputs = shape[0], shape[1]
+    kernel = 1
+    for d in shape[2:]:
+        kernel *= d
+    group_outputs = outputs // groups
+    if symmetric:
+        if groups == 1 and outputs >= CONV_SYM_OUTPUT_PACK and inputs % CONV_SYM_INPUT_ALIGNMENT == 0 \
+                and outputs % CONV_SYM_OUTPUT_ALIGNMENT == 0:
+            return -(-outputs // CONV_SYM_OUTPUT_PACK) * CONV_SYM_OUTPUT_PACK * inputs * kernel
+        if groups > 1 and inputs == 1 and group_outputs == 1 and groups % CONV_SYM_GROUP_ALIGNMENT == 0:
+            return groups * kernel
+    if inputs != 1 or group_outputs != 1:
+        return groups * _qgemm_pack_bytes(group_outputs, inputs * kernel, signed)
+    return outputs * inputs * kernel  # the reordered weight of a depthwise conv
+
+
+def _symmetric(graph: ModelGraph, inputs: Sequence[int], initializers: Mapping[str, onnx.TensorProto]) -> bool:
+    """Say whether a QLinearConv takes MLAS's symmetric path: its input zero point (slot 2) a constant and its
+    weight zero points (slot 5) all zero; a zero point whose data the file does not hold counts as zero (the
+    onnxruntime quantizer's default for int8 weights)."""
+    if len(inputs) <= 5 or inputs[2] < 0 or inputs[5] < 0:
+        return False
+    if graph.tensors[inputs[2]].kind != WEIGHT or graph.tensors[inputs[5]].kind != WEIGHT:
+        return False
+    zero_point = initializers.get(graph.tensors[inputs[5]].name)
+    if zero_point is None or zero_point.data_location == onnx.TensorProto.EXTERNAL:
+        return True
+    from onnx import numpy_helper
+
+    return not numpy_helper.to_array(zero_point).any()
+
+
 def held_after(events: Iterable[tuple[str, int, int]], reserved: int = 0,
                initial_region: int = INITIAL_REGION) -> int:
     """Give the bytes the arena holds after `events`: ("alloc", buffer id, bytes) and ("free", buffer id, 0) in
@@ -222,14 +385,23 @@ def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int,
     first_run_events), everything it left freed at its end (its outputs go back with their results), then the
     pattern block in one allocation and, step by step, the graph outputs made there (allocated outside the block)
     and the kernels' scratch."""
-    events = first_run_events(graph, timeline, scratch)
+    first = first_run_events(graph, timeline, scratch)
+    return [*first, *_later_run(graph, timeline, pattern_bytes, scratch, first)]
+
+
+def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratch: Mapping[int, Sequence[int]] | None,
+               first: Sequence[tuple[str, int, int]], inputs: Sequence[int] = ()) -> list[tuple[str, int, int]]:
+    """The events of later_run_events after the first run's (`first`); `inputs`: the bytes of graph inputs each
+    run copies into the arena before it starts (the CUDA provider's feeds)."""
     held: set[int] = set()
-    for kind, buffer, _ in events:
+    for kind, buffer, _ in first:
         if kind == "alloc":
             held.add(buffer)
         else:
             held.discard(buffer)
-    events.extend(("free", t, 0) for t in sorted(held))
+    events: list[tuple[str, int, int]] = [("free", t, 0) for t in sorted(held)]
+    copied = _INPUT_IDS - len(graph.tensors)
+    events.extend(("alloc", copied - i, n) for i, n in enumerate(inputs))
     events.append(("alloc", -1, pattern_bytes))
     made: dict[int, list[int]] = {}
     for t in graph.outputs:
@@ -250,4 +422,48 @@ def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int,
     return events
 
 
-_SCRATCH_IDS = -(1 << 40)  # buffer ids of kernel scratch: apart from tensors (>= 0), the block and outputs (< 0)
+def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str = "cpu",
+                       given: onnx.ModelProto | None = None, mem_pattern: bool = True) -> tuple[int, int]:
+    """Give the bytes onnxruntime's arena holds from the device after a first run and after a later one (the
+    memory pattern's block from the second run on, where `mem_pattern`), simulated on the timeline: the weights it
+    holds from session creation, each run's allocations and frees, the kernels' scratch (kernel_scratch). On the
+    CPU provider the weights are those of arena_weights (`given`: the model as the user gave it); on the CUDA
+    provider every initializer is reserved on the device and each run copies the graph inputs in first.
+    `model`: the model the graph was built from."""
+    if provider == "cuda":
+        reserved = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
+        in_regions: tuple[int, ...] = ()
+        inputs = [graph.tensors[t].nbytes or 0 for t in graph.inputs]
+    else:
+        weights = arena_weights(graph, model, given)
+        reserved, in_regions, inputs = weights.reserved, weights.in_regions, []
+    scratch = kernel_scratch(graph, model)
+    creation = [("alloc", _CREATION_IDS - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)]
+    copied = [("alloc", _INPUT_IDS - len(graph.tensors) - i, n) for i, n in enumerate(inputs)]
+    first = [*copied, *first_run_events(graph, timeline, scratch),
+             *(("free", buffer, 0) for _, buffer, _ in copied)]
+    arena = BFCArena()
+    arena.reserve(reserved)
+    addresses: dict[int, int] = {}
+
+    def replay(events: Iterable[tuple[str, int, int]]) -> int:
+        for kind, buffer, nbytes in events:
+            if kind == "alloc":
+                addresses[buffer] = arena.alloc(nbytes)
+            else:
+                arena.free(addresses.pop(buffer, -1))
+        return arena.held_bytes
+
+    after_first = replay([*creation, *first])
+    if not mem_pattern:
+        return after_first, after_first
+    later = _later_run(graph, timeline, pattern_block_bytes(graph, timeline), scratch,
+                       first_run_events(graph, timeline, scratch), inputs)
+    return after_first, replay(later)
+
+
+# buffer ids apart from tensors (>= 0), the pattern block (-1) and graph outputs (-2 - tensor): kernel scratch,
+# weights allocated at session creation, graph inputs copied in
+_SCRATCH_IDS = -(1 << 40)
+_CREATION_IDS = -(1 << 50)
+_INPUT_IDS = -(1 << 55)

@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from .analyze import analysis, planner_shapes, size_warnings
-from .arena import first_run_events, held_after, kernel_scratch, later_run_events
+from .arena import arena_weight_bytes, session_held_bytes
 from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
@@ -29,20 +29,6 @@ from .orders import execution_order
 from .planner import infer_symbolic
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
-from .rules.inference import (
-    ARENA_COPIED_INITIALIZER_BYTES,
-    CONV_SYM_GROUP_ALIGNMENT,
-    CONV_SYM_INPUT_ALIGNMENT,
-    CONV_SYM_OUTPUT_ALIGNMENT,
-    CONV_SYM_OUTPUT_PACK,
-    PREPACK_PADDED_COLUMNS,
-    PREPACKED,
-    PREPACKED_IN_REGIONS,
-    QGEMM_BUFFER_ALIGNMENT,
-    QGEMM_COLUMN_ALIGNMENT,
-    QGEMM_PACKED_K,
-    QUANTIZED_PREPACKED,
-)
 from .shapes import bind_and_infer
 
 SCHEMA = "onnxmem.validate/1"
@@ -170,27 +156,19 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         # Device memory: every initializer is copied to the GPU when the session is created; each run copies
         # the graph inputs in before the activations are allocated.
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
-        reserved, in_regions = weights, list[int]()
         inputs = sum(graph.tensors[t].nbytes or 0 for t in graph.inputs)
         first, steady = first + inputs, steady + inputs
         observed_runs = [(run.run_index, run.peak_activation_bytes, measured.session_bytes)
                          for run in measured.runs]
         notes = _cuda_notes(measured)
+        first_held = later_held = -1  # the CUDA measurement bypasses the arena
     else:
-        reserved, in_regions = arena_weights(graph, ran, loaded.proto)
-        weights = reserved + sum(in_regions)
+        weights = arena_weight_bytes(graph, ran, loaded.proto)
         observed_runs = [(run.run_index, run.peak_activation_bytes, run.baseline_bytes) for run in measured.runs]
         notes = _notes()
-    # The arena's regions after a first run and after a later one (its memory pattern block taken from what the
-    # first run freed, or a new region), simulated; CPU only: the CUDA measurement bypasses the arena.
-    scratch = kernel_scratch(graph, ran) if provider == "cpu" else {}
-    at_creation = [("alloc", -2 - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)] \
-        if provider == "cpu" else []
-    first_held = held_after([*at_creation, *first_run_events(graph, timeline, scratch)], reserved) \
-        if provider == "cpu" else -1
-    later_held = held_after([*at_creation, *later_run_events(graph, timeline, pattern_block_bytes(graph, timeline),
-                                                              scratch)], reserved) \
-        if provider == "cpu" and mem_pattern else first_held
+        # The arena's regions after a first run and after a later one (its memory pattern block taken from what
+        # the first run freed, or a new region), simulated.
+        first_held, later_held = session_held_bytes(graph, timeline, ran, "cpu", loaded.proto, mem_pattern)
     results = []
     for run_index, peak, held in observed_runs:
         pattern = mem_pattern and run_index > 0
@@ -210,147 +188,6 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*notes, *_control_flow_notes(graph, taken)),
         warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
-
-
-def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> int:
-    """Give the weight bytes onnxruntime's CPU arena holds: prepacked weights (rules.inference.PREPACKED,
-    QUANTIZED_PREPACKED) and initializers stored in the model too small to be used in place
-    (ARENA_COPIED_INITIALIZER_BYTES). `model`: the graph's model; `given`: the model as the user gave it, whose
-    external initializers onnxruntime loads outside the arena (its saved optimized model marks none external)."""
-    reserved, in_regions = arena_weights(graph, model, given)
-    return reserved + sum(in_regions)
-
-
-def arena_weights(graph: ModelGraph, model: onnx.ModelProto,
-                  given: onnx.ModelProto | None = None) -> tuple[int, list[int]]:
-    """Give the weight bytes the arena reserves (held at their exact size) and the sizes of those it allocates in
-    its regions at session creation (rules.inference.PREPACKED_IN_REGIONS), in node order (see
-    arena_weight_bytes)."""
-    # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
-    transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
-                  and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
-    external = {t.name for t in (given or model).graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL}
-    total = 0
-    in_regions: list[int] = []
-    packed: set[int] = set()
-    for op in graph.ops:
-        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
-        for slot in PREPACKED.get(key, ()):
-            if slot >= len(op.inputs) or op.inputs[slot] < 0:
-                continue
-            weight = graph.tensors[op.inputs[slot]]
-            if weight.kind != WEIGHT or weight.index in packed or weight.dtype != onnx.TensorProto.FLOAT \
-                    or weight.shape is None or weight.nbytes is None:
-                continue
-            packed.add(weight.index)
-            alignment = PREPACK_PADDED_COLUMNS.get(key)
-            if alignment is None or len(weight.shape) != 2:
-                if key in PREPACKED_IN_REGIONS:
-                    in_regions.append(weight.nbytes)
-                else:
-                    total += weight.nbytes
-                continue
-            rows, columns = weight.shape
-            assert isinstance(rows, int) and isinstance(columns, int)
-            if op.name in transposed:
-                rows, columns = columns, rows
-            total += rows * (-(-columns // alignment) * alignment) * 4
-    total += _quantized_prepacked_bytes(graph, model, packed)
-    for weight in graph.tensors:
-        if weight.kind == WEIGHT and weight.index not in packed and weight.nbytes is not None \
-                and weight.nbytes < ARENA_COPIED_INITIALIZER_BYTES and weight.producer is None \
-                and weight.name not in external:
-            total += weight.nbytes
-    return total, in_regions
-
-
-def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int]) -> int:
-    """Give the bytes the quantized kernels' PrePack allocates in the arena (rules.inference.QUANTIZED_PREPACKED);
-    add the weights they pack to `packed`."""
-    total = 0
-    nodes: dict[str, onnx.NodeProto] | None = None  # the model's nodes by name, read where a quantized op is met
-    initializers: dict[str, onnx.TensorProto] = {}
-    for op in graph.ops:
-        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
-        rule = QUANTIZED_PREPACKED.get(key)
-        if rule is None:
-            continue
-        slot, how = rule
-        if slot >= len(op.inputs) or op.inputs[slot] < 0:
-            continue
-        weight = graph.tensors[op.inputs[slot]]
-        if weight.kind != WEIGHT or weight.index in packed or weight.shape is None \
-                or not all(isinstance(d, int) for d in weight.shape):
-            continue
-        if nodes is None:
-            nodes = {n.name: n for n in model.graph.node}
-            initializers = {t.name: t for t in model.graph.initializer}
-        node = nodes.get(op.name)
-        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} if node else {}
-        shape = [d for d in weight.shape if isinstance(d, int)]  # (all ints: checked above)
-        signed = weight.dtype == onnx.TensorProto.INT8
-        size: int | None
-        if how == "gemm":
-            if len(shape) != 2:
-                continue
-            rows, columns = (shape[1], shape[0]) if attributes.get("transB", 0) == 1 else (shape[0], shape[1])
-            size = _qgemm_pack_bytes(columns, rows, signed)
-        else:
-            size = _qlinear_conv_pack_bytes(shape, int(attributes.get("group", 1)), signed,
-                                            signed and _symmetric(graph, op.inputs, initializers))
-            if size is None:
-                continue
-        packed.add(weight.index)
-        total += size
-    return total
-
-
-def _qgemm_pack_bytes(columns: int, rows: int, signed: bool) -> int:
-    """Give MlasGemmPackBSize's bytes for a [rows, columns] quantized weight (see QUANTIZED_PREPACKED)."""
-    aligned_columns = -(-columns // QGEMM_COLUMN_ALIGNMENT) * QGEMM_COLUMN_ALIGNMENT
-    packed_k = QGEMM_PACKED_K[signed]
-    aligned_rows = -(-rows // packed_k) * packed_k
-    size = aligned_columns * 4 + aligned_columns * aligned_rows
-    return -(-size // QGEMM_BUFFER_ALIGNMENT) * QGEMM_BUFFER_ALIGNMENT
-
-
-def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool, symmetric: bool) -> int | None:
-    """Give the bytes QLinearConv::PrePack allocates for a weight of `shape` (see QUANTIZED_PREPACKED; `signed`: an
-    int8 weight, `symmetric`: one whose zero points are all zero), None where it packs nothing (a weight of rank 2
-    or less, output channels not a multiple of the groups)."""
-    if len(shape) <= 2 or groups < 1 or shape[0] % groups:
-        return None
-    outputs, inputs = shape[0], shape[1]
-    kernel = 1
-    for d in shape[2:]:
-        kernel *= d
-    group_outputs = outputs // groups
-    if symmetric:
-        if groups == 1 and outputs >= CONV_SYM_OUTPUT_PACK and inputs % CONV_SYM_INPUT_ALIGNMENT == 0 \
-                and outputs % CONV_SYM_OUTPUT_ALIGNMENT == 0:
-            return -(-outputs // CONV_SYM_OUTPUT_PACK) * CONV_SYM_OUTPUT_PACK * inputs * kernel
-        if groups > 1 and inputs == 1 and group_outputs == 1 and groups % CONV_SYM_GROUP_ALIGNMENT == 0:
-            return groups * kernel
-    if inputs != 1 or group_outputs != 1:
-        return groups * _qgemm_pack_bytes(group_outputs, inputs * kernel, signed)
-    return outputs * inputs * kernel  # the reordered weight of a depthwise conv
-
-
-def _symmetric(graph: ModelGraph, inputs: Sequence[int], initializers: Mapping[str, onnx.TensorProto]) -> bool:
-    """Say whether a QLinearConv takes MLAS's symmetric path: its input zero point (slot 2) a constant and its
-    weight zero points (slot 5) all zero; a zero point whose data the file does not hold counts as zero (the
-    onnxruntime quantizer's default for int8 weights)."""
-    if len(inputs) <= 5 or inputs[2] < 0 or inputs[5] < 0:
-        return False
-    if graph.tensors[inputs[2]].kind != WEIGHT or graph.tensors[inputs[5]].kind != WEIGHT:
-        return False
-    zero_point = initializers.get(graph.tensors[inputs[5]].name)
-    if zero_point is None or zero_point.data_location == onnx.TensorProto.EXTERNAL:
-        return True
-    from onnx import numpy_helper
-
-    return not numpy_helper.to_array(zero_point).any()
 
 
 def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
@@ -472,5 +309,4 @@ def _cuda_notes(measured: Any) -> tuple[str, ...]:
     return tuple(notes)
 
 
-__all__ = ["Figures", "RunValidation", "Validation", "arena_weight_bytes", "arena_weights", "take_ran_branches",
-           "validate"]
+__all__ = ["Figures", "RunValidation", "Validation", "arena_weight_bytes", "take_ran_branches", "validate"]
