@@ -66,6 +66,7 @@ class _Template:
     input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
     size_warnings: list[Warning]  # the activations the plan could not size (the same at every value)
     schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]]  # the Sizings' memo (see analyze.Sizing)
+    timeline: Timeline  # at the first probe: its buffer plan and lifetimes hold at every value where plan_holds
 
     def plan_holds(self, value: int) -> bool:
         """Say whether the buffer plan of the first probe holds at `value`: reuse and in-place need equal shapes,
@@ -203,8 +204,17 @@ class ModelFamily:
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)),
                              [*self._provider_notes, *first.warnings, *graph.warnings],
                              signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
-                             {order: (rules, steps, prepared)} if reusable else {})
+                             {order: (rules, steps, prepared)} if reusable else {}, timeline)
         return template if all(template.plan_holds(p) for p in probes) else False
+
+    def graph_and_timeline(self, value: int) -> tuple[ModelGraph, Timeline]:
+        """Give the graph sized at `value` and its inference timeline: the template's timeline (value-free where
+        the plan holds) on its graph sized there, else those of the full analysis."""
+        template = self._affine_template()
+        if template is None or not template.plan_holds(value):
+            analysed = analysis(self.loaded, self._binding(value), **self.options)
+            return analysed.graph, analysed.timeline
+        return self._sized_graph(template, value), template.timeline
 
     def sizing(self, value: int) -> Sizing:
         """Give the Sizing at `value` (analyze.sizing's): from the template where it serves, with no inference."""

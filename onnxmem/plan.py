@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .analyze import Sizing, analysis
+from .analyze import Analysis, Sizing, analysis
+from .arena import arena_weights, session_held_bytes
 from .dims import input_dims
 from .errors import DimError, TargetError
 from .family import ModelFamily
+from .graph import WEIGHT, ModelGraph
+from .liveness import Timeline
 from .load import LoadedModel
 from .orders import DEFAULT_ORDER
 from .report import (
@@ -160,9 +163,10 @@ ALLOCATORS: dict[str, Allocator] = {a.name: a for a in (
     Allocator("exact", "no rounding: the estimate's bytes", _exact),
     Allocator("pytorch-caching", "PyTorch's CUDA caching allocator: 512 B blocks; the persistent state and the "
               "rest of the peak each rounded up to 2 MiB segments (fragmentation not modelled)", _pytorch_caching),
-    Allocator("onnxruntime-arena", "onnxruntime's BFC arena (kNextPowerOfTwo): 256 B chunks; weights, then the "
-              "activation plan as one block (memory pattern), each taking regions that double from 1 MiB",
-              _onnxruntime_arena),
+    Allocator("onnxruntime-arena", "onnxruntime's BFC arena (kNextPowerOfTwo), simulated for inference "
+              "(onnxmem.arena, as validate checks it on CPU): weights held from session creation, a first run's "
+              "allocations and kernel scratch, then the memory pattern's block, in 256 B chunks and regions that "
+              "double from 1 MiB; training: weights, then the peak as one block", _onnxruntime_arena),
 )}
 
 _CONTEXT_SOURCE = "stated default (not measured here): CUDA context with lazy module loading (CUDA >= 11.7) is " \
@@ -349,6 +353,22 @@ def _required(need: _Need, target: Target) -> int:
     return ALLOCATORS[target.allocator].held([need.persistent_bytes, need.peak_bytes - need.persistent_bytes])
 
 
+def _simulates_arena(target: Target, training: TrainingOptions | None, shard: str | None) -> bool:
+    """Say whether the bytes required are the arena simulation's (onnxruntime's allocator, inference)."""
+    return target.allocator == "onnxruntime-arena" and training is None and not shard
+
+
+def arena_required_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str) -> int:
+    """Give the bytes an onnxruntime session holds for inference from the second run on: what its arena holds
+    (arena.session_held_bytes: `validate`'s estimate on CPU) and, on the CPU provider, the initializers it uses in
+    place from the model, outside the arena."""
+    _, held = session_held_bytes(graph, timeline, model, provider)
+    if provider == "cuda":
+        return held
+    inside = arena_weights(graph, model).held
+    return held + sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT and t.index not in inside)
+
+
 def _options(order: str, default_dim: int | None, training: TrainingOptions | None,
              provider: str = DEFAULT_PROVIDER) -> dict[str, Any]:
     options: dict[str, Any] = {"order": order, "default_dim": default_dim, "provider": provider}
@@ -432,7 +452,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
                 need = needs[value] = _Need(peak, weights, "", None)
             else:
                 need = needs[value] = _need(family.report(value), gpus, shard)
-            required = _required(need, target)
+            required = arena_required_bytes(*family.graph_and_timeline(value), loaded.proto, provider) \
+                if _simulates_arena(target, training, shard) else _required(need, target)
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
         return points[value]
 
@@ -593,7 +614,8 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     analysed = analysis(model, dims, progress=progress, **_options(order, default_dim, training, provider))
     report = analysed.report
     need = _need(report, gpus, shard)
-    required = _required(need, target)
+    required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto, provider) \
+        if _simulates_arena(target, training, shard) else _required(need, target)
     fits = required <= budget
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if:
@@ -625,21 +647,23 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
     applied to the changed peak)."""
     found: list[WhatIf] = []
 
-    def add(change: str, peak: int, detail: str, persistent: int | None = None) -> None:
+    def add(change: str, peak: int, detail: str, persistent: int | None = None, required: int | None = None) -> None:
         if peak < need.peak_bytes:
             fits = None
             if target is not None and budget is not None:
                 held = min(need.persistent_bytes if persistent is None else persistent, peak)
-                fits = _required(_Need(peak, held, "", None), target) <= budget
+                fits = (_required(_Need(peak, held, "", None), target) if required is None else required) <= budget
             found.append(WhatIf(change, peak, need.peak_bytes - peak, detail, fits))
 
-    def add_report(change: str, report: Report, detail: str) -> None:
-        changed = _need(report, gpus, shard)
-        add(change, changed.peak_bytes, detail, changed.persistent_bytes)
+    def add_report(change: str, analysed: Analysis, detail: str) -> None:
+        changed = _need(analysed.report, gpus, shard)
+        required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto, at.provider) \
+            if target is not None and _simulates_arena(target, training, shard) else None
+        add(change, changed.peak_bytes, detail, changed.persistent_bytes, required)
 
     def report_of(model: Sizing | LoadedModel = at, dims: Mapping[str, int] | None = None, run_order: str = order,
-                  options: TrainingOptions | None = training) -> Report:
-        return analysis(model, dims, **_options(run_order, at.default_dim, options, at.provider)).report
+                  options: TrainingOptions | None = training) -> Analysis:
+        return analysis(model, dims, **_options(run_order, at.default_dim, options, at.provider))
 
     if search and value >= 2:
         try:
@@ -677,15 +701,16 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
                             "its weights get no gradient and no optimizer state"))
     for change, options, detail in changes:
         try:
-            result = report_of(options=options)
+            analysed = report_of(options=options)
         except (ValueError, DimError, TargetError):
             continue
+        result = analysed.report
         if options.checkpoint is not None and result.training and result.training.checkpoint:
             peak = result.training.checkpoint.peak_bytes
             if shard and need.sharding:
                 peak -= need.sharding.saved_bytes
             add(change, peak, detail)
         else:
-            add_report(change, result, detail)
+            add_report(change, analysed, detail)
     found.sort(key=lambda w: -w.saved_bytes)
     return tuple(found)

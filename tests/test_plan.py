@@ -21,6 +21,7 @@ from onnxmem.plan import (
     GPUS,
     MiB,
     budget_bytes,
+    check,
     find_gpu,
     fit,
     parse_size,
@@ -396,3 +397,50 @@ def test_fit_on_fixtures(path: Path) -> None:
             continue
         assert onnxmem.analyze(str(path), {**fixed, "batch": b}).inference.peak_bytes <= budget
         assert onnxmem.analyze(str(path), {**fixed, "batch": b + 1}).inference.peak_bytes > budget
+
+
+def _lstm(hidden: int = 64) -> onnx.ModelProto:
+    """LSTM over x [32, batch, 32], hidden 64, no bias: its W and R are packed into the arena, nothing else is held."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    weights = [numpy_helper.from_array(np.full(shape, 0.01, np.float32), name)
+               for name, shape in (("w", [1, 4 * hidden, 32]), ("r", [1, 4 * hidden, hidden]))]
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y"], name="lstm", hidden_size=hidden)
+    return graphs.model([node], [graphs.value("x", [32, "batch", 32])], [graphs.value("y", [32, 1, "batch", hidden])],
+                        weights)
+
+
+def test_fit_and_check_on_onnxruntime_count_what_its_arena_holds() -> None:
+    # With --runtime onnxruntime, inference needs what onnxruntime's arena holds from the second run on (regions of
+    # 1, 2, 4 ... MiB, the kernel's scratch, the memory pattern's block): the simulation validate checks against
+    # onnxruntime's own count, equal here to the byte at each value, in check, in fit's search and in onnxruntime.
+    pytest.importorskip("onnxruntime")
+    from onnxmem.validate import validate
+
+    model = _lstm()
+    target = {"memory": "64GiB", "runtime": "onnxruntime", "reserve": 0, "provider": "cpu"}
+    for batch in (8, 32):
+        steady = validate(model, {"batch": batch}, runs=2).runs[1]
+        assert steady.estimated.arena_held_bytes == steady.measured.arena_held_bytes
+        checked = check(model, {"batch": batch}, what_if=False, **target)  # type: ignore[arg-type]
+        assert checked.required_bytes == steady.estimated.arena_held_bytes
+    budget = check(model, {"batch": 48}, what_if=False, **target).required_bytes  # type: ignore[arg-type]
+    result = fit(model, what_if=False, **{**target, "memory": budget})  # type: ignore[arg-type]
+    assert result.max_value >= 48
+    by_value = {p.value: p for p in result.curve}
+    b = result.max_value
+    assert by_value[b].fits and not by_value[b + 1].fits
+    for value in (b, b + 1, 1, 2):
+        assert by_value[value].required_bytes == check(  # fit's search (the family's fast path) agrees with check
+            model, {"batch": value}, what_if=False, **{**target, "memory": budget}).required_bytes  # type: ignore[arg-type]
+    assert by_value[b].required_bytes == validate(model, {"batch": b}, runs=2).runs[1].estimated.arena_held_bytes
+
+
+def test_onnxruntime_on_cuda_reserves_every_initializer_and_copies_the_inputs() -> None:
+    # The CUDA provider's arena: every initializer reserved on the device at its size, the inputs copied in each
+    # run: what it holds is at least the weights, the inputs and the activation peak, and arena regions on top.
+    result = check(_lstm(), {"batch": 8}, memory="64GiB", runtime="onnxruntime", reserve=0, what_if=False)
+    weights = (256 * 32 + 256 * 64) * 4
+    assert result.required_bytes >= result.peak_bytes
+    assert (result.required_bytes - weights) % MiB == 0  # the rest is whole regions (powers of two from 1 MiB)
