@@ -17,7 +17,7 @@ what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces) 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -320,10 +320,13 @@ def held_after(events: Iterable[tuple[str, int, int]], reserved: int = 0,
     return arena.held_bytes
 
 
-def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto) -> dict[int, tuple[int, ...]]:
+def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto,
+                   shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> dict[int, tuple[int, ...]]:
     """Give, per op index, the bytes of the scratch its CPU kernel allocates from the arena while it runs, in
     order (rules.inference.KERNEL_SCRATCH); ops without a rule, or whose shapes are not known, are left out.
-    `model`: the model the graph was built from (its nodes' attributes; op i is node i)."""
+    `model`: the model the graph was built from (its nodes' attributes; op i is node i); `shape_of`: a tensor's
+    shape (None: omitted, (): not known) where the graph's own shapes are not the ones to use."""
+    shape = shape_of or (lambda t: _shape(graph, t))
     scratch: dict[int, tuple[int, ...]] = {}
     for op in graph.ops:
         rule = KERNEL_SCRATCH.get(op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}")
@@ -331,8 +334,8 @@ def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto) -> dict[int, tuple
             continue
         node = model.graph.node[op.index]
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        inputs = [_shape(graph, t) for t in op.inputs]
-        outputs = [_shape(graph, t) for t in op.outputs]
+        inputs = [shape(t) if t >= 0 else None for t in op.inputs]
+        outputs = [shape(t) if t >= 0 else None for t in op.outputs]
         first = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
         element = (element_bits(first.dtype) or 0) // 8 if first is not None else 0
         if element:
@@ -357,11 +360,13 @@ def _scratch_events(sizes: Sequence[int], first_id: int) -> list[tuple[str, int,
     return [*(("alloc", i, n) for i, n in zip(ids, sizes, strict=True)), *(("free", i, 0) for i in reversed(ids))]
 
 
-def first_run_events(graph: ModelGraph, timeline: Timeline,
-                     scratch: Mapping[int, Sequence[int]] | None = None) -> list[tuple[str, int, int]]:
+def first_run_events(graph: ModelGraph, timeline: Timeline, scratch: Mapping[int, Sequence[int]] | None = None,
+                     sizes: Sequence[int | None] | None = None) -> list[tuple[str, int, int]]:
     """Give the arena's allocations and frees of a first run (no memory pattern) in the timeline's order: at each
     step the op's output buffers in output order, then its kernel's scratch (`scratch`: kernel_scratch), allocated
-    and freed, then the buffers whose last step it is (graph outputs and unread outputs stay to the end)."""
+    and freed, then the buffers whose last step it is (graph outputs and unread outputs stay to the end).
+    `sizes`: each tensor's bytes, where not the graph's own."""
+    nbytes = sizes if sizes is not None else [t.nbytes for t in graph.tensors]
     ending: dict[int, list[int]] = {}
     for t, first in enumerate(timeline.first_step):
         if first >= 0:
@@ -371,7 +376,7 @@ def first_run_events(graph: ModelGraph, timeline: Timeline,
     for step, op in enumerate(timeline.order):
         for t in graph.ops[op].outputs:
             if t >= 0 and timeline.first_step[t] == step:
-                events.append(("alloc", t, graph.tensors[t].nbytes or 0))
+                events.append(("alloc", t, nbytes[t] or 0))
         if scratch and op in scratch:
             events.extend(_scratch_events(scratch[op], scratch_id))
             scratch_id -= len(scratch[op])
@@ -390,9 +395,11 @@ def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int,
 
 
 def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratch: Mapping[int, Sequence[int]] | None,
-               first: Sequence[tuple[str, int, int]], inputs: Sequence[int] = ()) -> list[tuple[str, int, int]]:
+               first: Sequence[tuple[str, int, int]], inputs: Sequence[int] = (),
+               sizes: Sequence[int | None] | None = None) -> list[tuple[str, int, int]]:
     """The events of later_run_events after the first run's (`first`); `inputs`: the bytes of graph inputs each
-    run copies into the arena before it starts (the CUDA provider's feeds)."""
+    run copies into the arena before it starts (the CUDA provider's feeds); `sizes` as first_run_events."""
+    nbytes = sizes if sizes is not None else [t.nbytes for t in graph.tensors]
     held: set[int] = set()
     for kind, buffer, _ in first:
         if kind == "alloc":
@@ -412,35 +419,38 @@ def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratc
     placed: set[int] = set()
     for op in timeline.order:
         for t in made.get(op, ()):
-            events.append(("alloc", -2 - t, graph.tensors[t].nbytes or 0))
+            events.append(("alloc", -2 - t, nbytes[t] or 0))
             placed.add(t)
         if scratch and op in scratch:
             events.extend(_scratch_events(scratch[op], scratch_id))
             scratch_id -= len(scratch[op])
-    events.extend(("alloc", -2 - t, graph.tensors[t].nbytes or 0) for t in graph.outputs
+    events.extend(("alloc", -2 - t, nbytes[t] or 0) for t in graph.outputs
                   if timeline.buffer_of[t] == t and t not in placed)
     return events
 
 
 def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str = "cpu",
-                       given: onnx.ModelProto | None = None, mem_pattern: bool = True) -> tuple[int, int]:
+                       given: onnx.ModelProto | None = None, mem_pattern: bool = True,
+                       sizes: Sequence[int | None] | None = None,
+                       shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> tuple[int, int]:
     """Give the bytes onnxruntime's arena holds from the device after a first run and after a later one (the
     memory pattern's block from the second run on, where `mem_pattern`), simulated on the timeline: the weights it
     holds from session creation, each run's allocations and frees, the kernels' scratch (kernel_scratch). On the
     CPU provider the weights are those of arena_weights (`given`: the model as the user gave it); on the CUDA
     provider every initializer is reserved on the device and each run copies the graph inputs in first.
-    `model`: the model the graph was built from."""
+    `model`: the model the graph was built from; `sizes`, `shape_of`: each tensor's bytes and shape where not the
+    graph's own (the graph of a family sized at another value: its weights are the same)."""
     if provider == "cuda":
         reserved = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         in_regions: tuple[int, ...] = ()
-        inputs = [graph.tensors[t].nbytes or 0 for t in graph.inputs]
+        inputs = [(sizes[t] if sizes is not None else graph.tensors[t].nbytes) or 0 for t in graph.inputs]
     else:
         weights = arena_weights(graph, model, given)
         reserved, in_regions, inputs = weights.reserved, weights.in_regions, []
-    scratch = kernel_scratch(graph, model)
+    scratch = kernel_scratch(graph, model, shape_of)
     creation = [("alloc", _CREATION_IDS - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)]
     copied = [("alloc", _INPUT_IDS - len(graph.tensors) - i, n) for i, n in enumerate(inputs)]
-    first = [*copied, *first_run_events(graph, timeline, scratch),
+    first = [*copied, *first_run_events(graph, timeline, scratch, sizes),
              *(("free", buffer, 0) for _, buffer, _ in copied)]
     arena = BFCArena()
     arena.reserve(reserved)
@@ -457,8 +467,8 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
     after_first = replay([*creation, *first])
     if not mem_pattern:
         return after_first, after_first
-    later = _later_run(graph, timeline, pattern_block_bytes(graph, timeline), scratch,
-                       first_run_events(graph, timeline, scratch), inputs)
+    later = _later_run(graph, timeline, pattern_block_bytes(graph, timeline, sizes=sizes), scratch, first, inputs,
+                       sizes)
     return after_first, replay(later)
 
 

@@ -16,7 +16,7 @@ falls back to full analysis at each value. `report(value, exact=True)` always do
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,14 +207,34 @@ class ModelFamily:
                              {order: (rules, steps, prepared)} if reusable else {}, timeline)
         return template if all(template.plan_holds(p) for p in probes) else False
 
-    def graph_and_timeline(self, value: int) -> tuple[ModelGraph, Timeline]:
-        """Give the graph sized at `value` and its inference timeline: the template's timeline (value-free where
-        the plan holds) on its graph sized there, else those of the full analysis."""
+    def arena_inputs(self, value: int) -> tuple[ModelGraph, Timeline, list[int | None] | None,
+                                                Callable[[int], tuple[int, ...] | None] | None]:
+        """Give what arena.session_held_bytes reads at `value`: a graph, its timeline, and each tensor's bytes and
+        shape where not the graph's own. Where the plan holds: the template's graph and timeline (value-free but
+        for sizes), with the sizes at `value` (no graph is built); else the full analysis's."""
         template = self._affine_template()
         if template is None or not template.plan_holds(value):
             analysed = analysis(self.loaded, self._binding(value), **self.options)
-            return analysed.graph, analysed.timeline
-        return self._sized_graph(template, value), template.timeline
+            return analysed.graph, analysed.timeline, None, None
+        made: dict[tuple[Affine, int], int | None] = {}  # layers repeat their shapes
+        sizes: list[int | None] = []
+        for tensor, affine in zip(template.graph.tensors, template.dims, strict=True):
+            if affine is None:
+                sizes.append(None)
+                continue
+            key = (affine, tensor.dtype)
+            if key not in made:
+                count = 1
+                for base, slope in affine:
+                    count *= max(base + slope * value, 0)
+                made[key] = tensor_bytes(tensor.dtype, count)
+            sizes.append(made[key])
+
+        def shape_of(t: int) -> tuple[int, ...] | None:
+            affine = template.dims[t]  # (a tensor the ops read is never omitted here)
+            return () if affine is None else tuple(max(base + slope * value, 0) for base, slope in affine)
+
+        return template.graph, template.timeline, sizes, shape_of
 
     def sizing(self, value: int) -> Sizing:
         """Give the Sizing at `value` (analyze.sizing's): from the template where it serves, with no inference."""

@@ -305,19 +305,21 @@ def subgraph_peak(sub: ModelGraph, rules: InferenceRules, count_outputs: bool = 
     return liveness(sub, model_order(sub), rules, count_graph_outputs=count_outputs, loop_body=loop_body).peak_bytes
 
 
-def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 256) -> int:
+def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 256,
+                        sizes: Sequence[int | None] | None = None) -> int:
     """Give the size of the one block onnxruntime's memory pattern allocates from the second run on.
 
     Its MemPatternPlanner replays the first run's allocations and frees of planned buffers (graph outputs apart),
     each rounded up to `alignment` bytes (onnxruntime's kAllocAlignment, 256; with 64 the small shape tensors
     came out 192 bytes short each), placing each at the best-fitting gap between the blocks in use or in the free
     tail before the block's end (the smallest gap that holds it, else the end); the block is the highest end
-    reached.
+    reached. `sizes`: each tensor's bytes, where not the graph's own.
     """
+    nbytes = sizes if sizes is not None else [t.nbytes for t in graph.tensors]
     starts: dict[int, list[int]] = {}
     ends: dict[int, list[int]] = {}
     for t, first in enumerate(timeline.first_step):
-        size = graph.tensors[t].nbytes
+        size = nbytes[t]
         if first < 0 or graph.tensors[t].kind != ACTIVATION or size is None:
             continue
         starts.setdefault(first, []).append(t)
@@ -326,7 +328,7 @@ def pattern_block_bytes(graph: ModelGraph, timeline: Timeline, alignment: int = 
     block = 0
     for step in range(len(timeline.order)):
         for t in starts.get(step, ()):
-            size = -(-(graph.tensors[t].nbytes or 0) // alignment) * alignment
+            size = -(-(nbytes[t] or 0) // alignment) * alignment
             best, waste, current = None, None, 0
             for index, (offset, length, _) in enumerate(placed):
                 gap = offset - current

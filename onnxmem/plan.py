@@ -353,16 +353,24 @@ def _required(need: _Need, target: Target) -> int:
     return ALLOCATORS[target.allocator].held([need.persistent_bytes, need.peak_bytes - need.persistent_bytes])
 
 
+def _family_arena_required(family: ModelFamily, value: int, provider: str) -> int:
+    """arena_required_bytes at a value of a family's searched dim (with no inference where its template serves)."""
+    graph, timeline, sizes, shape_of = family.arena_inputs(value)
+    return arena_required_bytes(graph, timeline, family.loaded.proto, provider, sizes, shape_of)
+
+
 def _simulates_arena(target: Target, training: TrainingOptions | None, shard: str | None) -> bool:
     """Say whether the bytes required are the arena simulation's (onnxruntime's allocator, inference)."""
     return target.allocator == "onnxruntime-arena" and training is None and not shard
 
 
-def arena_required_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str) -> int:
+def arena_required_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str,
+                         sizes: Sequence[int | None] | None = None,
+                         shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> int:
     """Give the bytes an onnxruntime session holds for inference from the second run on: what its arena holds
     (arena.session_held_bytes: `validate`'s estimate on CPU) and, on the CPU provider, the initializers it uses in
-    place from the model, outside the arena."""
-    _, held = session_held_bytes(graph, timeline, model, provider)
+    place from the model, outside the arena. `sizes`, `shape_of`: as session_held_bytes."""
+    _, held = session_held_bytes(graph, timeline, model, provider, sizes=sizes, shape_of=shape_of)
     if provider == "cuda":
         return held
     inside = arena_weights(graph, model).held
@@ -452,7 +460,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
                 need = needs[value] = _Need(peak, weights, "", None)
             else:
                 need = needs[value] = _need(family.report(value), gpus, shard)
-            required = arena_required_bytes(*family.graph_and_timeline(value), loaded.proto, provider) \
+            required = _family_arena_required(family, value, provider) \
                 if _simulates_arena(target, training, shard) else _required(need, target)
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
         return points[value]
