@@ -24,7 +24,7 @@ from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
-from .transforms import DEFAULT_PROVIDER, PROVIDERS, cpu_float16_casts, has_float16
+from .transforms import DEFAULT_PROVIDER, INSERTED_CAST_PREFIX, PROVIDERS, cpu_float16_casts, has_float16
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
@@ -154,9 +154,10 @@ def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEF
     changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
     if changed is None:
         return loaded, []
-    casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast" and n.name.startswith("InsertedCast_"))
+    casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
+                and n.name.startswith(INSERTED_CAST_PREFIX))
     readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
-                      any(i.startswith("InsertedCast_") for i in n.input)})
+                      any(i.startswith(INSERTED_CAST_PREFIX) for i in n.input)})
     return changed, [Warning("cpu-float16-casts",
                              f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
                              f"them in float32 between {casts} Casts it inserts (counted here); on a GPU pass "

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from .errors import ModelFileError
 from .graph import ModelGraph
+from .transforms import INSERTED_CAST_PREFIX
 
 
 def model_order(graph: ModelGraph) -> list[int]:
@@ -63,10 +64,16 @@ def ort_order(graph: ModelGraph) -> list[int]:
     comparing node indices: the last leaf's inputs are explored first, the highest-index input first, and an op
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
+    The Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
+    transforms.cpu_float16_casts does) are indexed after every node of the model, in the order they were added.
     """
     ops = graph.ops
     constants = [op.index for op in ops if op.op_type == "Constant" and op.domain in ("", "ai.onnx")]
     skip = set(constants)
+    inserted = [op.index for op in ops if op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX)]
+    rank = list(range(len(ops)))  # onnxruntime's node index
+    for k, index in enumerate(inserted):
+        rank[index] = len(ops) + k
     inputs_of: list[list[int]] = []
     has_reader = [False] * len(ops)
     for op in ops:
@@ -76,8 +83,9 @@ def ort_order(graph: ModelGraph) -> list[int]:
             if producer is not None and producer not in skip:
                 producers.append(producer)
                 has_reader[producer] = True
-        inputs_of.append(sorted(producers))
-    stack = [(op.index, False) for op in ops if not has_reader[op.index] and op.index not in skip]
+        inputs_of.append(sorted(producers, key=rank.__getitem__))
+    stack = sorted(((op.index, False) for op in ops if not has_reader[op.index] and op.index not in skip),
+                   key=lambda entry: rank[entry[0]])
     visited = [False] * len(ops)
     order = list(constants)
     while stack:

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 PROVIDERS = ("cuda", "cpu")
 DEFAULT_PROVIDER = "cuda"
 
+# The name onnxruntime's InsertCastTransformer gives the Casts it adds (AddCastNode: "InsertedPrecisionFreeCast_"
+# and the cast tensor's name); the transform names its Casts so. Onnxruntime adds them after the model's nodes,
+# so their node indices come after every other's: its execution order ranks them so (schedule.ort_order).
+INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
 # Inputs the operator's schema types as float32 whatever the data's type (a Resize's roi and scales): kept so.
 FLOAT_ONLY_INPUTS: dict[str, tuple[int, ...]] = {"Resize": (1, 2), "Upsample": (1,)}
 # Attributes that name an output's element type.
@@ -199,17 +203,23 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             if name:
                 readers.setdefault(name, []).append(i)
     outputs = {v.name for v in graph.output}
+    def needs_cast(i: int) -> bool:  # NodeNeedsInputCastToFp32: unassigned, with a float16 input
+        return unassigned[i] and has_fp16_input[i]
+
     if len(nodes) > 1:  # ForceSingleNodeCPUFloat16ToFloat32, in node order as onnxruntime walks its nodes
         for i, node in enumerate(nodes):
-            if unassigned[i] or _holds_graph(node) or any(out in outputs for out in node.output):
+            # IsIsolatedFp16NodeOnCpu: a node with a float16 kernel, an input made by a node, no subgraph and no
+            # graph output, whose float16 inputs made by nodes all come from nodes that need a Cast and whose
+            # float16 outputs (one at least) all go to such nodes (float16 initializers and graph inputs are no
+            # edges: they get a Cast of their own)
+            if unassigned[i] or _holds_graph(node) or any(out in outputs for out in node.output) \
+                    or not any(name in producer for name in node.input) \
+                    or not any(fp16(name) for name in node.input):
                 continue
-            edges = [name for name in node.input if name in producer]
-            fp16_inputs = [name for name in node.input if fp16(name)]
-            if not edges or not fp16_inputs:
+            if any(fp16(name) and name in producer and not needs_cast(producer[name]) for name in node.input):
                 continue
-            fp16_edges = [name for name in edges if fp16(name) and unassigned[producer[name]]
-                          and has_fp16_input[producer[name]]]
-            if len(fp16_edges) == len(fp16_inputs) and any(fp16(out) and readers.get(out) for out in node.output):
+            fp16_outputs = [out for out in node.output if fp16(out)]
+            if fp16_outputs and all(needs_cast(r) for out in fp16_outputs for r in readers.get(out, [])):
                 unassigned[i] = True
     as_fp32: dict[str, str] = {}  # a float16 tensor -> its float32 twin (a converted node's output, or a Cast's)
     out_nodes: list[onnx.NodeProto] = []
@@ -223,7 +233,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             if not fp16(name):
                 continue
             if name not in as_fp32:
-                as_fp32[name] = f"InsertedCast_{name}"
+                as_fp32[name] = f"{INSERTED_CAST_PREFIX}{name}"
                 out_nodes.append(onnx.helper.make_node("Cast", [name], [as_fp32[name]], name=as_fp32[name],
                                                        to=TensorProto.FLOAT))
             copy.input[j] = as_fp32[name]
@@ -234,10 +244,10 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
         for j, name in enumerate(node.output):
             if not fp16(name):
                 continue
-            twin = as_fp32[name] = f"InsertedCast_{name}"
+            twin = as_fp32[name] = f"{INSERTED_CAST_PREFIX}{name}"
             copy.output[j] = twin
             if name in outputs or any(not unassigned[r] for r in readers.get(name, [])):
-                back.append(onnx.helper.make_node("Cast", [twin], [name], name=f"{twin}_back",
+                back.append(onnx.helper.make_node("Cast", [twin], [name], name=twin,
                                                   to=TensorProto.FLOAT16))
         out_nodes.append(copy)
         out_nodes.extend(back)
