@@ -31,6 +31,7 @@ from .rules.inference import (
     CONV_SYM_INPUT_ALIGNMENT,
     CONV_SYM_OUTPUT_ALIGNMENT,
     CONV_SYM_OUTPUT_PACK,
+    FLOAT16_WEIGHTS_AS_FLOAT32,
     KERNEL_SCRATCH,
     PREPACK_PADDED_COLUMNS,
     PREPACKED,
@@ -207,6 +208,16 @@ def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelPr
                 rows, columns = columns, rows
             total += rows * (-(-columns // alignment) * alignment) * 4
     total += _quantized_prepacked_bytes(graph, model, packed)
+    for op in graph.ops:
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        for slot in FLOAT16_WEIGHTS_AS_FLOAT32.get(key, ()):
+            if slot >= len(op.inputs) or op.inputs[slot] < 0:
+                continue
+            weight = graph.tensors[op.inputs[slot]]
+            if weight.kind == WEIGHT and weight.index not in packed and weight.dtype == onnx.TensorProto.FLOAT16 \
+                    and weight.nbytes is not None:
+                packed.add(weight.index)
+                total += weight.nbytes * 2
     copied = set()
     for weight in graph.tensors:
         if weight.kind == WEIGHT and weight.index not in packed and weight.nbytes is not None \

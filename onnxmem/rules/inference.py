@@ -55,6 +55,14 @@ PREPACKED: dict[str, tuple[int, ...]] = {
     "ConvTranspose": (1,),
     "com.microsoft::Attention": (1,),
 }
+# Float16 weights a CPU kernel converts to float32 copies when the session is created (LayerNormImpl::PrePack,
+# ConvertMLFloat16ToFloatIfNeeded: the scale and the bias of a LayerNormalization run in float16): op type -> the
+# input slots, each held at 4 bytes per element (measured: the float16 BERT's embedding norm, [64] scale and bias,
+# 512 B).
+FLOAT16_WEIGHTS_AS_FLOAT32: dict[str, tuple[int, ...]] = {
+    "LayerNormalization": (1, 2),
+    "SimplifiedLayerNormalization": (1, 2),
+}
 # Prepacked weights the kernel allocates in the arena's regions (IAllocator::Alloc) rather than reserving them at
 # their exact size outside the regions, as the others do (MakeUniquePtr with use_reserve): measured, a ConvTranspose
 # weight of 2,048 B or 147,456 B leaves the arena holding its 1 MiB first region and nothing more.
