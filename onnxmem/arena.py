@@ -40,6 +40,8 @@ from .rules.inference import (
     QGEMM_COLUMN_ALIGNMENT,
     QGEMM_PACKED_K,
     QUANTIZED_PREPACKED,
+    SYMMETRIC_CONV,
+    qlinear_conv_scratch,
 )
 
 MIN_ALLOCATION = 256  # kMinAllocationSize
@@ -207,7 +209,7 @@ def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelPr
             if op.name in transposed:
                 rows, columns = columns, rows
             total += rows * (-(-columns // alignment) * alignment) * 4
-    total += _quantized_prepacked_bytes(graph, model, packed)
+    total += _quantized_prepacked_bytes(graph, model, packed, in_regions)
     for op in graph.ops:
         key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
         for slot in FLOAT16_WEIGHTS_AS_FLOAT32.get(key, ()):
@@ -228,9 +230,11 @@ def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelPr
     return ArenaWeights(total, tuple(in_regions), frozenset(packed | copied))
 
 
-def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int]) -> int:
-    """Give the bytes the quantized kernels' PrePack allocates in the arena (rules.inference.QUANTIZED_PREPACKED);
-    add the weights they pack to `packed`."""
+def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed: set[int],
+                               in_regions: list[int]) -> int:
+    """Give the bytes the quantized kernels' PrePack reserves in the arena (rules.inference.QUANTIZED_PREPACKED);
+    add the sizes it allocates in the arena's regions to `in_regions` (MLAS's symmetric conv packs:
+    QLinearConv::TryConvSymPrepack allocates them with a plain Alloc), and the weights they pack to `packed`."""
     total = 0
     nodes: dict[str, onnx.NodeProto] | None = None  # the model's nodes by name, read where a quantized op is met
     initializers: dict[str, onnx.TensorProto] = {}
@@ -258,14 +262,18 @@ def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed
             if len(shape) != 2:
                 continue
             rows, columns = (shape[1], shape[0]) if attributes.get("transB", 0) == 1 else (shape[0], shape[1])
-            size = _qgemm_pack_bytes(columns, rows, signed)
+            size, in_region = _qgemm_pack_bytes(columns, rows, signed), False
         else:
-            size = _qlinear_conv_pack_bytes(shape, int(attributes.get("group", 1)), signed,
+            conv = _qlinear_conv_pack_bytes(shape, int(attributes.get("group", 1)), signed,
                                             signed and _symmetric(graph, op.inputs, initializers))
-            if size is None:
+            if conv is None:
                 continue
+            size, in_region = conv
         packed.add(weight.index)
-        total += size
+        if in_region:
+            in_regions.append(size)
+        else:
+            total += size
     return total
 
 
@@ -278,9 +286,11 @@ def _qgemm_pack_bytes(columns: int, rows: int, signed: bool) -> int:
     return -(-size // QGEMM_BUFFER_ALIGNMENT) * QGEMM_BUFFER_ALIGNMENT
 
 
-def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool, symmetric: bool) -> int | None:
+def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool,
+                             symmetric: bool) -> tuple[int, bool] | None:
     """Give the bytes QLinearConv::PrePack allocates for a weight of `shape` (see QUANTIZED_PREPACKED; `signed`: an
-    int8 weight, `symmetric`: one whose zero points are all zero), None where it packs nothing (a weight of rank 2
+    int8 weight, `symmetric`: one whose zero points are all zero) and whether it allocates them in the arena's
+    regions (the symmetric conv packs) rather than reserving them; None where it packs nothing (a weight of rank 2
     or less, output channels not a multiple of the groups)."""
     if len(shape) <= 2 or groups < 1 or shape[0] % groups:
         return None
@@ -292,12 +302,12 @@ def _qlinear_conv_pack_bytes(shape: list[int], groups: int, signed: bool, symmet
     if symmetric:
         if groups == 1 and outputs >= CONV_SYM_OUTPUT_PACK and inputs % CONV_SYM_INPUT_ALIGNMENT == 0 \
                 and outputs % CONV_SYM_OUTPUT_ALIGNMENT == 0:
-            return -(-outputs // CONV_SYM_OUTPUT_PACK) * CONV_SYM_OUTPUT_PACK * inputs * kernel
+            return -(-outputs // CONV_SYM_OUTPUT_PACK) * CONV_SYM_OUTPUT_PACK * inputs * kernel, True
         if groups > 1 and inputs == 1 and group_outputs == 1 and groups % CONV_SYM_GROUP_ALIGNMENT == 0:
-            return groups * kernel
+            return groups * kernel, True
     if inputs != 1 or group_outputs != 1:
-        return groups * _qgemm_pack_bytes(group_outputs, inputs * kernel, signed)
-    return outputs * inputs * kernel  # the reordered weight of a depthwise conv
+        return groups * _qgemm_pack_bytes(group_outputs, inputs * kernel, signed), False
+    return outputs * inputs * kernel, False  # the reordered weight of a depthwise conv
 
 
 def _symmetric(graph: ModelGraph, inputs: Sequence[int], initializers: Mapping[str, onnx.TensorProto]) -> bool:
@@ -345,6 +355,8 @@ def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto,
             continue
         node = model.graph.node[op.index]
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if rule is qlinear_conv_scratch:
+            attributes[SYMMETRIC_CONV] = _symmetric_conv(graph, model, op.inputs, attributes)
         inputs = [shape(t) if t >= 0 else None for t in op.inputs]
         outputs = [shape(t) if t >= 0 else None for t in op.outputs]
         first = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
@@ -354,6 +366,25 @@ def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto,
             if sizes:
                 scratch[op.index] = sizes
     return scratch
+
+
+def _symmetric_conv(graph: ModelGraph, model: onnx.ModelProto, inputs: Sequence[int],
+                    attributes: Mapping[str, object]) -> bool:
+    """Say whether a QLinearConv's constant weight is packed for MLAS's symmetric conv kernels (see
+    _qlinear_conv_pack_bytes: the packs it allocates in a region)."""
+    if len(inputs) <= 3 or inputs[3] < 0 or graph.tensors[inputs[3]].kind != WEIGHT:
+        return False
+    weight = graph.tensors[inputs[3]]
+    shape = [d for d in weight.shape or () if isinstance(d, int)]
+    if weight.shape is None or len(shape) != len(weight.shape):
+        return False
+    signed = weight.dtype == onnx.TensorProto.INT8
+    groups = attributes.get("group", 1)
+    initializers = {t.name: t for t in model.graph.initializer if t.name == graph.tensors[inputs[5]].name} \
+        if len(inputs) > 5 and inputs[5] >= 0 else {}
+    packed = _qlinear_conv_pack_bytes(shape, groups if isinstance(groups, int) else 1, signed,
+                                      signed and _symmetric(graph, inputs, initializers))
+    return packed is not None and packed[1]
 
 
 def _shape(graph: ModelGraph, tensor: int) -> tuple[int, ...] | None:

@@ -3,6 +3,8 @@ hand from bfc_arena.cc, and the first run's held bytes of small graphs."""
 
 from __future__ import annotations
 
+import pytest
+
 from onnxmem.analyze import analysis
 from onnxmem.arena import INITIAL_REGION, BFCArena, first_run_events, held_after, rounded
 
@@ -157,3 +159,30 @@ def test_external_initializers_stay_out_of_the_arena() -> None:
     run = validate(path, {"batch": 1}, runs=1).runs[0]
     assert run.estimated.weights_bytes == run.measured.weights_bytes
     assert run.estimated.arena_held_bytes == run.measured.arena_held_bytes
+
+
+@pytest.mark.parametrize("weight_type", ["int8", "uint8"])
+def test_qlinear_conv_scratch_grows_the_arena(weight_type: str) -> None:
+    # QLinearConv on a [1,64,64,64] uint8 image, 64 [3,3] filters, pads 1 (output 256 KiB). int8 weights of zero
+    # zero point take MLAS's symmetric conv: the input and output transposed to channels last (256 KiB each) and an
+    # indirection buffer of 9 x 4,096 pointers (288 KiB); uint8 weights take the gemm path: an int32 result
+    # (1 MiB), the transposes and an im2col buffer [576, 4096] (2.25 MiB). Either way the first 1 MiB region
+    # cannot hold it all and the arena grows; the simulation grows it as onnxruntime does.
+    import numpy as np
+    import onnx.helper as oh
+    from onnx import TensorProto, numpy_helper
+
+    pytest.importorskip("onnxruntime")
+    from onnxmem.validate import validate
+
+    dtype = np.int8 if weight_type == "int8" else np.uint8
+    weights = [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+               numpy_helper.from_array(np.array(128, np.uint8), "z"),
+               numpy_helper.from_array(np.array(0, dtype), "wz"),
+               numpy_helper.from_array(np.ones((64, 64, 3, 3), dtype), "w")]
+    node = oh.make_node("QLinearConv", ["x", "s", "z", "w", "s", "wz", "s", "z"], ["y"], name="conv", pads=[1] * 4)
+    model = graphs.model([node], [graphs.value("x", [1, 64, 64, 64], TensorProto.UINT8)],
+                         [graphs.value("y", [1, 64, 64, 64], TensorProto.UINT8)], weights)
+    run = validate(model, {}, runs=2).runs
+    assert [r.estimated.arena_held_bytes for r in run] == [r.measured.arena_held_bytes for r in run]
+    assert run[0].measured.arena_held_bytes > MiB + run[0].measured.weights_bytes

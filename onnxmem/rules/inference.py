@@ -248,9 +248,69 @@ def bias_gelu_scratch(inputs: Shapes, outputs: Shapes, element: int,
     return (count * element,)
 
 
+# The attribute kernel_scratch adds to a QLinearConv's: whether it takes MLAS's symmetric conv path (its weight
+# packed by MlasConvSymPackW), which decides the buffers it needs.
+SYMMETRIC_CONV = "onnxmem.symmetric_conv"
+
+
+def qlinear_conv_scratch(inputs: Shapes, outputs: Shapes, element: int,
+                         attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """QLinearConv (onnxruntime/core/providers/cpu/quantization/qlinearconv.cc, Compute; constant weight): off the
+    symmetric path an int32 result [M, output pixels]; in channels-first layout (the ONNX operator) the input and
+    output of one image transposed to channels last; then, for a depthwise conv, or a conv with a kernel, stride or
+    pads and the symmetric path, an indirection buffer of one pointer per kernel tap and output pixel; for any other
+    non-pointwise conv an im2col buffer [kernel x input channels of a group, output pixels] (measured: the QDQ
+    MobileNetV3's QLinearConv at batch 8 grows a region in the second run)."""
+    x = inputs[0] if inputs else None
+    w = inputs[3] if len(inputs) > 3 else None
+    y = outputs[0] if outputs else None
+    if not x or not w or not y or len(w) < 3 or len(x) != len(w) or len(y) != len(w):
+        return ()
+    channels_last = attributes.get("channels_last", 0) == 1
+    spatial_in = x[1:-1] if channels_last else x[2:]
+    spatial_out = y[1:-1] if channels_last else y[2:]
+    channels = x[-1] if channels_last else x[1]
+    outputs_m, group_inputs = w[0], w[1]
+    groups = attributes.get("group", 1)
+    if not isinstance(groups, int) or groups < 1 or outputs_m % groups:
+        return ()
+    input_pixels = output_pixels = kernel = 1
+    for d in spatial_in:
+        input_pixels *= d
+    for d in spatial_out:
+        output_pixels *= d
+    for d in w[2:]:
+        kernel *= d
+    symmetric = bool(attributes.get(SYMMETRIC_CONV, False))
+    group_outputs = outputs_m // groups
+    depthwise = group_inputs == 1 and group_outputs == 1  # (reordered or symmetric: both paths call it depthwise)
+    if depthwise:
+        group_inputs, groups = groups, 1
+    strides = attributes.get("strides")
+    pads = attributes.get("pads")
+    strides = strides if isinstance(strides, (list, tuple)) else ()
+    pads = pads if isinstance(pads, (list, tuple)) else ()
+    pointwise = kernel == 1 and all(s == 1 for s in strides) and not any(pads) and \
+        attributes.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+    sizes = []
+    if not symmetric:
+        sizes.append(4 * outputs_m * output_pixels)
+    if not channels_last:
+        sizes += [channels * input_pixels * element, outputs_m * output_pixels * element]
+    if depthwise or (not pointwise and symmetric):
+        batch = x[0] if symmetric and channels_last else 1
+        sizes.append(8 * kernel * output_pixels * batch)
+    elif not pointwise:
+        column = group_inputs * kernel * output_pixels
+        sizes.append((groups * column if len(w) - 2 > 2 else column) * element)
+    return tuple(sizes)
+
+
 KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], tuple[int, ...]]] = {
     "LSTM": lstm_scratch,
     "com.microsoft::Attention": attention_scratch,
     "com.microsoft::BiasGelu": bias_gelu_scratch,
     "com.microsoft::FastGelu": bias_gelu_scratch,
+    "QLinearConv": qlinear_conv_scratch,
+    "com.microsoft::QLinearConv": qlinear_conv_scratch,
 }
