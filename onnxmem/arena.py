@@ -215,9 +215,8 @@ def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelPr
         for slot in FLOAT16_WEIGHTS_AS_FLOAT32.get(key, ()):
             if slot >= len(op.inputs) or op.inputs[slot] < 0:
                 continue
-            weight = graph.tensors[op.inputs[slot]]
-            if weight.kind == WEIGHT and weight.index not in packed and weight.dtype == onnx.TensorProto.FLOAT16 \
-                    and weight.nbytes is not None:
+            weight = graph.tensors[op.inputs[slot]]  # (each kernel converts its own copy: one per op reading it)
+            if weight.kind == WEIGHT and weight.dtype == onnx.TensorProto.FLOAT16 and weight.nbytes is not None:
                 packed.add(weight.index)
                 total += weight.nbytes * 2
     copied = set()

@@ -132,19 +132,23 @@ def test_the_cpu_report_runs_the_inserted_casts_where_onnxruntime_does(build) ->
         assert result.raw_estimate.peak_activation_bytes == result.runs[0].measured.peak_activation_bytes
 
 
-def test_a_float16_layer_norms_scale_and_bias_are_held_as_float32() -> None:
+@pytest.mark.parametrize("norms", [1, 2])
+def test_a_float16_layer_norms_scale_and_bias_are_held_as_float32(norms: int) -> None:
     # LayerNormalization runs in float16 on the CPU provider; its kernel converts the [64] float16 scale and bias to
-    # float32 copies when the session is created (LayerNormImpl::PrePack): 2 x 64 x 4 B in the arena
+    # float32 copies when the session is created (LayerNormImpl::PrePack): 2 x 64 x 4 B in the arena, for each
+    # norm, even where two norms read the same scale and bias
     pytest.importorskip("onnxruntime")
     from onnxmem.validate import validate
 
     scale = numpy_helper.from_array(np.ones((64,), np.float16), "g")
     shift = numpy_helper.from_array(np.zeros((64,), np.float16), "b")
-    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], name="ln")
-    graph = helper.make_graph([node], "ln", [helper.make_tensor_value_info("x", F16, ["batch", 64])],
+    names = ["x", *(f"n{i}" for i in range(norms - 1)), "y"]
+    nodes = [helper.make_node("LayerNormalization", [names[i], "g", "b"], [names[i + 1]], name=f"ln{i}")
+             for i in range(norms)]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", F16, ["batch", 64])],
                               [helper.make_tensor_value_info("y", F16, ["batch", 64])], initializer=[scale, shift])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     run = validate(model, {"batch": 4}, runs=1).runs[0]
-    assert run.measured.weights_bytes == 2 * 64 * 4
+    assert run.measured.weights_bytes == norms * 2 * 64 * 4
     assert run.estimated.weights_bytes == run.measured.weights_bytes
     assert run.estimated.arena_held_bytes == run.measured.arena_held_bytes
