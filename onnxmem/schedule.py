@@ -71,9 +71,11 @@ def ort_order(graph: ModelGraph) -> list[int]:
     constants = [op.index for op in ops if op.op_type == "Constant" and op.domain in ("", "ai.onnx")]
     skip = set(constants)
     inserted = [op.index for op in ops if op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX)]
-    rank = list(range(len(ops)))  # onnxruntime's node index
-    for k, index in enumerate(inserted):
-        rank[index] = len(ops) + k
+    rank: list[int] | None = None  # onnxruntime's node index, where it is not the op's own
+    if inserted:
+        rank = list(range(len(ops)))
+        for k, index in enumerate(inserted):
+            rank[index] = len(ops) + k
     inputs_of: list[list[int]] = []
     has_reader = [False] * len(ops)
     for op in ops:
@@ -83,9 +85,10 @@ def ort_order(graph: ModelGraph) -> list[int]:
             if producer is not None and producer not in skip:
                 producers.append(producer)
                 has_reader[producer] = True
-        inputs_of.append(sorted(producers, key=rank.__getitem__))
-    stack = sorted(((op.index, False) for op in ops if not has_reader[op.index] and op.index not in skip),
-                   key=lambda entry: rank[entry[0]])
+        inputs_of.append(sorted(producers) if rank is None else sorted(producers, key=rank.__getitem__))
+    stack = [(op.index, False) for op in ops if not has_reader[op.index] and op.index not in skip]
+    if rank is not None:
+        stack.sort(key=lambda entry: rank[entry[0]])
     visited = [False] * len(ops)
     order = list(constants)
     while stack:
