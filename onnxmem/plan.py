@@ -497,6 +497,9 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     answer, answer_pow2, shown = best * step, largest_pow2 * step, max(best, 1) * step
     name, bound, warnings = family.header(shown)
     notes = _fit_notes(search, answer, answer_pow2, bounded, top * step, monotonic, linear, curve, step, training)
+    if any(a.required_bytes > b.required_bytes for a, b in zip(curve, curve[1:], strict=False)):
+        notes = (*notes, f"the bytes required are not monotonic in {search} (the arena's regions double as its "
+                         f"requests grow, not with the peak): a {search} above the answer, not evaluated, may fit too")
     what_ifs: tuple[WhatIf, ...] = ()
     if what_if and bounded:
         at = (best + 1) * step

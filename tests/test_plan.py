@@ -444,3 +444,15 @@ def test_onnxruntime_on_cuda_reserves_every_initializer_and_copies_the_inputs() 
     weights = (256 * 32 + 256 * 64) * 4
     assert result.required_bytes >= result.peak_bytes
     assert (result.required_bytes - weights) % MiB == 0  # the rest is whole regions (powers of two from 1 MiB)
+
+
+def test_fit_says_when_the_arenas_bytes_are_not_monotonic() -> None:
+    # the two-layer LSTM fixture's arena holds 63.2 MiB at batch 512 and 53.2 MiB at 612 (regions double as
+    # requests grow): the answer is verified (b fits, b + 1 does not), and the note says a larger value may fit too
+    result = fit(ROOT / "fixtures" / "lstm.onnx", dims={"seq": 32}, memory="64MiB", runtime="onnxruntime", reserve=0,
+                 provider="cpu", what_if=False)
+    required = [p.required_bytes for p in result.curve]
+    assert any(a > b for a, b in zip(required, required[1:], strict=False))
+    assert any("not monotonic" in note for note in result.notes)
+    assert not any("not monotonic in batch (the arena" in note
+                   for note in fit(graphs.symbolic_mlp(), memory="1MiB", what_if=False).notes)
