@@ -176,6 +176,7 @@ class _Builder:
         known = self.known
         metadata = self.metadata
         index_get = index.get
+        make_tensor, make_op = Tensor, Op
         scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
         for position, node in enumerate(graph.node):
             op_type, domain = node.op_type, node.domain
@@ -211,25 +212,31 @@ class _Builder:
                     op_outputs.append(-1)
                     continue
                 existing = index_get(oname)
-                if existing is None:
-                    existing = add(oname, kind)
-                elif tensors[existing].kind != "?":
-                    raise ModelFileError(f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
-                tensor = tensors[existing]
-                tensor.kind = OUTPUT if kind == ACTIVATION and oname in graph_outputs else kind
-                tensor.producer = op_index
+                out_kind = OUTPUT if kind == ACTIVATION and oname in graph_outputs else kind
+                if existing is None:  # (add, inlined: most tensors are made here)
+                    existing = index[oname] = len(tensors)
+                    dtype, shape, nbytes = types_get(oname, UNKNOWN_TYPE) if sized else UNKNOWN_TYPE
+                    tensors.append(make_tensor(existing, oname, dtype, shape, nbytes, out_kind, op_index, []))
+                else:
+                    tensor = tensors[existing]
+                    if tensor.kind != "?":
+                        raise ModelFileError(
+                            f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
+                    tensor.kind = out_kind
+                    tensor.producer = op_index
                 op_outputs.append(existing)
             for in_id in op_inputs:
                 if in_id >= 0:
                     tensors[in_id].consumers.append(op_index)
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
-            if metadata or "/" in name:
+            if metadata:
                 layer, origin = _layer_and_origin(node, name, metadata)
-            else:
-                layer = origin = ""
-            ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
-                          subgraphs, layer, origin))
+            else:  # (_layer_and_origin without metadata, inlined)
+                layer = name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
+                origin = ""
+            ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
+                               tuple(implicit), subgraphs, layer, origin))
             is_known = known.get((domain, op_type))
             if is_known is None:
                 is_known = known[(domain, op_type)] = self._lookup_known(node)
