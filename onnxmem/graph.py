@@ -171,6 +171,7 @@ class _Builder:
         inputs = [i for i in inputs if tensors[i].kind == INPUT]
         graph_outputs = {v.name for v in graph.output}
 
+        index[""] = -1  # an omitted optional input or output (no tensor has an empty name)
         ops: list[Op] = []
         unknown_ops: dict[str, int] = {}
         known = self.known
@@ -185,10 +186,12 @@ class _Builder:
             op_index = len(ops)
             op_inputs = []
             for tname in input_names:
-                found = index_get(tname) if tname else -1
+                found = index_get(tname)  # ("" is -1: an omitted input)
                 if found is None:
                     # "?": resolved after the loop, as the file may list nodes out of order.
                     found = add(tname, OUTER if tname in outer else "?")
+                if found >= 0:
+                    tensors[found].consumers.append(op_index)
                 op_inputs.append(found)
             subgraphs: tuple[ModelGraph, ...] = ()
             implicit: list[int] = []
@@ -225,9 +228,6 @@ class _Builder:
                     tensor.kind = out_kind
                     tensor.producer = op_index
                 op_outputs.append(existing)
-            for in_id in op_inputs:
-                if in_id >= 0:
-                    tensors[in_id].consumers.append(op_index)
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
             if metadata:
@@ -236,7 +236,7 @@ class _Builder:
                 layer = name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
-                               tuple(implicit), subgraphs, layer, origin))
+                               tuple(implicit) if implicit else (), subgraphs, layer, origin))
             is_known = known.get((domain, op_type))
             if is_known is None:
                 is_known = known[(domain, op_type)] = self._lookup_known(node)
@@ -252,7 +252,7 @@ class _Builder:
                     "input or initializer")
         outputs = []
         for v in graph.output:
-            if v.name not in index:
+            if not v.name or v.name not in index:
                 raise ModelFileError(f"invalid graph: graph output '{v.name}' is produced by no node")
             outputs.append(index[v.name])
         for op_name, count in unknown_ops.items():
