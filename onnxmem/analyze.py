@@ -231,12 +231,14 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None)
     if symbolic is None:
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
+    seen, get = views.get, symbolic.get
     shapes = []
     for t in graph.tensors:
-        shape = symbolic.get(t.name, UNKNOWN_TYPE)[1]
-        if shape not in views:
-            views[shape] = runtime_view(shape)
-        shapes.append(views[shape])
+        shape = get(t.name, UNKNOWN_TYPE)[1]
+        view = seen(shape, UNKNOWN_TYPE)  # (UNKNOWN_TYPE: not converted yet; no view is that object)
+        if view is UNKNOWN_TYPE:
+            view = views[shape] = runtime_view(shape)
+        shapes.append(view)
     return shapes
 
 

@@ -67,13 +67,14 @@ class ModelGraph:
     """
 
     def __init__(self, ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int],
-                 warnings: list[Warning]) -> None:
+                 warnings: list[Warning], tensor_index: dict[str, int] | None = None) -> None:
         self.ops = ops
         self.tensors = tensors
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
-        self.tensor_index = {t.name: t.index for t in tensors}
+        # tensor name -> index (`tensor_index`: made by the caller, of the same tensors)
+        self.tensor_index = {t.name: t.index for t in tensors} if tensor_index is None else tensor_index
         self._nx: nx.DiGraph | None = None
 
     @property
@@ -105,7 +106,7 @@ class ModelGraph:
         kinds = dtypes if dtypes is not None else [t.dtype for t in self.tensors]
         tensors = [Tensor(t.index, t.name, dtype, shape, size, t.kind, t.producer, t.consumers)
                    for t, dtype, shape, size in zip(self.tensors, kinds, shapes, nbytes, strict=True)]
-        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings)
+        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:
         """Size every tensor, subgraphs' included, from `types` (tensor name -> inferred type), in place."""
@@ -261,7 +262,8 @@ class _Builder:
                 f"operator {op_name} ({count} nodes) is not in the ONNX standard or onnxruntime's domains: "
                 "its outputs are sized only if shape inference found them, and it is assumed to use no "
                 "memory beyond its outputs"))
-        return ModelGraph(ops, tensors, inputs, outputs, warnings)
+        del index[""]
+        return ModelGraph(ops, tensors, inputs, outputs, warnings, index)
 
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions or \
