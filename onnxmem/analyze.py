@@ -235,15 +235,17 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
     declared: frozenset[str] | None = None  # read from the model where a shape has a 'unk__N' name
+    seen, get = views.get, symbolic.get
     shapes = []
     for t in graph.tensors:
-        shape = symbolic.get(t.name, UNKNOWN_TYPE)[1]
-        if shape not in views:
+        shape = get(t.name, UNKNOWN_TYPE)[1]
+        view = seen(shape, UNKNOWN_TYPE)  # (UNKNOWN_TYPE: not converted yet; no view is that object)
+        if view is UNKNOWN_TYPE:
             if declared is None and model is not None and shape is not None and \
                     any(isinstance(d, str) and d.startswith("unk__") for d in shape):
                 declared = declared_dim_names(model)
-            views[shape] = runtime_view(shape, declared or ())
-        shapes.append(views[shape])
+            view = views[shape] = runtime_view(shape, declared or ())
+        shapes.append(view)
     return shapes
 
 
@@ -288,6 +290,9 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     peak_op = graph.ops[timeline.order[step]] if step >= 0 else None
     live = [graph.tensors[t] for t in timeline.live_at(step)] if step >= 0 else []
     live.sort(key=lambda t: -(t.nbytes or 0))
+    ops = graph.ops
+    ordered_ops = [ops[i] for i in timeline.order]
+    base = weights_bytes + input_bytes
     return InferenceReport(
         weights_bytes=weights_bytes,
         weights_by_dtype={dtype_name(k): v for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1])},
@@ -303,9 +308,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         by_op_type=by_op_type,
         by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
-        timeline=InferenceTimeline(tuple(graph.ops[i].name for i in timeline.order),
-                                   tuple(graph.ops[i].op_type for i in timeline.order),
-                                   tuple(weights_bytes + input_bytes + live for live in timeline.live_bytes)),
+        timeline=InferenceTimeline(tuple([op.name for op in ordered_ops]), tuple([op.op_type for op in ordered_ops]),
+                                   tuple([base + live for live in timeline.live_bytes])),
     )
 
 
@@ -339,19 +343,23 @@ def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ..
             allocated_of[t.producer] += t.nbytes or 0
     types: dict[str, list[int]] = {}
     layers: dict[str, list[int]] = {}
+    row: list[int] = []
+    layer = None
     for step, op_index in enumerate(timeline.order):
         op = ops[op_index]
         weights, allocated = weights_of[op_index], allocated_of[op_index]
-        row = types.get(op.op_type)
-        if row is None:
-            row = types[op.op_type] = [0, 0, 0]
-        row[0] += 1
-        row[1] += weights
-        row[2] += allocated
-        layer = op.layer or "(top level)"
-        row = layers.get(layer)
-        if row is None:
-            row = layers[layer] = [0, 0, 0, 0]
+        kind = types.get(op.op_type)
+        if kind is None:
+            kind = types[op.op_type] = [0, 0, 0]
+        kind[0] += 1
+        kind[1] += weights
+        kind[2] += allocated
+        if op.layer != layer:  # (the ops of a layer mostly run one after another)
+            layer = op.layer
+            name = layer or "(top level)"
+            row = layers.get(name)
+            if row is None:
+                row = layers[name] = [0, 0, 0, 0]
         row[0] += 1
         row[1] += weights
         row[2] += allocated

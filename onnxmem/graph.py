@@ -67,13 +67,14 @@ class ModelGraph:
     """
 
     def __init__(self, ops: list[Op], tensors: list[Tensor], inputs: list[int], outputs: list[int],
-                 warnings: list[Warning]) -> None:
+                 warnings: list[Warning], tensor_index: dict[str, int] | None = None) -> None:
         self.ops = ops
         self.tensors = tensors
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
-        self.tensor_index = {t.name: t.index for t in tensors}
+        # tensor name -> index (`tensor_index`: made by the caller, of the same tensors)
+        self.tensor_index = {t.name: t.index for t in tensors} if tensor_index is None else tensor_index
         self._nx: nx.DiGraph | None = None
 
     @property
@@ -105,7 +106,7 @@ class ModelGraph:
         kinds = dtypes if dtypes is not None else [t.dtype for t in self.tensors]
         tensors = [Tensor(t.index, t.name, dtype, shape, size, t.kind, t.producer, t.consumers)
                    for t, dtype, shape, size in zip(self.tensors, kinds, shapes, nbytes, strict=True)]
-        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings)
+        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:
         """Size every tensor, subgraphs' included, from `types` (tensor name -> inferred type), in place."""
@@ -171,11 +172,13 @@ class _Builder:
         inputs = [i for i in inputs if tensors[i].kind == INPUT]
         graph_outputs = {v.name for v in graph.output}
 
+        index[""] = -1  # an omitted optional input or output (no tensor has an empty name)
         ops: list[Op] = []
         unknown_ops: dict[str, int] = {}
         known = self.known
         metadata = self.metadata
         index_get = index.get
+        make_tensor, make_op = Tensor, Op
         scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
         for position, node in enumerate(graph.node):
             op_type, domain = node.op_type, node.domain
@@ -184,10 +187,12 @@ class _Builder:
             op_index = len(ops)
             op_inputs = []
             for tname in input_names:
-                found = index_get(tname) if tname else -1
+                found = index_get(tname)  # ("" is -1: an omitted input)
                 if found is None:
                     # "?": resolved after the loop, as the file may list nodes out of order.
                     found = add(tname, OUTER if tname in outer else "?")
+                if found >= 0:
+                    tensors[found].consumers.append(op_index)
                 op_inputs.append(found)
             subgraphs: tuple[ModelGraph, ...] = ()
             implicit: list[int] = []
@@ -211,25 +216,28 @@ class _Builder:
                     op_outputs.append(-1)
                     continue
                 existing = index_get(oname)
-                if existing is None:
-                    existing = add(oname, kind)
-                elif tensors[existing].kind != "?":
-                    raise ModelFileError(f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
-                tensor = tensors[existing]
-                tensor.kind = OUTPUT if kind == ACTIVATION and oname in graph_outputs else kind
-                tensor.producer = op_index
+                out_kind = OUTPUT if kind == ACTIVATION and oname in graph_outputs else kind
+                if existing is None:  # (add, inlined: most tensors are made here)
+                    existing = index[oname] = len(tensors)
+                    dtype, shape, nbytes = types_get(oname, UNKNOWN_TYPE) if sized else UNKNOWN_TYPE
+                    tensors.append(make_tensor(existing, oname, dtype, shape, nbytes, out_kind, op_index, []))
+                else:
+                    tensor = tensors[existing]
+                    if tensor.kind != "?":
+                        raise ModelFileError(
+                            f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
+                    tensor.kind = out_kind
+                    tensor.producer = op_index
                 op_outputs.append(existing)
-            for in_id in op_inputs:
-                if in_id >= 0:
-                    tensors[in_id].consumers.append(op_index)
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
-            if metadata or "/" in name:
+            if metadata:
                 layer, origin = _layer_and_origin(node, name, metadata)
-            else:
-                layer = origin = ""
-            ops.append(Op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs), tuple(implicit),
-                          subgraphs, layer, origin))
+            else:  # (_layer_and_origin without metadata, inlined)
+                layer = name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
+                origin = ""
+            ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
+                               tuple(implicit) if implicit else (), subgraphs, layer, origin))
             is_known = known.get((domain, op_type))
             if is_known is None:
                 is_known = known[(domain, op_type)] = self._lookup_known(node)
@@ -245,7 +253,7 @@ class _Builder:
                     "input or initializer")
         outputs = []
         for v in graph.output:
-            if v.name not in index:
+            if not v.name or v.name not in index:
                 raise ModelFileError(f"invalid graph: graph output '{v.name}' is produced by no node")
             outputs.append(index[v.name])
         for op_name, count in unknown_ops.items():
@@ -254,7 +262,8 @@ class _Builder:
                 f"operator {op_name} ({count} nodes) is not in the ONNX standard or onnxruntime's domains: "
                 "its outputs are sized only if shape inference found them, and it is assumed to use no "
                 "memory beyond its outputs"))
-        return ModelGraph(ops, tensors, inputs, outputs, warnings)
+        del index[""]
+        return ModelGraph(ops, tensors, inputs, outputs, warnings, index)
 
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions or \

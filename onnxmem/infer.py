@@ -61,6 +61,53 @@ def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
 
 
+def _declared_message() -> type:
+    """Give a protobuf message class that reads a serialized ModelProto's graph inputs, outputs and value_info,
+    each as its name and its TypeProto's bytes, and skips the rest (its nodes above all) unparsed."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name="onnxmem_declared.proto", package="onnxmem_declared",
+                                              syntax="proto2")
+    value = file.message_type.add(name="Value")  # ValueInfoProto: name = 1, type = 2 (its bytes, not parsed)
+    value.field.add(name="name", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1)
+    value.field.add(name="type", number=2, type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES, label=1)
+    graph = file.message_type.add(name="Graph")  # GraphProto: input = 11, output = 12, value_info = 13
+    for name, number in (("input", 11), ("output", 12), ("value_info", 13)):
+        graph.field.add(name=name, number=number, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                        label=3, type_name=".onnxmem_declared.Value")
+    model = file.message_type.add(name="Model")  # ModelProto: graph = 7
+    model.field.add(name="graph", number=7, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE, label=1,
+                    type_name=".onnxmem_declared.Graph")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("onnxmem_declared.Model"))
+
+
+_DECLARED: list[type] = []  # the class above, made at first use
+
+
+def inferred_declared_types(data: bytes, decode: TypeDecoder) -> dict[str, TensorType]:
+    """Give the types ONNX's inference (no data propagation) finds for the values the serialized model's main graph
+    declares (inputs, outputs, value_info; not its initializers, nor a subgraph's), reading none of its nodes:
+    the same as _collect_types(_inferred(data).graph, initializers=False, subgraphs=False), without parsing the
+    100k nodes of a large graph back into Python. Raises what ONNX's inference raises."""
+    from onnx.onnx_cpp2py_export import shape_inference
+
+    if not _DECLARED:
+        _DECLARED.append(_declared_message())
+    graph = _DECLARED[0].FromString(shape_inference.infer_shapes(data, False, False, False)).graph
+    types: dict[str, TensorType] = {}
+    decoded = decode.decoded
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            key = value.type  # a TypeProto's bytes: the key TypeDecoder makes
+            found = decoded.get(key)
+            if found is None:
+                found = decoded[key] = decode_type(onnx.TypeProto.FromString(key))
+            types[value.name] = found
+    return types
+
+
 # The longest integer vector ONNX's data propagation may build (a shape value is a few numbers; a Range of a bound
 # sequence length, or of a constant 2^40, is not one, and propagating it takes memory without bound).
 LONGEST_PROPAGATED_VECTOR = 1 << 20

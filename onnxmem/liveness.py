@@ -54,8 +54,12 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
     passed_through = {t for t in graph.inputs[1:]} | {t.index for t in tensors if t.kind == OUTER} \
         if loop_body else set()
     root = list(range(len(tensors)))
+    sources: dict[tuple[str, str], int | None] = {}  # the rules' answer per operator kind, asked once each
     for op in graph.ops:
-        source = rules.alias_input(op.op_type, op.domain)
+        kind = (op.op_type, op.domain)
+        source = sources.get(kind, -1)
+        if source == -1:
+            source = sources[kind] = rules.alias_input(*kind)
         if source is None or source >= len(op.inputs) or op.inputs[source] < 0 or not op.outputs:
             continue
         out = op.outputs[0]
@@ -102,18 +106,20 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
     last = [-1] * len(tensors)
     used = [-1] * len(tensors)  # per tensor: the last step that reads or makes it
     for t in tensors:
-        if t.producer is None:
+        producer = t.producer
+        if producer is None:
             continue
-        last_use = position[t.producer]
+        made = last_use = position[producer]
         for c in t.consumers:
             if position[c] > last_use:
                 last_use = position[c]
-        used[t.index] = last_use
-        if t.kind == OUTPUT and count_graph_outputs:
+        index = t.index
+        used[index] = last_use
+        if count_graph_outputs and t.kind == OUTPUT:
             last_use = end
-        root = owner[t.index]  # alias roots are compressed: a root is its own owner
-        if root == t.index:
-            first[root] = position[t.producer]
+        root = owner[index]  # alias roots are compressed: a root is its own owner
+        if root == index:
+            first[root] = made
         if last_use > last[root]:
             last[root] = last_use
     # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
@@ -123,14 +129,19 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
     take_freed: list[list[int]] = []
     no_outputs: list[int] = []
     none = (-1, -1)
+    ops = graph.ops
     for op_index in order:
-        op = graph.ops[op_index]
+        op = ops[op_index]
         kind = (op.op_type, op.domain)
         answer = answers.get(kind)
         if answer is None:
             answer = answers[kind] = (rules.may_run_in_place(*kind), rules.may_take_freed(*kind))
         outputs = op.outputs
-        made = [out for out in outputs if out >= 0 and owner[out] == out and activation[out]]
+        if len(outputs) == 1:  # (the usual case, without a list comprehension)
+            out = outputs[0]
+            made = [out] if out >= 0 and owner[out] == out and activation[out] else no_outputs
+        else:
+            made = [out for out in outputs if out >= 0 and owner[out] == out and activation[out]]
         inputs = op.inputs
         in_place.append((outputs[0], inputs[0]) if answer[0] and made and made[0] == outputs[0] and inputs
                         and inputs[0] >= 0 else none)
@@ -147,8 +158,9 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
             op = graph.ops[order[step]]
             slots = [*op.inputs, *op.implicit_inputs, *op.outputs]
             found.sort(key=slots.index)
-    transient = [(step, op_index) for step, op_index in enumerate(order) if graph.ops[op_index].subgraphs or (
-        graph.ops[op_index].op_type in EXPANDED_INTERMEDIATES and graph.ops[op_index].domain in ("", "ai.onnx"))]
+    transient = [(step, op_index) for step, op_index in enumerate(order)
+                 if (op := ops[op_index]).subgraphs or (op.op_type in EXPANDED_INTERMEDIATES
+                                                         and op.domain in ("", "ai.onnx"))]
     return Lifetimes(owner, first, last, in_place, take_freed, dying, activation, transient)
 
 
@@ -188,7 +200,7 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     for step, (out, reads), takers, dying in zip(range(steps), prepared.in_place, prepared.take_freed,
                                                  prepared.dying, strict=True):
         if out >= 0:
-            source = find(reads)
+            source = reads if owner[reads] == reads else find(reads)
             key = keys[out]
             if source != out and activation[source] and last[source] == step \
                     and key is not None and key == keys[reads]:
@@ -219,28 +231,26 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # tensor reused it) has no release action and stays allocated until the run ends (measured; its
     # GenerateDeallocationPlan builds release actions from consumers only).
     root_of = [t if owner[t] == t else find(t) for t in range(len(tensors))]  # the buffers are planned: final
-    if rules.reuse_freed:
-        read = {root_of[t.index] for t in tensors if t.consumers}
-        for t in tensors:
-            if t.producer is not None and root_of[t.index] == t.index and t.index not in read \
-                    and t.kind == ACTIVATION and first[t.index] >= 0:
-                last[t.index] = end
+    read = {root_of[t.index] for t in tensors if t.consumers} if rules.reuse_freed else None
     buffer_of = [-1] * len(tensors)
     spans: list[tuple[int, int, int]] = []
     new_bytes = [0] * steps
     unsized = []
-    for t in tensors:
-        root = root_of[t.index]
-        if tensors[root].kind not in _OWNS_BUFFER or tensors[root].producer is None:
+    for t in tensors:  # one pass: a large graph has hundreds of thousands
+        index = t.index
+        root = root_of[index]
+        owning = t if root == index else tensors[root]
+        kind = owning.kind
+        if kind not in _OWNS_BUFFER or owning.producer is None or (kind == OUTPUT and not count_graph_outputs):
             continue
-        if tensors[root].kind == OUTPUT and not count_graph_outputs:
+        buffer_of[index] = root
+        if root != index:
             continue
-        buffer_of[t.index] = root
-        if root != t.index:
-            continue
+        if read is not None and kind == ACTIVATION and index not in read and first[index] >= 0:
+            last[index] = end  # (see above: an unread buffer is never released)
         size = t.nbytes
         if size is None:
-            unsized.append(t.index)
+            unsized.append(index)
             continue
         spans.append((size, first[root], last[root]))
         new_bytes[first[root]] += size
@@ -257,12 +267,14 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                                        for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 
-    live = [running + extra for running, extra in zip(live_bytes(spans, steps), subgraph_bytes, strict=True)]
-    peak_step = max(range(steps), key=live.__getitem__) if steps else -1
+    live = live_bytes(spans, steps)
+    if prepared.transient:
+        live = [running + extra for running, extra in zip(live, subgraph_bytes, strict=True)]
+    peak_step = live.index(max(live)) if steps else -1  # (the first step at the peak)
     return Timeline(
         order=tuple(order), live_bytes=tuple(live), new_bytes=tuple(new_bytes),
         subgraph_bytes=tuple(subgraph_bytes), buffer_of=tuple(buffer_of), view_of=view_of,
-        first_step=tuple(f if buffer_of[i] == i else -1 for i, f in enumerate(first)),
+        first_step=tuple([f if b == i else -1 for i, (f, b) in enumerate(zip(first, buffer_of, strict=True))]),
         last_step=tuple(last), unsized=tuple(unsized),
         peak_bytes=live[peak_step] if steps else 0, peak_step=peak_step,
     )

@@ -19,8 +19,10 @@ from .infer import (
     _prepared,
     has_rule,
     inference_ir_version,
+    inferred_declared_types,
     rule_value_infos,
 )
+from .load import initializer_type
 from .report import Warning
 from .rules.inference import PLANNER_MERGES_DIMS
 from .rules.shapes import ONNX_DOMAIN_RULE_OPS
@@ -57,14 +59,25 @@ def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: l
             prepared.append(_prepared(model, free, {}))
         return prepared[0]
 
-    try:
-        inferred = _inferred(as_read if as_read is not None else light(), data_prop=False)
-    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
-        return _collect_types(light().graph, TypeDecoder())
     candidates: list[onnx.NodeProto] | None = []
     if merges:  # the model's own nodes serve where preparation changed none of them (no fused op was rewritten)
         candidates = _candidate_nodes(model, wiring) if wiring is not None and nodes is not None and \
             not nodes.prepared else None
+    if as_read is not None and not subgraphs and candidates is not None and \
+            not any(n.domain not in ("", "ai.onnx") and not has_rule(n) for n in candidates):
+        # The rounds read nothing of the inferred model but its declared types (no operator needs onnxruntime's
+        # inference, no node holds a graph): they are read from inference's bytes without parsing its nodes.
+        try:
+            declared = inferred_declared_types(as_read, TypeDecoder())
+        except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+            return _collect_types(light().graph, TypeDecoder())
+        weights = {t.name: initializer_type(t) for t in model.graph.initializer}
+        return _planner_rounds(light, None, [], subgraphs=False, candidates=candidates, weights=weights,
+                               collected=declared)
+    try:
+        inferred = _inferred(as_read if as_read is not None else light(), data_prop=False)
+    except Exception:  # noqa: BLE001 - onnx raises several types; the bound inference reports the failure
+        return _collect_types(light().graph, TypeDecoder())
     return _planner_rounds(light, inferred, [], subgraphs=subgraphs, candidates=candidates)
 
 

@@ -76,36 +76,53 @@ def ort_order(graph: ModelGraph) -> list[int]:
         rank = list(range(len(ops)))
         for k, index in enumerate(inserted):
             rank[index] = len(ops) + k
+    # per tensor: the op that makes it, where the walk follows it (-1: none, or a Constant); index -1 (an omitted
+    # input) reads the last entry, -1
+    made_by = [-1 if t.producer is None or t.producer in skip else t.producer for t in graph.tensors]
+    made_by.append(-1)
     inputs_of: list[list[int]] = []
     has_reader = [False] * len(ops)
     for op in ops:
-        producers = []
-        for t in (*op.inputs, *op.implicit_inputs):  # one entry per edge, duplicates kept
-            producer = graph.tensors[t].producer if t >= 0 else None
-            if producer is not None and producer not in skip:
-                producers.append(producer)
-                has_reader[producer] = True
-        inputs_of.append(sorted(producers) if rank is None else sorted(producers, key=rank.__getitem__))
-    stack = [(op.index, False) for op in ops if not has_reader[op.index] and op.index not in skip]
+        producers = []  # one entry per edge, duplicates kept
+        for t in op.inputs:
+            p = made_by[t]
+            if p >= 0:
+                producers.append(p)
+                has_reader[p] = True
+        for t in op.implicit_inputs:
+            p = made_by[t]
+            if p >= 0:
+                producers.append(p)
+                has_reader[p] = True
+        if rank is None:
+            producers.sort()
+        else:
+            producers.sort(key=rank.__getitem__)
+        inputs_of.append(producers)
+    # the walk's stack: an op to explore, or ~op (negative) to emit once its inputs are
+    stack = [op.index for op in ops if not has_reader[op.index] and op.index not in skip]
     if rank is not None:
-        stack.sort(key=lambda entry: rank[entry[0]])
+        stack.sort(key=rank.__getitem__)
     visited = [False] * len(ops)
     order = list(constants)
     while stack:
-        index, leave = stack.pop()
-        if leave:
-            order.append(index)
+        index = stack.pop()
+        if index < 0:
+            order.append(~index)
             continue
         if visited[index]:
             continue
         visited[index] = True
-        stack.append((index, True))
-        stack.extend((j, False) for j in inputs_of[index] if not visited[j])
+        stack.append(~index)
+        stack.extend([j for j in inputs_of[index] if not visited[j]])
     if len(order) != len(ops):  # unreachable ops only exist in a graph with a cycle: report it
         return topological_order(graph)
     position = [0] * len(ops)
     for step, index in enumerate(order):
         position[index] = step
-    if any(position[j] > position[i] for i, producers in enumerate(inputs_of) for j in producers):
-        return topological_order(graph)  # a cycle the walk went through: reported there
+    for i, producers in enumerate(inputs_of):
+        at = position[i]
+        for j in producers:
+            if position[j] > at:
+                return topological_order(graph)  # a cycle the walk went through: reported there
     return order

@@ -65,10 +65,10 @@ def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int])
     types: dict[str, TensorType] = {}
     unknown: set[str] = set()
     evaluated: dict[TensorType, TensorType | None] = {}  # layers repeat their types: evaluate each one once
+    seen = evaluated.get
     for name, symbolic_type in symbolic.items():
-        if symbolic_type in evaluated:
-            result = evaluated[symbolic_type]
-        else:
+        result = seen(symbolic_type, UNKNOWN_TYPE)  # (UNKNOWN_TYPE: not evaluated yet; a result never equals it)
+        if result is UNKNOWN_TYPE:
             result = evaluated[symbolic_type] = _evaluate_type(symbolic_type, values, bound)
         if result is None:
             unknown.add(name)

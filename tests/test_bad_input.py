@@ -341,12 +341,18 @@ def test_a_signal_at_any_time_ends_with_one_line(tmp_path: Path, signum: int, co
 
     path = save(make_llama(LlamaShape(layers=200, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)),
                 tmp_path / "m.onnx")
-    process = subprocess.Popen([sys.executable, "-m", "onnxmem", "report", path, "--dim", "batch=1", "--dim",
-                                "seq=8", "--dim", "past=1", "--training"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
-    time.sleep(after_s)
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=120)
+    for _ in range(4):
+        process = subprocess.Popen([sys.executable, "-m", "onnxmem", "report", path, "--dim", "batch=1", "--dim",
+                                    "seq=8", "--dim", "past=1", "--training"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+        time.sleep(after_s)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+        if "Fatal Python error: init_import_site" not in err and not (process.returncode == -signum and not err):
+            break
+        # a loaded machine: the signal came while the interpreter itself started, before any code of ours ran (its
+        # default action, or site's import interrupted); later is still during our imports
+        after_s *= 2
     assert process.returncode == code, err[-2000:]
     assert err == f"onnxmem: {word}\n"
 

@@ -236,3 +236,33 @@ def test_a_model_read_from_a_pipe_is_the_files_model(tmp_path: Path) -> None:
     expected["model"] = got["model"]
     # the weight file is next to the model, not next to /dev/stdin: its warning names another folder
     assert {k: v for k, v in got.items() if k != "warnings"} == {k: v for k, v in expected.items() if k != "warnings"}
+
+
+@pytest.mark.parametrize("name", ["gpt_decoder", "transformer_encoder", "unet", "lstm", "transformer_contrib"])
+def test_declared_types_read_from_inference_bytes_equal_the_parsed_model(name: str) -> None:
+    # The planner types' fast path reads inference's answer without parsing its nodes back: the same types, in the
+    # same order, as the parsed model's graph gives (its initializers and subgraphs apart).
+    from onnxmem.infer import _collect_types, _inferred, inferred_declared_types
+    from onnxmem.tensor_types import TypeDecoder
+
+    data = (ROOT / "fixtures" / f"{name}.onnx").read_bytes()
+    parsed = _collect_types(_inferred(data, data_prop=False).graph, TypeDecoder(), subgraphs=False,
+                            initializers=False)
+    fast = inferred_declared_types(data, TypeDecoder())
+    assert list(fast.items()) == list(parsed.items())
+    assert any(t[2] is None for t in fast.values()) or any(t[2] for t in fast.values())  # (types were decoded)
+
+
+def test_planner_types_fast_path_equals_the_full_rounds(tmp_path: Path) -> None:
+    # A model that takes the fast path (no node holds a graph, no operator needs onnxruntime's inference) gets the
+    # planner types the rounds give on the parsed inference.
+    from onnxmem.load import load_model
+
+    path = tmp_path / "m.onnx"
+    onnx.save(make_llama(MANY_LAYERS, data_file="weights.bin"), str(path))
+    loaded = load_model(path)
+    free = input_dims(loaded.proto)
+    graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+    fast = planner.infer_symbolic(loaded.proto, loaded, free, graph)
+    slow = planner.infer_symbolic(loaded.proto, None, free, None)  # (no NodeKinds: the parsed inference)
+    assert fast == slow and len(fast) > len(graph.ops)
