@@ -235,12 +235,13 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
     declared: frozenset[str] | None = None  # read from the model where a shape has a 'unk__N' name
-    seen, get = views.get, symbolic.get
+    get = symbolic.get
     shapes = []
     for t in graph.tensors:
         shape = get(t.name, UNKNOWN_TYPE)[1]
-        view = seen(shape, UNKNOWN_TYPE)  # (UNKNOWN_TYPE: not converted yet; no view is that object)
-        if view is UNKNOWN_TYPE:
+        if shape in views:
+            view = views[shape]
+        else:
             if declared is None and model is not None and shape is not None and \
                     any(isinstance(d, str) and d.startswith("unk__") for d in shape):
                 declared = declared_dim_names(model)
@@ -357,9 +358,8 @@ def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ..
         if op.layer != layer:  # (the ops of a layer mostly run one after another)
             layer = op.layer
             name = layer or "(top level)"
-            row = layers.get(name)
-            if row is None:
-                row = layers[name] = [0, 0, 0, 0]
+            found = layers.get(name)
+            row = layers[name] = [0, 0, 0, 0] if found is None else found
         row[0] += 1
         row[1] += weights
         row[2] += allocated

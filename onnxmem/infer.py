@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
+from google.protobuf.message import Message
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
 from .dims import InputDim
@@ -61,7 +62,7 @@ def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
 
 
-def _declared_message() -> type:
+def _declared_message() -> type[Message]:
     """Give a protobuf message class that reads a serialized ModelProto's graph inputs, outputs and value_info,
     each as its name and its TypeProto's bytes, and skips the rest (its nodes above all) unparsed."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -83,7 +84,7 @@ def _declared_message() -> type:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("onnxmem_declared.Model"))
 
 
-_DECLARED: list[type] = []  # the class above, made at first use
+_DECLARED: list[type[Message]] = []  # the class above, made at first use
 
 
 def inferred_declared_types(data: bytes, decode: TypeDecoder) -> dict[str, TensorType]:

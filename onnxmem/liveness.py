@@ -109,7 +109,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         producer = t.producer
         if producer is None:
             continue
-        made = last_use = position[producer]
+        made_at = last_use = position[producer]
         for c in t.consumers:
             if position[c] > last_use:
                 last_use = position[c]
@@ -119,7 +119,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
             last_use = end
         root = owner[index]  # alias roots are compressed: a root is its own owner
         if root == index:
-            first[root] = made
+            first[root] = made_at
         if last_use > last[root]:
             last[root] = last_use
     # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
