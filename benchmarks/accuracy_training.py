@@ -433,7 +433,8 @@ def main() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # --set real: real architectures, the default export against the recommended one, every heap byte
 
-TOOLS = ROOT.parent / "shared" / "tools"
+# the malloc counter and tvshim (ONNXMEM_TOOLS where the checkout is not beside ../shared)
+TOOLS = Path(os.environ.get("ONNXMEM_TOOLS", ROOT.parent / "shared" / "tools"))
 
 
 @dataclass
@@ -550,7 +551,8 @@ def first_step(case: RealCase, state: dict[str, torch.Tensor], optimizer: str,
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        value = case.loss(module(*inputs), case.batch)
+        out = module(*inputs)  # the loop holds the output until the step ends, as measure_steps and onnxmem assume
+        value = case.loss(out, case.batch)
         value.backward()
         opt.step()
 
@@ -619,6 +621,9 @@ def main_real(models: str) -> None:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
+    # the measurement checked, and the process's first GEMM made before any model is measured: MKL keeps its pack
+    # buffers for the life of the process after it (else the first model measured carries them, 2.2 MB)
+    check_measurement()
     wanted = set(filter(None, models.split(",")))
     rows: list[RealRow] = []
     with tempfile.TemporaryDirectory() as folder:

@@ -43,6 +43,7 @@ from .report import (
 )
 from .rules.training import (
     ATEN_SAVED_FOR_BACKWARD,
+    ATEN_VIEWS,
     ATEN_WITH_DROPOUT,
     AUTOCAST_FP32,
     AUTOCAST_LOW_PRECISION,
@@ -53,11 +54,14 @@ from .rules.training import (
     EIGHT_BIT_BLOCK,
     EIGHT_BIT_MIN_ELEMENTS,
     EVAL_MODULES,
+    EXPORT_MODE_PROPERTY,
     EXPORTER_WEIGHT_NAME,
     FOLDED_ATEN,
     FOLDS_INTO,
+    GRAPH_SIGNATURE_PROPERTY,
     LOSSES,
     NOT_DIFFERENTIABLE,
+    NOT_PARAMETER_KINDS,
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
     RECURRENT,
@@ -402,7 +406,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     _wire(graph, values, nodes)
     params, frozen, unmatched = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options)
-    roots = _storage_roots(values, nodes)
+    roots = _storage_roots(values, nodes, graph)
     needs_grad, differentiable = _gradient_flow(values, nodes, params)
     needs = _BackwardNeeds()
     for n, node in enumerate(nodes):
@@ -473,7 +477,7 @@ def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], opt
     """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
     not buffers (running statistics), not scalars; and the freeze/train patterns that match none of them."""
     unmatched = {("freeze", p) for p in options.freeze} | {("train", p) for p in options.train}
-    buffers: set[int] = set()
+    buffers: set[int] = {graph.tensor_index[name] for name in _signature_buffers(graph) if name in graph.tensor_index}
     for node in nodes:
         for i in _BUFFER_INPUTS.get(node.op_type, ()):
             if i < len(node.inputs) and node.inputs[i] >= 0:
@@ -497,6 +501,13 @@ def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], opt
             else:
                 frozen.append(t)
     return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched))
+
+
+def _signature_buffers(graph: ModelGraph) -> list[str]:
+    """Give the weights the dynamo exporter's graph signature lists as buffers or constants, not parameters."""
+    signature = graph.properties.get(GRAPH_SIGNATURE_PROPERTY, "")
+    kinds = "|".join(NOT_PARAMETER_KINDS)
+    return re.findall(rf": (?:{kinds}) target='([^']+)'", signature)
 
 
 def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: list[int],
@@ -529,9 +540,10 @@ def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: lis
                 values[t].nbytes = numel * size
 
 
-def _storage_roots(values: list[_Value], nodes: list[_Node]) -> list[int]:
-    """Give each value's storage root: PyTorch's views share their input's storage, and BatchNormalization's
-    running statistics are updated in place."""
+def _storage_roots(values: list[_Value], nodes: list[_Node], graph: ModelGraph) -> list[int]:
+    """Give each value's storage root: PyTorch's views share their input's storage (the ONNX ops that are views in
+    PyTorch, and any node the exporter marks with an ATen view op), and BatchNormalization's running statistics are
+    updated in place."""
     root = list(range(len(values)))
 
     def find(t: int) -> int:
@@ -542,6 +554,10 @@ def _storage_roots(values: list[_Value], nodes: list[_Node]) -> list[int]:
 
     for node in nodes:
         source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if source is None and node.graph_op is not None and not node.restored \
+                and aten_op(graph.ops[node.graph_op].origin) in ATEN_VIEWS:
+            tensors = [i for i, t in enumerate(node.inputs) if t >= 0 and _is_tensor(values[t])]
+            source = tensors[0] if len(tensors) == 1 else None
         if source is None or source >= len(node.inputs) or node.inputs[source] < 0:
             continue
         for t in node.outputs:
@@ -678,6 +694,13 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         extra += rule.input_sized_extra * values[inputs[0]].nbytes
     if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
         extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
+    extra += sum(values[inputs[i]].nbytes for i in rule.copies if i < len(inputs) and inputs[i] >= 0)
+    for i in rule.copies_when_view:
+        t = inputs[i] if i < len(inputs) else -1
+        if t >= 0 and roots[t] != t:
+            extra += values[t].nbytes
+        elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
+            needs.saved_by.setdefault(t, []).append(n)
     if rule.recurrent:
         kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
         extra += kept_bytes
@@ -695,6 +718,7 @@ class _Restored:
     by_names: bool = False  # found by exporter weight names (no ATen marks), not by ATen marks
     eval_marks: bool = False  # an ATen op says the model was exported in eval mode
     eval_copies: dict[str, int] = field(default_factory=dict)  # op -> eval-mode copies simulated as that op
+    p0_copies: dict[str, int] = field(default_factory=dict)  # op -> its p=0 copies in a train-mode export (aliases)
 
 
 def _module_classes(layer: str) -> list[str]:
@@ -711,6 +735,7 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
     restored = _Restored()
     groups: dict[str, list[int]] = {}
     folded: dict[int, Folded] = {}  # position of the node folded into -> the op restored after it
+    trained = _traced_in_train_mode(graph)
     for n, node in enumerate(nodes):
         op = graph.ops[node.graph_op] if node.graph_op is not None else None
         name = aten_op(op.origin) if op is not None else ""
@@ -720,8 +745,11 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
         if node.op_type == "Identity":
             classes = _module_classes(node.layer)
             if classes and classes[-1] in EVAL_MODULES:
-                node.op_type = EVAL_MODULES[classes[-1]]
-                restored.eval_copies[node.op_type] = restored.eval_copies.get(node.op_type, 0) + 1
+                made = EVAL_MODULES[classes[-1]]
+                copies = restored.p0_copies if trained else restored.eval_copies
+                copies[made] = copies.get(made, 0) + 1
+                if not trained:
+                    node.op_type = made
     for members in groups.values():
         rule = FOLDED_ATEN[aten_op(graph.ops[nodes[members[0]].graph_op].origin)]  # type: ignore[index]
         if not any(nodes[m].op_type == rule.restores for m in members):
@@ -786,10 +814,14 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
         made = {t for n in members for t in nodes[n].outputs if t >= 0}
         inside = set(members)
         last = members[-1]
-        exported = [t for t in made if t in graph_outputs or any(r not in inside for r in readers.get(t, ()))]
+        read_outside = [t for t in made if t in graph_outputs or any(r not in inside for r in readers.get(t, ()))]
+        # the group's tensors read outside it; its shape arithmetic and constants may be read outside too (the
+        # exporter shares a Constant between ops): those nodes stay, outside the fused op
+        exported = [t for t in read_outside if _is_tensor(values[t])]
         # one result, read only after the group's last node (where the op is placed)
         if len(exported) != 1 or any(r not in inside and r < last for r in readers.get(exported[0], ())):
             continue
+        kept = _producers_of(members, set(read_outside) - set(exported), nodes)
         external = [t for n in members for t in nodes[n].inputs
                     if t >= 0 and t not in made and values[t].is_float and (values[t].numel or 0) > 1]
         named = [graph.tensor_index[name] for name in fx_arguments(graph.ops[nodes[last].graph_op])  # type: ignore[index]
@@ -802,11 +834,30 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
             name = ATEN_WITH_DROPOUT[name]
         fused[last] = _Node(f"aten::{name}", "", nodes[last].name, nodes[members[0]].layer, inputs,
                             (exported[0],), nodes[last].graph_op)
-        removed.update(members[:-1])
-        hidden.extend(t for t in made if t != exported[0])
+        removed.update(m for m in members[:-1] if m not in kept)
+        hidden.extend(t for m in members if m not in kept for t in nodes[m].outputs if t >= 0 and t != exported[0])
     if not fused:
         return nodes, []
     return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
+
+
+def _is_tensor(value: _Value) -> bool:
+    """Say whether a value is an activation-like tensor: float and more than one element (not a shape, an index
+    or a scalar constant)."""
+    return value.is_float and (value.numel is None or value.numel > 1)
+
+
+def _producers_of(members: list[int], wanted: set[int], nodes: list[_Node]) -> set[int]:
+    """Give the members of a group that make `wanted` and the members those read from, transitively."""
+    made_by = {t: m for m in members for t in nodes[m].outputs if t >= 0}
+    kept: set[int] = set()
+    todo = [made_by[t] for t in wanted if t in made_by]
+    while todo:
+        m = todo.pop()
+        if m not in kept:
+            kept.add(m)
+            todo.extend(made_by[t] for t in nodes[m].inputs if t in made_by)
+    return kept
 
 
 def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
@@ -1497,12 +1548,19 @@ def _segment_ranges(model: _Model, segments: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+def _traced_in_train_mode(graph: ModelGraph) -> bool:
+    """Say whether the graph shows a train-mode trace: a Dropout node, a BatchNormalization that updates its running
+    statistics, or export_for_training's record of the mode."""
+    return graph.properties.get(EXPORT_MODE_PROPERTY) == "training" or any(
+        op.op_type == "Dropout" or (op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1)
+        for op in graph.ops)
+
+
 def _export_mode(graph: ModelGraph, restored: _Restored | None = None) -> str:
     kinds = {op.op_type for op in graph.ops}
     if restored is not None and restored.eval_marks:
         return "eval"
-    if "Dropout" in kinds or any(op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1
-                                 for op in graph.ops):
+    if _traced_in_train_mode(graph):
         return "training"
     if "BatchNormalization" in kinds or (restored is not None and (restored.by_names or restored.eval_copies)):
         return "eval"
@@ -1554,6 +1612,10 @@ def _assumptions(graph: ModelGraph, model: _Model, options: TrainingOptions, rul
     ]
     if mode == "training":
         notes.append("training-mode export: Dropout keeps a mask, BatchNorm uses batch statistics")
+        copies = (model.restored or _Restored()).p0_copies
+        if copies:
+            notes.append(f"{', '.join(f'{count} {op}' for op, count in copies.items())} layer(s) exported as copies "
+                         "in a train-mode trace: dropout with p=0, which returns its input (nothing kept)")
     elif mode == "eval":
         notes.append("eval-mode export: BatchNorm assumed to train (keeps its input and batch statistics); "
                      "Dropout layers an eval export removes are not counted")
