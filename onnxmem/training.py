@@ -203,6 +203,9 @@ class _Model:
     restored: _Restored | None = None  # ops an export folded away, simulated again
     assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
     unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
+    # storage root -> the last node of the module calls it is an argument of (Python holds a module's arguments
+    # until its forward returns), from the dynamo export's module scopes
+    held_by_call: dict[int, int] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -419,7 +422,35 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed, unmatched)
+                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots))
+
+
+def _module_scopes(layer: str) -> list[str]:
+    """Give the module calls a dynamo export's node is inside, outermost first, as scope prefixes (': pkg.M/enc:
+    pkg.Encoder/add: aten.add' -> [': pkg.M', ': pkg.M/enc: pkg.Encoder']); none without module classes."""
+    parts = layer.split("/")[:-1] if ":" in layer else []
+    return ["/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -> dict[int, int]:
+    """Give, per activation storage passed into a module call (read inside a module scope, made outside it), the
+    last node of that call: the caller's frame holds the argument until the module's forward returns."""
+    scopes = [_module_scopes(node.layer) for node in nodes]
+    end: dict[str, int] = {}
+    for n, inside in enumerate(scopes):
+        for scope in inside:
+            end[scope] = n
+    held: dict[int, int] = {}
+    for n, node in enumerate(nodes):
+        for t in node.inputs:
+            producer = values[t].producer if t >= 0 else None
+            if producer is None or values[roots[t]].kind in (WEIGHT, INPUT) or not _is_tensor(values[t]):
+                continue
+            made_in = set(scopes[producer])
+            for scope in scopes[n]:
+                if scope not in made_in and end[scope] > held.get(roots[t], -1):
+                    held[roots[t]] = end[scope]
+    return held
 
 
 def _forward(graph: ModelGraph, order: Sequence[int]) -> \
@@ -1199,6 +1230,8 @@ def _forward_buffers(model: _Model, step: _Schedule, buffers: _Buffers, recomput
                 last = max(last, fwd[c])
         if t in held_to_end:
             last = step.end
+        if t in model.held_by_call:
+            last = max(last, fwd[model.held_by_call[t]])
         if t in saving_end:
             last = max(last, saving_end[t])
         category = "saved activations" if t in saving_end else "activations"
