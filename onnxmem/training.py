@@ -46,6 +46,7 @@ from .rules.training import (
     ATEN_VIEWS,
     ATEN_WITH_DROPOUT,
     AUTOCAST_FP32,
+    AUTOCAST_FP32_CPU,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
     CPU_CHANNEL_BLOCK,
@@ -355,6 +356,19 @@ def _rule(op_type: str, domain: str) -> Saves | None:
     return SAVED_FOR_BACKWARD.get(key)
 
 
+def _rule_key(node: _Node) -> str:
+    """Give the node's key in the rule tables: its op type, 'domain::op type' outside ONNX's domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def _autocast_fp32(node: _Node, options: TrainingOptions) -> bool:
+    """Say whether autocast runs the node in fp32: by CUDA's list, or on CPU the loss onnxmem appends and CPU's
+    list."""
+    if options.device == "cpu":
+        return node.graph_op is None or _rule_key(node) in AUTOCAST_FP32_CPU
+    return _rule_key(node) in AUTOCAST_FP32
+
+
 def aten_op(origin: str) -> str:
     """Give the ATen op's name ('silu') from an Op.origin ('torch.ops.aten.silu.default %silu x'), or ""."""
     found = _ATEN_TARGET.match(origin)
@@ -557,7 +571,7 @@ def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: lis
         if options.precision.startswith("amp-"):
             if key in AUTOCAST_LOW_PRECISION:
                 size = 2
-            elif key in AUTOCAST_FP32:
+            elif _autocast_fp32(node, options):
                 size = 4
             else:
                 widths = [values[t].nbytes // (values[t].numel or 1) for t in node.inputs
@@ -654,6 +668,15 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
     if rule.batched_backward_temporaries and out0 is not None and not any(
             t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
         temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
+    if options.precision.startswith("amp-") and _autocast_fp32(node, options):
+        # autocast runs the op on an fp32 copy of a 16-bit input: backward makes that copy's fp32 gradient, then
+        # casts it to the input's width (ToCopyBackward): the gradient is counted at the input's width, the fp32
+        # one is wider by this much
+        upcast = sum((4 - values[t].nbytes // values[t].numel) * values[t].numel for t in inputs
+                     if t >= 0 and needs_grad[t] and values[t].is_float and values[t].numel
+                     and values[t].nbytes // values[t].numel < 4)
+        if upcast:
+            temporaries[n] = temporaries.get(n, 0) + upcast
     per_output, per_input = rule.cpu_backward_temporaries
     if options.device == "cpu" and out0 is not None and (per_output or per_input):
         first_input = inputs[0] if inputs and inputs[0] >= 0 else None
@@ -723,15 +746,7 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         extra += 4 * rule.stats_values * _stat_count(values[inputs[0]], rule)
     if rule.input_sized_extra and inputs and inputs[0] >= 0:
         extra += rule.input_sized_extra * values[inputs[0]].nbytes
-    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
-        extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
-    extra += sum(values[inputs[i]].nbytes for i in rule.copies if i < len(inputs) and inputs[i] >= 0)
-    for i in rule.copies_when_view:
-        t = inputs[i] if i < len(inputs) else -1
-        if t >= 0 and roots[t] != t:
-            extra += values[t].nbytes
-        elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
-            needs.saved_by.setdefault(t, []).append(n)
+    extra += _attention_extra_bytes(n, rule, inputs, values, roots, options, needs)
     if rule.recurrent:
         kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
         extra += kept_bytes
@@ -1037,6 +1052,32 @@ def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str |
         features = x.shape[2] if x.shape is not None and len(x.shape) == 3 else None
         return steps, directions, batch, features if isinstance(features, int) else 0, hidden
     return None
+
+
+def _attention_extra_bytes(n: int, rule: Saves, inputs: tuple[int, ...], values: list[_Value], roots: list[int],
+                           options: TrainingOptions, needs: _BackwardNeeds) -> int:
+    """Give the bytes an attention op keeps besides its inputs' storages: the [..., q_len, kv_len] tensors and the
+    copies its rule names (in fp32 where the rule computes in fp32 on CPU); an input it keeps as it is goes to
+    needs.saved_by."""
+
+    def widened(value: _Value, nbytes: int) -> int:
+        width = value.nbytes // value.numel if value.numel else 4
+        return nbytes * 4 // width if upcast and 0 < width < 4 else nbytes
+
+    upcast = rule.fp32_on_cpu and options.device == "cpu"
+    extra = 0
+    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
+        query = values[inputs[0]]
+        extra += rule.attention_probabilities * widened(query, _attention_bytes(query, values[inputs[1]]))
+    extra += sum(widened(values[inputs[i]], values[inputs[i]].nbytes) for i in rule.copies
+                 if i < len(inputs) and inputs[i] >= 0)
+    for i in rule.copies_when_view:
+        t = inputs[i] if i < len(inputs) else -1
+        if t >= 0 and (roots[t] != t or widened(values[t], values[t].nbytes) != values[t].nbytes):
+            extra += widened(values[t], values[t].nbytes)  # a copy: of the reshaped view, or in fp32
+        elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
+            needs.saved_by.setdefault(t, []).append(n)
+    return extra
 
 
 def _stat_count(value: _Value, rule: Saves) -> int:

@@ -53,6 +53,9 @@ class Saves:
     # inputs kept as a matmul operand: a new contiguous copy where the input is a view of another storage (at::matmul
     # reshapes a strided [..., L, E] operand to [batch, L, E], which copies it), else the input's own storage
     copies_when_view: tuple[int, ...] = ()
+    # on CPU the op computes in fp32 from 16-bit inputs (the math path's query.to(float), under autocast too): the
+    # copies and [..., q_len, kv_len] tensors above are fp32
+    fp32_on_cpu: bool = False
     # a recurrent op: a key of RECURRENT (what PyTorch's kernel keeps besides its outputs, its backward scratch)
     recurrent: str = ""
 
@@ -233,8 +236,10 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
     # ... unless it drops out (a Dropout node among its nodes, see ATEN_WITH_DROPOUT): then the math path
     # (_scaled_dot_product_attention_math) keeps q * scale and k^T * scale (new), v (copied by matmul's reshape
     # where it is a strided view, as after a head split) and three [..., q_len, kv_len] tensors (the
-    # probabilities, the dropout mask, float on CPU, and the dropped probabilities)
-    "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3),
+    # probabilities, the dropout mask, float on CPU, and the dropped probabilities), in fp32 on CPU (measured under
+    # autocast to bf16: BmmBackward keeps fp32 tensors)
+    "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3,
+                                                   fp32_on_cpu=True),
 }
 
 # ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).
@@ -356,10 +361,17 @@ CHEAP_TO_RECOMPUTE: frozenset[str] = frozenset({
 })
 
 # Mixed precision (torch.autocast): ops that run in the low precision (their float inputs are cast, weights
-# once per step into autocast's cache) and ops that run in fp32; the rest follow their inputs.
+# once per step into autocast's cache) and ops that run in fp32 (on CUDA; on CPU see AUTOCAST_FP32_CPU); the rest
+# follow their inputs.
 AUTOCAST_LOW_PRECISION: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "com.microsoft::Attention", "Attention",
     "aten::scaled_dot_product_attention",
+})
+# On CPU, autocast's fp32 list is the losses (cross_entropy_loss, nll_loss, mse_loss, ...) and rarer ops, not
+# softmax, layer_norm, exp or pow (they follow their inputs: measured, GPT-2's tanh GELU keeps bf16 tensors): the
+# ops of the loss onnxmem appends, and these.
+AUTOCAST_FP32_CPU: frozenset[str] = frozenset({
+    "NegativeLogLikelihoodLoss", "MeanSquaredError", "SoftmaxCrossEntropyLoss", "ReduceProd", "CumSum",
 })
 AUTOCAST_FP32: frozenset[str] = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "Exp", "Log", "Pow", "ReduceSum",
