@@ -599,9 +599,9 @@ def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: s
     return training.first_step.peak_bytes - training.weights_bytes - training.input_bytes, ",".join(codes) or "-"
 
 
-# The training variants the issue asks for, on the transformers (recommended export, sgd and adamw): autocast to bf16, only
-# the head trainable (these fnmatch patterns of parameter names: GPT-2's head is tied to its embedding, so its last
-# block trains), and gradient accumulation over two micro-batches.
+# The training variants the issue asks for, on the transformers (recommended export, sgd and adamw): autocast to
+# bf16, only the head trainable (these fnmatch patterns of parameter names: GPT-2's head is tied to its embedding,
+# so its last block trains), and gradient accumulation over two micro-batches.
 VARIANTS = ("amp-bf16", "frozen backbone", "grad-accum 2")
 HEADS: dict[str, tuple[str, ...]] = {
     "vit_tiny": ("heads.*",),

@@ -73,7 +73,8 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     _name_dims(proto, axes)
     # the mode the graph was traced in: a train-mode trace writes nn.Dropout(p=0) as a copy (aten.clone), as an
     # eval-mode trace writes every Dropout; the estimate reads which it was here
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, EXPORT_MODE_PROPERTY: "training"})
+    properties = {prop.key: prop.value for prop in proto.metadata_props}
+    onnx.helper.set_model_props(proto, {**properties, EXPORT_MODE_PROPERTY: "training"})
     onnx.save(proto, str(target))
     return target
 

@@ -672,9 +672,11 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
         # autocast runs the op on an fp32 copy of a 16-bit input: backward makes that copy's fp32 gradient, then
         # casts it to the input's width (ToCopyBackward): the gradient is counted at the input's width, the fp32
         # one is wider by this much
-        upcast = sum((4 - values[t].nbytes // values[t].numel) * values[t].numel for t in inputs
-                     if t >= 0 and needs_grad[t] and values[t].is_float and values[t].numel
-                     and values[t].nbytes // values[t].numel < 4)
+        upcast = 0
+        for t in inputs:
+            numel = values[t].numel if t >= 0 and needs_grad[t] and values[t].is_float else None
+            if numel and values[t].nbytes // numel < 4:
+                upcast += (4 - values[t].nbytes // numel) * numel
         if upcast:
             temporaries[n] = temporaries.get(n, 0) + upcast
     per_output, per_input = rule.cpu_backward_temporaries
