@@ -49,6 +49,7 @@ from .rules.training import (
     AUTOCAST_FP32_CPU,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
+    CPU_AUTOGRAD_BYTES_PER_NODE,
     CPU_CHANNEL_BLOCK,
     DECOMPOSED,
     DEFAULT_SAVES,
@@ -1173,6 +1174,7 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     _kept_extras(model, step, buffers)
     _backward_buffers(model, options, step, buffers)
     _optimizer_buffers(model, options, rule, step, buffers, first_step)
+    _autograd_graph_buffers(model, options, step, buffers)
     live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
     peak_event = max(range(len(live)), key=live.__getitem__)
     saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)
@@ -1284,6 +1286,26 @@ def _forward_buffers(model: _Model, step: _Schedule, buffers: _Buffers, recomput
             uses = [bwd[s] for s in model.saved_by[t] if bwd[s] >= 0]
             if uses:
                 buffers.add(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
+
+
+def _autograd_graph_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers) -> None:
+    """Add PyTorch's autograd graph on CPU (rules.training.CPU_AUTOGRAD_BYTES_PER_NODE per differentiable op and
+    trainable parameter): from the op's forward (its recompute inside a checkpointed segment, until its backward)
+    or the parameter's first use, to the step's end."""
+    if options.device != "cpu":
+        return
+    each = CPU_AUTOGRAD_BYTES_PER_NODE
+    for n, node in enumerate(model.nodes):
+        if not model.differentiable[n]:
+            continue
+        if step.segment_of[n] >= 0:
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.rec[n], step.bwd[n])
+        else:
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.fwd[n], step.end)
+    for t in model.params:
+        users = [step.fwd[c] for c in model.values[t].consumers]
+        buffers.add(f"{model.values[t].name} (gradient accumulator)", "autograd graph", each,
+                    min(users, default=step.data), step.end)
 
 
 def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> None:

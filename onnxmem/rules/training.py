@@ -159,6 +159,15 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
 }
 
+# PyTorch on CPU keeps its autograd graph on the heap, outside c10's allocator (what the profiler sees): the nodes,
+# their edges and saved-variable records, and one gradient accumulator per parameter. Measured with an LD_PRELOAD
+# malloc counter against the profiler's c10 peak, one training step each (benchmarks/accuracy_training.py's own
+# models: Linear/ReLU and LayerNorm/Linear/GELU chains of 8 and 32 layers, the MLPs, a tiny GPT, a ViT block):
+# 1,050-1,730 bytes per differentiable op of the graph and trainable parameter (840-1,420 per autograd node). Counted
+# on CPU (on CUDA it is host memory, not the device's) from each op's forward to the step's end: the training loop
+# holds the output, which holds the graph.
+CPU_AUTOGRAD_BYTES_PER_NODE = 1200
+
 # oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
 CPU_CHANNEL_BLOCK = 16
 
