@@ -6,9 +6,12 @@ bytes live before the step is measured. The estimate is onnxmem's training peak 
 counts as live before it (weights and the input batch; after the first step also the optimizer state). The hand
 formula is the CS231n rule: parameters x (2 + optimizer states) + 2 x every activation, minus the same baseline.
 
-Measurement: PyTorch's CPU allocator does not cache, and with profile_memory=True the profiler records every
-allocation and free of the c10 CPU allocator with its exact size; their running sum is the live bytes. The script
-first checks that on a Linear layer whose step is worked out by hand (it must match to the byte).
+Measurement: every heap byte, by an LD_PRELOAD malloc counter (../shared/tools/malloc_counter.c, or $ONNXMEM_TOOLS;
+the script re-runs itself under it, one thread): PyTorch's allocator and what bypasses it (the autograd graph, MKL's
+buffers). Beside it, for the first step, PyTorch's CPU allocator alone: it does not cache, and with
+profile_memory=True the profiler records every allocation and free of the c10 CPU allocator with its exact size;
+their running sum is the live bytes. The script first checks the profiler on a Linear layer whose step is worked
+out by hand (it must match to the byte).
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
 Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out|real]
@@ -17,9 +20,8 @@ Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--s
 --set real: torchvision, timm and transformers architectures (small configs, random weights), each exported the
 way a user does by default (torch.onnx.export(model.eval(), args, dynamo=True)) and the way onnxmem recommends
 (onnxmem.torch.export_for_training: train mode, optimize=False), estimated with device="cpu" and the matching loss;
-truth is one PyTorch training step (the first) measured to the byte by an LD_PRELOAD malloc counter
-(../shared/tools/malloc_counter.c: every heap byte, including what bypasses PyTorch's allocator), with the
-profiler's c10 peak beside it. The script re-runs itself under the counter.
+truth is one PyTorch training step (the first) measured to the byte by the malloc counter, with the profiler's c10
+peak beside it. Also the training variants (VARIANTS): autocast to bf16, a frozen backbone, gradient accumulation.
 """
 
 from __future__ import annotations
@@ -77,8 +79,10 @@ def live_bytes_peak(work: Callable[[], None]) -> int:
 
 
 def measure_steps(module: nn.Module, inputs: tuple[torch.Tensor, ...], loss: Callable[[Any], torch.Tensor],
-                  optimizer: str) -> tuple[int, int]:
-    """Give the peak above the pre-step baseline of the first and of the second training step."""
+                  optimizer: str, measure: Callable[[Callable[[], None]], int] | None = None) -> tuple[int, int]:
+    """Give the peak above the pre-step baseline of the first and of the second training step (by `measure`: the
+    profiler's c10 bytes unless given)."""
+    measure = measure or live_bytes_peak
     opt = OPTIMIZERS[optimizer](module.parameters())
 
     def step() -> None:
@@ -88,9 +92,9 @@ def measure_steps(module: nn.Module, inputs: tuple[torch.Tensor, ...], loss: Cal
         value.backward()
         opt.step()
 
-    first = live_bytes_peak(step)
+    first = measure(step)
     opt.zero_grad(set_to_none=True)  # the next step starts with the optimizer state and no gradients
-    later = live_bytes_peak(step)
+    later = measure(step)
     return first, later
 
 
@@ -341,7 +345,8 @@ class Row:
     model: str
     batch: int
     optimizer: str
-    measured: int
+    measured: int  # every heap byte (malloc counter)
+    c10: int  # PyTorch's allocator alone (profiler)
     estimate: int
     hand: int
     measured_later: int
@@ -373,13 +378,18 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module = case.build()
             module.load_state_dict(reference.state_dict())
             module.train()
-            first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
+            first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer, heap_peak)
+            torch.manual_seed(0)
+            module = case.build()
+            module.load_state_dict(reference.state_dict())
+            module.train()
+            c10, _ = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
             options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind)
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
             rows.append(Row(
-                case.name, batch, optimizer, first, training.first_step.peak_bytes - baseline,
+                case.name, batch, optimizer, first, c10, training.first_step.peak_bytes - baseline,
                 training.hand_formula_bytes - baseline, later,
                 training.later_step.peak_bytes - baseline - training.optimizer_state_bytes,
                 training.first_step.peak_phase))
@@ -393,10 +403,11 @@ def main() -> None:
     parser.add_argument("--set", choices=("fixtures", "held-out", "real"), default="fixtures",
                         help="the fixtures' models, models the rules were never tuned on, or real architectures")
     args = parser.parse_args()
+    under_malloc_counter()
     if args.set == "real":
         main_real(args.models)
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     started = time.perf_counter()
     checked = check_measurement()
     print(f"measurement check: Linear(1000, 500), batch 64, sgd: {checked:,} B measured = {checked:,} B by hand")
@@ -414,13 +425,15 @@ def main() -> None:
         for case in cases:
             if not wanted or case.name in wanted:
                 rows += run_case(case, batches, Path(folder))
-    print(f"models: {source}; torch {torch.__version__}, CPU, fp32; peak live bytes above the pre-step baseline")
+    print(f"models: {source}; torch {torch.__version__}, CPU, fp32, one thread; peak bytes above the pre-step "
+          "baseline; measured: every heap byte (malloc counter), c10: PyTorch's allocator alone (profiler)")
     print()
-    print("| model | batch | optimizer | measured (1st step) | estimate | error | hand formula | hand error "
+    print("| model | batch | optimizer | measured (1st step) | c10 | estimate | error | hand formula | hand error "
           "| later step: measured | estimate | error | peak phase |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print(f"| {r.model} | {r.batch} | {r.optimizer} | {r.measured:,} | {r.estimate:,} | {100 * r.error:+.1f}% "
+        print(f"| {r.model} | {r.batch} | {r.optimizer} | {r.measured:,} | {r.c10:,} | {r.estimate:,} "
+              f"| {100 * r.error:+.1f}% "
               f"| {r.hand:,} | {100 * r.hand_error:+.1f}% | {r.measured_later:,} | {r.estimate_later:,} "
               f"| {100 * r.later_error:+.1f}% | {r.phase} |")
     errors = [abs(r.error) for r in rows] + [abs(r.later_error) for r in rows]
@@ -654,14 +667,18 @@ def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[R
     return rows
 
 
-def main_real(models: str) -> None:
-    """Run --set real under the malloc counter (re-running this script with it preloaded) and print the table."""
+def under_malloc_counter() -> None:
+    """Re-run this script with the malloc counter preloaded (one OpenMP thread), unless it is."""
     if "malloc_counter" not in os.environ.get("LD_PRELOAD", ""):
         library = Path(tempfile.mkdtemp()) / "libmalloc_counter.so"
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(TOOLS / "malloc_counter.c")],
                        check=True)
         environment = {**os.environ, "LD_PRELOAD": str(library), "OMP_NUM_THREADS": "1"}
         sys.exit(subprocess.run([sys.executable, *sys.argv], env=environment).returncode)
+
+
+def main_real(models: str) -> None:
+    """Run --set real (under the malloc counter) and print the table."""
     sys.path.insert(0, str(TOOLS))
     importlib.import_module("tvshim")  # before torchvision (and timm, transformers, which import it)
     import torchvision  # noqa: F401
