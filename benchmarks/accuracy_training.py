@@ -608,7 +608,8 @@ def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: s
         grad_accum=2 if variant == "grad-accum 2" else 1))
     training = report.training
     assert training is not None
-    codes = sorted({w.code for w in report.warnings if w.code in ("folded-normalization", "eval-export")})
+    codes = sorted({w.code for w in report.warnings
+                    if w.code in ("folded-normalization", "eval-export", "export-mode-unknown")})
     return training.first_step.peak_bytes - training.weights_bytes - training.input_bytes, ",".join(codes) or "-"
 
 

@@ -88,7 +88,7 @@ _BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
 _TOP_LIVE = 20
 # Warnings a training report carries about its export: each is stated in the report's assumptions as
 # '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
-EXPORT_WARNINGS = ("folded-normalization", "eval-export", "unmatched-pattern")
+EXPORT_WARNINGS = ("folded-normalization", "eval-export", "export-mode-unknown", "unmatched-pattern")
 _ATEN_TARGET = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.")
 
 
@@ -1718,8 +1718,9 @@ def _assumptions(graph: ModelGraph, model: _Model, options: TrainingOptions, rul
         notes.append("eval-mode export: BatchNorm assumed to train (keeps its input and batch statistics); "
                      "Dropout layers an eval export removes are not counted")
     else:
-        notes.append("no Dropout or BatchNormalization in the graph: if the model has Dropout, an eval-mode export "
-                     "removed it and its masks are not counted")
+        notes.append(f"[export-mode-unknown] the graph has no Dropout or BatchNormalization and does not say the "
+                     f"mode it was exported in: if the model has Dropout, an eval-mode export removed it and its "
+                     f"masks are not counted (PyTorch keeps one per dropped tensor). To be sure, {RECOMMENDED_EXPORT}")
     notes.extend(f"{text}: {count} place(s)" for text, count in model.assumed.items())
     notes.extend(_export_findings(model, mode))
     if model.unmatched:
