@@ -511,6 +511,25 @@ def _transformers(kind: str) -> Callable[[], nn.Module]:
             return LogitsOnly(tf.LlamaForCausalLM(tf.LlamaConfig(
                 num_hidden_layers=2, hidden_size=128, intermediate_size=352, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=64, **small)))
+        if kind == "qwen2":
+            return LogitsOnly(tf.Qwen2ForCausalLM(tf.Qwen2Config(
+                num_hidden_layers=2, hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, **small)))
+        if kind == "opt":
+            return LogitsOnly(tf.OPTForCausalLM(tf.OPTConfig(
+                num_hidden_layers=2, hidden_size=128, ffn_dim=512, num_attention_heads=4, max_position_embeddings=64,
+                word_embed_proj_dim=128, **small)))
+        if kind == "gpt_neox":
+            return LogitsOnly(tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
+                num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4,
+                max_position_embeddings=64, **small)))
+        if kind == "distilbert":
+            return LogitsOnly(tf.DistilBertForSequenceClassification(tf.DistilBertConfig(
+                n_layers=2, dim=128, hidden_dim=512, n_heads=4, max_position_embeddings=64, num_labels=10, **small)))
+        if kind == "roberta":  # its position ids start after the padding index: 32 tokens need 34 positions
+            return LogitsOnly(tf.RobertaForSequenceClassification(tf.RobertaConfig(
+                num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4,
+                max_position_embeddings=80, num_labels=10, **small)))
         return LogitsOnly(tf.BertForSequenceClassification(tf.BertConfig(
             num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4,
             max_position_embeddings=64, num_labels=10, **small)))
@@ -535,6 +554,12 @@ REAL = [
     RealCase("gpt2_small", _transformers("gpt2"), _ids, _tokens, 4),
     RealCase("llama_small", _transformers("llama"), _ids, _tokens, 4),
     RealCase("bert_small", _transformers("bert"), _ids, _classes, 8),
+    # added after the rules were written and run once as they are (no rule changed for them)
+    RealCase("qwen2_small", _transformers("qwen2"), _ids, _tokens, 4),
+    RealCase("opt_small", _transformers("opt"), _ids, _tokens, 4),
+    RealCase("gpt_neox_small", _transformers("gpt_neox"), _ids, _tokens, 4),
+    RealCase("distilbert_small", _transformers("distilbert"), _ids, _classes, 8),
+    RealCase("roberta_small", _transformers("roberta"), _ids, _classes, 8),
 ]
 
 
@@ -622,6 +647,11 @@ HEADS: dict[str, tuple[str, ...]] = {
     "gpt2_small": ("model.transformer.h.1.*", "model.transformer.ln_f.*"),
     "llama_small": ("model.lm_head.*",),
     "bert_small": ("model.classifier.*",),
+    "qwen2_small": ("model.lm_head.*",),
+    "opt_small": ("model.model.decoder.layers.1.*",),  # its head is tied to its embedding
+    "gpt_neox_small": ("model.lm_head.*",),
+    "distilbert_small": ("model.classifier.*",),
+    "roberta_small": ("model.classifier.*",),
 }
 
 
