@@ -448,34 +448,23 @@ def _module_scopes(layer: str) -> list[str]:
 
 
 def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -> dict[int, int]:
-    """Give, per activation storage passed into a module call (read inside a module scope, made outside that call),
-    the last node of the call: the caller's frame holds the argument until the module's forward returns. A call is
-    a run of consecutive nodes in the module's scope (a module called twice, as ResNet's shared ReLU, makes two)."""
-    calls: list[list[int]] = []  # per node, the calls it is inside, as indices into `end`
-    end: list[int] = []
-    open_calls: dict[str, int] = {}  # scope -> its call that the previous node was inside
-    for n, node in enumerate(nodes):
-        scopes = _module_scopes(node.layer)
-        inside = []
-        for scope in scopes:
-            call = open_calls.get(scope)
-            if call is None:
-                call = len(end)
-                end.append(n)
-            end[call] = n
-            inside.append(call)
-        open_calls = dict(zip(scopes, inside, strict=True))
-        calls.append(inside)
+    """Give, per activation storage passed into a module call (read inside a module scope, made outside it), the
+    last node of that call: the caller's frame holds the argument until the module's forward returns."""
+    scopes = [_module_scopes(node.layer) for node in nodes]
+    end: dict[str, int] = {}
+    for n, inside in enumerate(scopes):
+        for scope in inside:
+            end[scope] = n
     held: dict[int, int] = {}
     for n, node in enumerate(nodes):
         for t in node.inputs:
             producer = values[t].producer if t >= 0 else None
             if producer is None or values[roots[t]].kind in (WEIGHT, INPUT) or not _is_tensor(values[t]):
                 continue
-            made_in = set(calls[producer])
-            for call in calls[n]:
-                if call not in made_in and end[call] > held.get(roots[t], -1):
-                    held[roots[t]] = end[call]
+            made_in = set(scopes[producer])
+            for scope in scopes[n]:
+                if scope not in made_in and end[scope] > held.get(roots[t], -1):
+                    held[roots[t]] = end[scope]
     return held
 
 
