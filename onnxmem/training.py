@@ -449,7 +449,10 @@ def _module_scopes(layer: str) -> list[str]:
 
 def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -> dict[int, int]:
     """Give, per activation storage passed into a module call (read inside a module scope, made outside it), the
-    last node of that call: the caller's frame holds the argument until the module's forward returns."""
+    last node of that call: the caller's frame holds the argument until the module's forward returns. A module
+    called twice (ResNet's shared ReLU) has one scope for both calls, taken as one call from its first node to its
+    last: the exporter's order does not keep a call's nodes together (transformers' BERT), so runs cannot tell calls
+    apart."""
     scopes = [_module_scopes(node.layer) for node in nodes]
     end: dict[str, int] = {}
     for n, inside in enumerate(scopes):
