@@ -448,26 +448,34 @@ def _module_scopes(layer: str) -> list[str]:
 
 
 def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -> dict[int, int]:
-    """Give, per activation storage passed into a module call (read inside a module scope, made outside it), the
-    last node of that call: the caller's frame holds the argument until the module's forward returns. A module
-    called twice (ResNet's shared ReLU) has one scope for both calls, taken as one call from its first node to its
-    last: the exporter's order does not keep a call's nodes together (transformers' BERT), so runs cannot tell calls
-    apart."""
-    scopes = [_module_scopes(node.layer) for node in nodes]
-    end: dict[str, int] = {}
-    for n, inside in enumerate(scopes):
-        for scope in inside:
-            end[scope] = n
+    """Give, per activation storage passed into a module call (read inside a module scope, made outside that call),
+    the last node of the call: the caller's frame holds the argument until the module's forward returns. A call is
+    a run of nodes in the module's scope in the file's order (PyTorch's: the schedule may interleave calls), so a
+    module called twice (ResNet's shared ReLU) makes two calls."""
+    file_order = sorted(range(len(nodes)), key=lambda n: (nodes[n].graph_op is None, nodes[n].graph_op or 0, n))
+    calls: list[list[int]] = [[] for _ in nodes]  # per node, the calls it is inside, as indices into `end`
+    end: list[int] = []  # per call, its last node in `nodes`
+    open_calls: dict[str, int] = {}  # scope -> the call the previous node in the file was inside
+    for n in file_order:
+        scopes = _module_scopes(nodes[n].layer)
+        for scope in scopes:
+            call = open_calls.get(scope)
+            if call is None:
+                call = len(end)
+                end.append(n)
+            end[call] = max(end[call], n)
+            calls[n].append(call)
+        open_calls = dict(zip(scopes, calls[n], strict=True))
     held: dict[int, int] = {}
     for n, node in enumerate(nodes):
         for t in node.inputs:
             producer = values[t].producer if t >= 0 else None
             if producer is None or values[roots[t]].kind in (WEIGHT, INPUT) or not _is_tensor(values[t]):
                 continue
-            made_in = set(scopes[producer])
-            for scope in scopes[n]:
-                if scope not in made_in and end[scope] > held.get(roots[t], -1):
-                    held[roots[t]] = end[scope]
+            made_in = set(calls[producer])
+            for call in calls[n]:
+                if call not in made_in and end[call] > held.get(roots[t], -1):
+                    held[roots[t]] = end[call]
     return held
 
 

@@ -147,3 +147,45 @@ def test_a_frozen_backbone_holds_module_arguments_until_the_call_returns(tmp_pat
     assert training is not None
     estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
     assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)
+
+
+def test_a_module_called_twice_holds_each_call_s_argument_only_through_that_call(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(32, 512), nn.Linear(512, 512), nn.Linear(512, 10)
+            self.act = nn.ReLU()  # one module, called twice: one scope in the export
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # a(x) is released when the first call of act returns, not held through the second (no local names:
+            # a local of the caller's frame lives until it is reassigned, which the graph does not show)
+            return self.head(self.act(self.b(self.act(self.a(x)))))
+
+    torch.manual_seed(0)
+    model = Net()
+    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("head."))
+    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        nn.functional.cross_entropy(out, target).backward()
+        opt.step()
+
+    measured = _c10_peak(step)
+    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
+                                                                           train=("head.*",)))
+    training = report.training
+    assert training is not None
+    estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+    # the forward peak: two 64 x 512 tensors at once (the call's argument and its result), never three
+    assert measured == 2 * 64 * 512 * 4
+    assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)
