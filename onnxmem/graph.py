@@ -75,6 +75,9 @@ class ModelGraph:
         self.warnings = warnings
         # tensor name -> index (`tensor_index`: made by the caller, of the same tensors)
         self.tensor_index = {t.name: t.index for t in tensors} if tensor_index is None else tensor_index
+        # the model's and the main graph's metadata_props (onnxmem.torch.export_for_training records the mode it
+        # exported in; the dynamo exporter, which of the weights are parameters and which buffers)
+        self.properties: dict[str, str] = {}
         self._nx: nx.DiGraph | None = None
 
     @property
@@ -106,7 +109,9 @@ class ModelGraph:
         kinds = dtypes if dtypes is not None else [t.dtype for t in self.tensors]
         tensors = [Tensor(t.index, t.name, dtype, shape, size, t.kind, t.producer, t.consumers)
                    for t, dtype, shape, size in zip(self.tensors, kinds, shapes, nbytes, strict=True)]
-        return ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
+        sized = ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
+        sized.properties = self.properties
+        return sized
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:
         """Size every tensor, subgraphs' included, from `types` (tensor name -> inferred type), in place."""
@@ -137,7 +142,9 @@ def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType] | None =
     node has metadata naming its layer (see load.NodeKinds), which is then not read."""
     types = {} if types is None else types
     known_ops = _known_functions(model)
-    return _Builder(types, known_ops, metadata).build(model.graph, outer=frozenset())
+    graph = _Builder(types, known_ops, metadata).build(model.graph, outer=frozenset())
+    graph.properties = {prop.key: prop.value for prop in (*model.metadata_props, *model.graph.metadata_props)}
+    return graph
 
 
 def _known_functions(model: onnx.ModelProto) -> set[tuple[str, str]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OnnxMemError, require_extra
+from .rules.training import EXPORT_MODE_PROPERTY
 
 # An axis per dim name: the same axis of every input of higher rank, or one entry per input (None: not there).
 DynamicAxes = Mapping[str, int | Sequence[int | None]]
@@ -70,6 +71,10 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
         model.train(was_training)
     proto = onnx.load(str(target), load_external_data=False)
     _name_dims(proto, axes)
+    # the mode the graph was traced in: a train-mode trace writes nn.Dropout(p=0) as a copy (aten.clone), as an
+    # eval-mode trace writes every Dropout; the estimate reads which it was here
+    properties = {prop.key: prop.value for prop in proto.metadata_props}
+    onnx.helper.set_model_props(proto, {**properties, EXPORT_MODE_PROPERTY: "training"})
     onnx.save(proto, str(target))
     return target
 

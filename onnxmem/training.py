@@ -43,21 +43,27 @@ from .report import (
 )
 from .rules.training import (
     ATEN_SAVED_FOR_BACKWARD,
+    ATEN_VIEWS,
     ATEN_WITH_DROPOUT,
     AUTOCAST_FP32,
+    AUTOCAST_FP32_CPU,
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
+    CPU_AUTOGRAD_BYTES_PER_NODE,
     CPU_CHANNEL_BLOCK,
     DECOMPOSED,
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
     EIGHT_BIT_MIN_ELEMENTS,
     EVAL_MODULES,
+    EXPORT_MODE_PROPERTY,
     EXPORTER_WEIGHT_NAME,
     FOLDED_ATEN,
     FOLDS_INTO,
+    GRAPH_SIGNATURE_PROPERTY,
     LOSSES,
     NOT_DIFFERENTIABLE,
+    NOT_PARAMETER_KINDS,
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
     RECURRENT,
@@ -82,7 +88,7 @@ _BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
 _TOP_LIVE = 20
 # Warnings a training report carries about its export: each is stated in the report's assumptions as
 # '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
-EXPORT_WARNINGS = ("folded-normalization", "eval-export", "unmatched-pattern")
+EXPORT_WARNINGS = ("folded-normalization", "eval-export", "export-mode-unknown", "unmatched-pattern")
 _ATEN_TARGET = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.")
 
 
@@ -199,6 +205,9 @@ class _Model:
     restored: _Restored | None = None  # ops an export folded away, simulated again
     assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
     unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
+    # storage root -> the last node of the module calls it is an argument of (Python holds a module's arguments
+    # until its forward returns), from the dynamo export's module scopes
+    held_by_call: dict[int, int] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -348,6 +357,19 @@ def _rule(op_type: str, domain: str) -> Saves | None:
     return SAVED_FOR_BACKWARD.get(key)
 
 
+def _rule_key(node: _Node) -> str:
+    """Give the node's key in the rule tables: its op type, 'domain::op type' outside ONNX's domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def _autocast_fp32(node: _Node, options: TrainingOptions) -> bool:
+    """Say whether autocast runs the node in fp32: by CUDA's list, or on CPU the loss onnxmem appends and CPU's
+    list."""
+    if options.device == "cpu":
+        return node.graph_op is None or _rule_key(node) in AUTOCAST_FP32_CPU
+    return _rule_key(node) in AUTOCAST_FP32
+
+
 def aten_op(origin: str) -> str:
     """Give the ATen op's name ('silu') from an Op.origin ('torch.ops.aten.silu.default %silu x'), or ""."""
     found = _ATEN_TARGET.match(origin)
@@ -402,7 +424,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     _wire(graph, values, nodes)
     params, frozen, unmatched = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options)
-    roots = _storage_roots(values, nodes)
+    roots = _storage_roots(values, nodes, graph)
     needs_grad, differentiable = _gradient_flow(values, nodes, params)
     needs = _BackwardNeeds()
     for n, node in enumerate(nodes):
@@ -415,7 +437,46 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed, unmatched)
+                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots))
+
+
+def _module_scopes(layer: str) -> list[str]:
+    """Give the module calls a dynamo export's node is inside, outermost first, as scope prefixes (': pkg.M/enc:
+    pkg.Encoder/add: aten.add' -> [': pkg.M', ': pkg.M/enc: pkg.Encoder']); none without module classes."""
+    parts = layer.split("/")[:-1] if ":" in layer else []
+    return ["/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -> dict[int, int]:
+    """Give, per activation storage passed into a module call (read inside a module scope, made outside that call),
+    the last node of the call: the caller's frame holds the argument until the module's forward returns. A call is
+    a run of nodes in the module's scope in the file's order (PyTorch's: the schedule may interleave calls), so a
+    module called twice (ResNet's shared ReLU) makes two calls."""
+    file_order = sorted(range(len(nodes)), key=lambda n: (nodes[n].graph_op is None, nodes[n].graph_op or 0, n))
+    calls: list[list[int]] = [[] for _ in nodes]  # per node, the calls it is inside, as indices into `end`
+    end: list[int] = []  # per call, its last node in `nodes`
+    open_calls: dict[str, int] = {}  # scope -> the call the previous node in the file was inside
+    for n in file_order:
+        scopes = _module_scopes(nodes[n].layer)
+        for scope in scopes:
+            call = open_calls.get(scope)
+            if call is None:
+                call = len(end)
+                end.append(n)
+            end[call] = max(end[call], n)
+            calls[n].append(call)
+        open_calls = dict(zip(scopes, calls[n], strict=True))
+    held: dict[int, int] = {}
+    for n, node in enumerate(nodes):
+        for t in node.inputs:
+            producer = values[t].producer if t >= 0 else None
+            if producer is None or values[roots[t]].kind in (WEIGHT, INPUT) or not _is_tensor(values[t]):
+                continue
+            made_in = set(calls[producer])
+            for call in calls[n]:
+                if call not in made_in and end[call] > held.get(roots[t], -1):
+                    held[roots[t]] = end[call]
+    return held
 
 
 def _forward(graph: ModelGraph, order: Sequence[int]) -> \
@@ -473,7 +534,7 @@ def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], opt
     """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
     not buffers (running statistics), not scalars; and the freeze/train patterns that match none of them."""
     unmatched = {("freeze", p) for p in options.freeze} | {("train", p) for p in options.train}
-    buffers: set[int] = set()
+    buffers: set[int] = {graph.tensor_index[name] for name in _signature_buffers(graph) if name in graph.tensor_index}
     for node in nodes:
         for i in _BUFFER_INPUTS.get(node.op_type, ()):
             if i < len(node.inputs) and node.inputs[i] >= 0:
@@ -499,6 +560,13 @@ def _parameters(graph: ModelGraph, values: list[_Value], nodes: list[_Node], opt
     return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched))
 
 
+def _signature_buffers(graph: ModelGraph) -> list[str]:
+    """Give the weights the dynamo exporter's graph signature lists as buffers or constants, not parameters."""
+    signature = graph.properties.get(GRAPH_SIGNATURE_PROPERTY, "")
+    kinds = "|".join(NOT_PARAMETER_KINDS)
+    return re.findall(rf": (?:{kinds}) target='([^']+)'", signature)
+
+
 def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: list[int],
                        options: TrainingOptions) -> None:
     """Size the values at the training precision: parameters at the master precision, float inputs likewise,
@@ -515,7 +583,7 @@ def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: lis
         if options.precision.startswith("amp-"):
             if key in AUTOCAST_LOW_PRECISION:
                 size = 2
-            elif key in AUTOCAST_FP32:
+            elif _autocast_fp32(node, options):
                 size = 4
             else:
                 widths = [values[t].nbytes // (values[t].numel or 1) for t in node.inputs
@@ -529,9 +597,10 @@ def _size_at_precision(values: list[_Value], nodes: list[_Node], parameters: lis
                 values[t].nbytes = numel * size
 
 
-def _storage_roots(values: list[_Value], nodes: list[_Node]) -> list[int]:
-    """Give each value's storage root: PyTorch's views share their input's storage, and BatchNormalization's
-    running statistics are updated in place."""
+def _storage_roots(values: list[_Value], nodes: list[_Node], graph: ModelGraph) -> list[int]:
+    """Give each value's storage root: PyTorch's views share their input's storage (the ONNX ops that are views in
+    PyTorch, and any node the exporter marks with an ATen view op), and BatchNormalization's running statistics are
+    updated in place."""
     root = list(range(len(values)))
 
     def find(t: int) -> int:
@@ -542,6 +611,10 @@ def _storage_roots(values: list[_Value], nodes: list[_Node]) -> list[int]:
 
     for node in nodes:
         source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if source is None and node.graph_op is not None and not node.restored \
+                and aten_op(graph.ops[node.graph_op].origin) in ATEN_VIEWS:
+            tensors = [i for i, t in enumerate(node.inputs) if t >= 0 and _is_tensor(values[t])]
+            source = tensors[0] if len(tensors) == 1 else None
         if source is None or source >= len(node.inputs) or node.inputs[source] < 0:
             continue
         for t in node.outputs:
@@ -607,6 +680,17 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
     if rule.batched_backward_temporaries and out0 is not None and not any(
             t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
         temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
+    if options.precision.startswith("amp-") and _autocast_fp32(node, options):
+        # autocast runs the op on an fp32 copy of a 16-bit input: backward makes that copy's fp32 gradient, then
+        # casts it to the input's width (ToCopyBackward): the gradient is counted at the input's width, the fp32
+        # one is wider by this much
+        upcast = 0
+        for t in inputs:
+            numel = values[t].numel if t >= 0 and needs_grad[t] and values[t].is_float else None
+            if numel and values[t].nbytes // numel < 4:
+                upcast += (4 - values[t].nbytes // numel) * numel
+        if upcast:
+            temporaries[n] = temporaries.get(n, 0) + upcast
     per_output, per_input = rule.cpu_backward_temporaries
     if options.device == "cpu" and out0 is not None and (per_output or per_input):
         first_input = inputs[0] if inputs and inputs[0] >= 0 else None
@@ -676,8 +760,7 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         extra += 4 * rule.stats_values * _stat_count(values[inputs[0]], rule)
     if rule.input_sized_extra and inputs and inputs[0] >= 0:
         extra += rule.input_sized_extra * values[inputs[0]].nbytes
-    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
-        extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
+    extra += _attention_extra_bytes(n, rule, inputs, values, roots, options, needs)
     if rule.recurrent:
         kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
         extra += kept_bytes
@@ -695,6 +778,7 @@ class _Restored:
     by_names: bool = False  # found by exporter weight names (no ATen marks), not by ATen marks
     eval_marks: bool = False  # an ATen op says the model was exported in eval mode
     eval_copies: dict[str, int] = field(default_factory=dict)  # op -> eval-mode copies simulated as that op
+    p0_copies: dict[str, int] = field(default_factory=dict)  # op -> its p=0 copies in a train-mode export (aliases)
 
 
 def _module_classes(layer: str) -> list[str]:
@@ -711,6 +795,7 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
     restored = _Restored()
     groups: dict[str, list[int]] = {}
     folded: dict[int, Folded] = {}  # position of the node folded into -> the op restored after it
+    trained = _traced_in_train_mode(graph)
     for n, node in enumerate(nodes):
         op = graph.ops[node.graph_op] if node.graph_op is not None else None
         name = aten_op(op.origin) if op is not None else ""
@@ -720,8 +805,11 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
         if node.op_type == "Identity":
             classes = _module_classes(node.layer)
             if classes and classes[-1] in EVAL_MODULES:
-                node.op_type = EVAL_MODULES[classes[-1]]
-                restored.eval_copies[node.op_type] = restored.eval_copies.get(node.op_type, 0) + 1
+                made = EVAL_MODULES[classes[-1]]
+                copies = restored.p0_copies if trained else restored.eval_copies
+                copies[made] = copies.get(made, 0) + 1
+                if not trained:
+                    node.op_type = made
     for members in groups.values():
         rule = FOLDED_ATEN[aten_op(graph.ops[nodes[members[0]].graph_op].origin)]  # type: ignore[index]
         if not any(nodes[m].op_type == rule.restores for m in members):
@@ -786,10 +874,14 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
         made = {t for n in members for t in nodes[n].outputs if t >= 0}
         inside = set(members)
         last = members[-1]
-        exported = [t for t in made if t in graph_outputs or any(r not in inside for r in readers.get(t, ()))]
+        read_outside = [t for t in made if t in graph_outputs or any(r not in inside for r in readers.get(t, ()))]
+        # the group's tensors read outside it; its shape arithmetic and constants may be read outside too (the
+        # exporter shares a Constant between ops): those nodes stay, outside the fused op
+        exported = [t for t in read_outside if _is_tensor(values[t])]
         # one result, read only after the group's last node (where the op is placed)
         if len(exported) != 1 or any(r not in inside and r < last for r in readers.get(exported[0], ())):
             continue
+        kept = _producers_of(members, set(read_outside) - set(exported), nodes)
         external = [t for n in members for t in nodes[n].inputs
                     if t >= 0 and t not in made and values[t].is_float and (values[t].numel or 0) > 1]
         named = [graph.tensor_index[name] for name in fx_arguments(graph.ops[nodes[last].graph_op])  # type: ignore[index]
@@ -802,11 +894,30 @@ def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGrap
             name = ATEN_WITH_DROPOUT[name]
         fused[last] = _Node(f"aten::{name}", "", nodes[last].name, nodes[members[0]].layer, inputs,
                             (exported[0],), nodes[last].graph_op)
-        removed.update(members[:-1])
-        hidden.extend(t for t in made if t != exported[0])
+        removed.update(m for m in members[:-1] if m not in kept)
+        hidden.extend(t for m in members if m not in kept for t in nodes[m].outputs if t >= 0 and t != exported[0])
     if not fused:
         return nodes, []
     return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
+
+
+def _is_tensor(value: _Value) -> bool:
+    """Say whether a value is an activation-like tensor: float and more than one element (not a shape, an index
+    or a scalar constant)."""
+    return value.is_float and (value.numel is None or value.numel > 1)
+
+
+def _producers_of(members: list[int], wanted: set[int], nodes: list[_Node]) -> set[int]:
+    """Give the members of a group that make `wanted` and the members those read from, transitively."""
+    made_by = {t: m for m in members for t in nodes[m].outputs if t >= 0}
+    kept: set[int] = set()
+    todo = [made_by[t] for t in wanted if t in made_by]
+    while todo:
+        m = todo.pop()
+        if m not in kept:
+            kept.add(m)
+            todo.extend(made_by[t] for t in nodes[m].inputs if t in made_by)
+    return kept
 
 
 def _fuse_decomposed(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
@@ -957,6 +1068,32 @@ def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str |
     return None
 
 
+def _attention_extra_bytes(n: int, rule: Saves, inputs: tuple[int, ...], values: list[_Value], roots: list[int],
+                           options: TrainingOptions, needs: _BackwardNeeds) -> int:
+    """Give the bytes an attention op keeps besides its inputs' storages: the [..., q_len, kv_len] tensors and the
+    copies its rule names (in fp32 where the rule computes in fp32 on CPU); an input it keeps as it is goes to
+    needs.saved_by."""
+
+    def widened(value: _Value, nbytes: int) -> int:
+        width = value.nbytes // value.numel if value.numel else 4
+        return nbytes * 4 // width if upcast and 0 < width < 4 else nbytes
+
+    upcast = rule.fp32_on_cpu and options.device == "cpu"
+    extra = 0
+    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
+        query = values[inputs[0]]
+        extra += rule.attention_probabilities * widened(query, _attention_bytes(query, values[inputs[1]]))
+    extra += sum(widened(values[inputs[i]], values[inputs[i]].nbytes) for i in rule.copies
+                 if i < len(inputs) and inputs[i] >= 0)
+    for i in rule.copies_when_view:
+        t = inputs[i] if i < len(inputs) else -1
+        if t >= 0 and (roots[t] != t or widened(values[t], values[t].nbytes) != values[t].nbytes):
+            extra += widened(values[t], values[t].nbytes)  # a copy: of the reshaped view, or in fp32
+        elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
+            needs.saved_by.setdefault(t, []).append(n)
+    return extra
+
+
 def _stat_count(value: _Value, rule: Saves) -> int:
     """Give how many statistics a norm keeps: one per channel (axis 1), or per row of the axes before
     rule.stats_axis."""
@@ -1048,6 +1185,7 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     _kept_extras(model, step, buffers)
     _backward_buffers(model, options, step, buffers)
     _optimizer_buffers(model, options, rule, step, buffers, first_step)
+    _autograd_graph_buffers(model, options, step, buffers)
     live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
     peak_event = max(range(len(live)), key=live.__getitem__)
     saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)
@@ -1148,6 +1286,8 @@ def _forward_buffers(model: _Model, step: _Schedule, buffers: _Buffers, recomput
                 last = max(last, fwd[c])
         if t in held_to_end:
             last = step.end
+        if t in model.held_by_call:
+            last = max(last, fwd[model.held_by_call[t]])
         if t in saving_end:
             last = max(last, saving_end[t])
         category = "saved activations" if t in saving_end else "activations"
@@ -1157,6 +1297,26 @@ def _forward_buffers(model: _Model, step: _Schedule, buffers: _Buffers, recomput
             uses = [bwd[s] for s in model.saved_by[t] if bwd[s] >= 0]
             if uses:
                 buffers.add(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
+
+
+def _autograd_graph_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers) -> None:
+    """Add PyTorch's autograd graph on CPU (rules.training.CPU_AUTOGRAD_BYTES_PER_NODE per differentiable op and
+    trainable parameter): from the op's forward (its recompute inside a checkpointed segment, until its backward)
+    or the parameter's first use, to the step's end."""
+    if options.device != "cpu":
+        return
+    each = CPU_AUTOGRAD_BYTES_PER_NODE
+    for n, node in enumerate(model.nodes):
+        if not model.differentiable[n]:
+            continue
+        if step.segment_of[n] >= 0:
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.rec[n], step.bwd[n])
+        else:
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.fwd[n], step.end)
+    for t in model.params:
+        users = [step.fwd[c] for c in model.values[t].consumers]
+        buffers.add(f"{model.values[t].name} (gradient accumulator)", "autograd graph", each,
+                    min(users, default=step.data), step.end)
 
 
 def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
@@ -1497,12 +1657,19 @@ def _segment_ranges(model: _Model, segments: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+def _traced_in_train_mode(graph: ModelGraph) -> bool:
+    """Say whether the graph shows a train-mode trace: a Dropout node, a BatchNormalization that updates its running
+    statistics, or export_for_training's record of the mode."""
+    return graph.properties.get(EXPORT_MODE_PROPERTY) == "training" or any(
+        op.op_type == "Dropout" or (op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1)
+        for op in graph.ops)
+
+
 def _export_mode(graph: ModelGraph, restored: _Restored | None = None) -> str:
     kinds = {op.op_type for op in graph.ops}
     if restored is not None and restored.eval_marks:
         return "eval"
-    if "Dropout" in kinds or any(op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1
-                                 for op in graph.ops):
+    if _traced_in_train_mode(graph):
         return "training"
     if "BatchNormalization" in kinds or (restored is not None and (restored.by_names or restored.eval_copies)):
         return "eval"
@@ -1554,12 +1721,17 @@ def _assumptions(graph: ModelGraph, model: _Model, options: TrainingOptions, rul
     ]
     if mode == "training":
         notes.append("training-mode export: Dropout keeps a mask, BatchNorm uses batch statistics")
+        copies = (model.restored or _Restored()).p0_copies
+        if copies:
+            notes.append(f"{', '.join(f'{count} {op}' for op, count in copies.items())} layer(s) exported as copies "
+                         "in a train-mode trace: dropout with p=0, which returns its input (nothing kept)")
     elif mode == "eval":
         notes.append("eval-mode export: BatchNorm assumed to train (keeps its input and batch statistics); "
                      "Dropout layers an eval export removes are not counted")
     else:
-        notes.append("no Dropout or BatchNormalization in the graph: if the model has Dropout, an eval-mode export "
-                     "removed it and its masks are not counted")
+        notes.append(f"[export-mode-unknown] the graph has no Dropout or BatchNormalization and does not say the "
+                     f"mode it was exported in: if the model has Dropout, an eval-mode export removed it and its "
+                     f"masks are not counted (PyTorch keeps one per dropped tensor). To be sure, {RECOMMENDED_EXPORT}")
     notes.extend(f"{text}: {count} place(s)" for text, count in model.assumed.items())
     notes.extend(_export_findings(model, mode))
     if model.unmatched:

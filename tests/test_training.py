@@ -13,6 +13,7 @@ from onnx import TensorProto
 
 import onnxmem
 from onnxmem.cli import main
+from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
 from onnxmem.training import TrainingOptionError, TrainingOptions
 
 from . import graphs
@@ -54,18 +55,22 @@ def test_linear_sgd_peak_is_in_backward_of_the_layer() -> None:
     # Backward: NLL makes grad lsm (2048); LogSoftmax makes grad y (2048), then frees lsm and grad lsm;
     # Gemm makes grad W (131072) and grad b (512) while grad y is live: y 2048 + loss 4 + grad y 2048 + 131584.
     # Measured in PyTorch 2.13 on CPU for this layer at batch 64: estimate within 4 bytes (nll's total_weight).
+    # On CPU the autograd graph is on the heap too: a node per differentiable op (Gemm, LogSoftmax, NLL) and a
+    # gradient accumulator per parameter (W, b), from the op's forward to the step's end.
     t = train(linear(), optimizer="sgd", device="cpu").training
     assert t is not None
     assert t.weights_bytes == W + B
     assert t.gradient_bytes == W + B
     assert t.optimizer_state_bytes == 0
     assert t.saved_activation_bytes == Y  # the log-softmax; nothing of the model's own
-    assert t.peak_bytes == (W + B) + X + Y + 4 + Y + (W + B)
+    assert t.peak_bytes == (W + B) + X + Y + 4 + Y + (W + B) + 5 * NODE
     assert t.peak_phase == "backward"
     assert t.peak_event == "backward of Gemm fc"
     phases = {p.phase: p for p in t.first_step.phases}
-    assert phases["forward"].end_bytes == (W + B) + X + Y
-    assert phases["optimizer"].end_bytes == (W + B) + X + Y + 4 + (W + B)  # gradients live to the step's end
+    assert phases["forward"].end_bytes == (W + B) + X + Y + 3 * NODE  # Gemm's node, W's and b's accumulators
+    assert phases["optimizer"].end_bytes == (W + B) + X + Y + 4 + (W + B) + 5 * NODE  # live to the step's end
+    cuda = train(linear(), optimizer="sgd", device="cuda").training  # host memory there, not the device's
+    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 5 * NODE
 
 
 def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() -> None:
@@ -76,14 +81,14 @@ def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() 
     t = train(linear(), optimizer="adamw", device="cpu").training
     assert t is not None
     assert t.optimizer_state_bytes == 2 * (W + B) + 2 * 4
-    assert t.peak_bytes == (W + B) + X + (W + B) + Y + 4 + t.optimizer_state_bytes + 2 * W
+    assert t.peak_bytes == (W + B) + X + (W + B) + Y + 4 + t.optimizer_state_bytes + 2 * W + 5 * NODE
     assert t.peak_phase == "optimizer"
     assert t.first_step.peak_bytes == t.later_step.peak_bytes
     later = {p.phase: p for p in t.later_step.phases}
     assert later["data"].end_bytes == (W + B) + X + t.optimizer_state_bytes
     # foreach (PyTorch's default on CUDA): one sqrt over all parameters at once: 131584 instead of 262144
     cuda = train(linear(), optimizer="adamw").training
-    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B)
+    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B) - 5 * NODE
 
 
 @pytest.mark.parametrize(
@@ -325,7 +330,8 @@ def test_mse_loss_keeps_its_target_and_an_output_sized_loss() -> None:
     t = train(linear(), optimizer="sgd", device="cpu", loss="mse").training
     assert t is not None
     assert t.saved_activation_bytes == Y + Y
-    assert t.peak_bytes == (W + B) + X + Y + Y + Y + (W + B)
+    # and the autograd graph: Gemm's and the loss's nodes, W's and b's accumulators
+    assert t.peak_bytes == (W + B) + X + Y + Y + Y + (W + B) + 4 * NODE
 
 
 def lstm(steps: int = 16, batch: int = 8, features: int = 32, hidden: int = 64) -> onnx.ModelProto:
@@ -362,28 +368,35 @@ def conv_1x1(channels_out: int) -> onnx.ModelProto:
 
 def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_16() -> None:
     # y [2,1,16,16] = 2048 bytes; oneDNN's backward reorders grad y to 16 channels: 16 x 2048 = 32768 bytes.
-    # Peak in Conv's backward (mse): y 2048 + loss 2048 + grad y 2048 + reordered grad y 32768 + grad w 32.
+    # Peak in Conv's backward (mse): y 2048 + loss 2048 + grad y 2048 + reordered grad y 32768 + grad w 32, and
+    # the autograd graph (Conv's and the loss's nodes, w's accumulator).
     x, w = 2 * 8 * 16 * 16 * 4, 8 * 4
     t = train(conv_1x1(1), optimizer="sgd", device="cpu", loss="mse").training
     assert t is not None
-    assert t.peak_bytes == x + w + 2048 + 2048 + 2048 + 32768 + w
+    assert t.peak_bytes == x + w + 2048 + 2048 + 2048 + 32768 + w + 3 * NODE
     # 16 channels are a whole block: the reorder is the gradient's own size (16 x 2048).
     t16 = train(conv_1x1(16), optimizer="sgd", device="cpu", loss="mse").training
     assert t16 is not None
-    assert t16.peak_bytes == x + 16 * w + 3 * 32768 + 32768 + 16 * w
+    assert t16.peak_bytes == x + 16 * w + 3 * 32768 + 32768 + 16 * w + 3 * NODE
 
 
-def _attention(marked: bool) -> onnx.ModelProto:
+def _attention(marked: bool, *, dropout: bool = False, shared_constant: bool = False) -> onnx.ModelProto:
     """q, k, v [2, 4, 64, 16] -> softmax(q k^T * s) v, as the dynamo exporter writes F.scaled_dot_product_attention:
-    every node carries the fx node it came from (marked) or nothing (an attention written out by hand)."""
+    every node carries the fx node it came from (marked) or nothing (an attention written out by hand); with a
+    Dropout of the probabilities, or with the scale made by a Constant node that a node after the op reads too
+    (the exporter shares constants between ops)."""
     b, h, n, e = 2, 4, 64, 16
     fx = ("%sdpa : [num_users=1] = call_function[target=torch.ops.aten.scaled_dot_product_attention.default]"
           "(args = (%q, %k, %v), kwargs = {})")
-    nodes = [oh.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+    scale = "scale_c" if shared_constant else "scale"
+    nodes = [*([oh.make_node("Constant", [], ["scale_c"], name="scale_c", value=oh.make_tensor(
+                 "s", TensorProto.FLOAT, [], [0.25]))] if shared_constant else []),
+             oh.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
              oh.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
-             oh.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
-             oh.make_node("Softmax", ["scaled"], ["probs"], name="softmax", axis=-1),
-             oh.make_node("MatMul", ["probs", "v"], ["out"], name="sdpa")]
+             oh.make_node("Mul", ["scores", scale], ["scaled"], name="scale"),
+             oh.make_node("Softmax", ["scaled"], ["probs"] if not dropout else ["p0"], name="softmax", axis=-1),
+             *([oh.make_node("Dropout", ["p0", "ratio", "on"], ["probs"], name="drop")] if dropout else []),
+             oh.make_node("MatMul", ["probs", "v"], ["out0" if shared_constant else "out"], name="sdpa")]
     if marked:
         for node in nodes:
             entry = node.metadata_props.add()
@@ -392,12 +405,15 @@ def _attention(marked: bool) -> onnx.ModelProto:
     proj = [oh.make_node("MatMul", ["x", f"w{name}"], [f"{name}0"], name=f"proj_{name}") for name in "qkv"]
     heads = [oh.make_node("Reshape", [f"{name}0", "heads"], [name], name=f"heads_{name}") for name in "qkv"]
     weights = [oh.make_tensor(f"w{name}", TensorProto.FLOAT, [h * e, h * e], [0.0] * (h * e) ** 2) for name in "qkv"]
+    after = [oh.make_node("Mul", ["out0", "scale_c"], ["out"], name="after")] if shared_constant else []
     graph = oh.make_graph(
-        [*proj, *heads, *nodes], "attention",
+        [*proj, *heads, *nodes, *after], "attention",
         [oh.make_tensor_value_info("x", TensorProto.FLOAT, [b, n, h * e])],
         [oh.make_tensor_value_info("out", TensorProto.FLOAT, [b, h, n, e])],
         initializer=[*weights, oh.make_tensor("scale", TensorProto.FLOAT, [], [0.25]),
-                     oh.make_tensor("heads", TensorProto.INT64, [4], [b, h, n, e])])
+                     oh.make_tensor("heads", TensorProto.INT64, [4], [b, h, n, e]),
+                     oh.make_tensor("ratio", TensorProto.FLOAT, [], [0.1]),
+                     oh.make_tensor("on", TensorProto.BOOL, [], [True])])
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
 
 
@@ -414,6 +430,46 @@ def test_scaled_dot_product_attention_keeps_no_probabilities() -> None:
     assert saved["aten::scaled_dot_product_attention"] == 4 * (2 * 4 * 64 * 16 * 4) + rows  # q, k, v, output
     assert "Softmax" not in saved
     assert dict(by_hand.saved_by_op_type)["Softmax"] == probabilities
+
+
+def test_attention_sharing_a_constant_with_a_later_op_is_still_one_op() -> None:
+    # The scale's Constant node is marked as part of the sdpa but read after it too: the op is still fused (its
+    # probabilities are not kept), the Constant's node stays outside it.
+    training = onnxmem.analyze(_attention(True, shared_constant=True),
+                               training=TrainingOptions(optimizer="sgd", loss="none")).training
+    assert training is not None
+    saved = dict(training.saved_by_op_type)
+    assert "aten::scaled_dot_product_attention" in saved and "Softmax" not in saved
+
+
+def test_attention_with_dropout_runs_the_math_path() -> None:
+    # With a Dropout among its nodes the sdpa is PyTorch's math path (_scaled_dot_product_attention_math), measured
+    # with saved-tensor hooks on torch 2.13 CPU: q * scale and k^T * scale (new, q- and k-sized), v (a copy: here v
+    # is a view, made by Reshape from its projection) and three [2, 4, 64, 64] tensors (the probabilities, the
+    # dropout's float noise on CPU, the dropped probabilities).
+    training = onnxmem.analyze(_attention(True, dropout=True),
+                               training=TrainingOptions(optimizer="sgd", loss="none", device="cpu")).training
+    assert training is not None
+    operand, probabilities = 2 * 4 * 64 * 16 * 4, 2 * 4 * 64 * 64 * 4
+    assert dict(training.saved_by_op_type)["aten::scaled_dot_product_attention(dropout)"] == \
+        3 * operand + 3 * probabilities
+    # under bf16 autocast on CPU the math path computes in fp32 from its 16-bit q, k, v: the same fp32 bytes
+    amp = onnxmem.analyze(_attention(True, dropout=True), training=TrainingOptions(
+        optimizer="sgd", loss="none", device="cpu", precision="amp-bf16")).training
+    assert amp is not None
+    assert dict(amp.saved_by_op_type)["aten::scaled_dot_product_attention(dropout)"] == \
+        3 * operand + 3 * probabilities
+
+
+def test_a_graph_that_does_not_say_its_mode_is_warned() -> None:
+    # Without Dropout or BatchNorm, an eval-mode export (which removes Dropout) and a model without Dropout look the
+    # same: the report says so with a warning; a Dropout node makes it a training-mode export, not warned.
+    plain = train(linear(), optimizer="sgd")
+    assert "export-mode-unknown" in {w.code for w in plain.warnings}
+    dropped = graphs.model(
+        [oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"), oh.make_node("Dropout", ["h"], ["y"], name="drop")],
+        [graphs.value("x", [4, 256])], [graphs.value("y", [4, 512])], [weight("W", [256, 512])])
+    assert "export-mode-unknown" not in {w.code for w in train(dropped, optimizer="sgd").warnings}
 
 
 def test_gru_on_cpu_keeps_the_unrolled_cells_values() -> None:

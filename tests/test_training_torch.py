@@ -43,3 +43,149 @@ def test_export_for_training_keeps_batchnorm_dropout_and_names_the_batch(tmp_pat
     # BatchNorm keeps its input and 2 x 8 statistics; silu (Sigmoid and Mul, marked aten.silu) only its input
     assert saved["BatchNormalization"] == activation + 64
     assert saved["aten::silu"] == activation
+
+
+def _c10_peak(step: object) -> int:
+    """Give the peak of PyTorch's CPU allocator's live bytes above those before `step` (profiler memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()  # type: ignore[operator]
+    live = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]"):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def test_p0_dropout_in_a_train_mode_export_keeps_nothing(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    # nn.Dropout(0.0) in train mode is exported as a copy (aten.clone), like any Dropout of an eval-mode export;
+    # F.dropout with p=0 returns its input, so PyTorch keeps no mask
+    model = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.0), nn.GELU(), nn.Linear(64, 10))
+    x = torch.randn(4, 32)
+    assert nn.functional.dropout(x, 0.0, True) is x
+    path = export_for_training(model, (x,), tmp_path / "m.onnx", {"batch": 0})
+    report = onnxmem.analyze(path, {"batch": 16}, training=TrainingOptions(optimizer="sgd", device="cpu"))
+    assert report.training is not None and report.training.export_mode == "training"
+    saved = dict(report.training.saved_by_op_type)
+    assert "Dropout" not in saved
+    # gelu keeps its input and the last Linear the gelu's output: 16 x 64 floats each, and the loss's log-softmax
+    assert report.training.saved_activation_bytes == 2 * 16 * 64 * 4 + 16 * 10 * 4
+    assert any("p=0" in note for note in report.training.assumptions)
+
+
+def test_a_buffer_named_in_the_graph_signature_gets_no_gradient(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(32, 64)
+            self.register_buffer("scale", torch.rand(64), persistent=False)  # a buffer: no gradient in PyTorch
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.fc(x) * self.scale)
+
+    path = export_for_training(Scaled(), (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
+    report = onnxmem.analyze(path, {"batch": 16}, training=TrainingOptions(optimizer="sgd", device="cpu"))
+    assert report.training is not None
+    assert report.training.trainable_parameters == 32 * 64 + 64 + 64 * 10 + 10
+    # mul(h, scale) keeps only scale (h's gradient needs it; scale needs none): h is not kept
+    assert report.training.saved_activation_bytes == 16 * 64 * 4 + 16 * 10 * 4
+
+
+def test_a_frozen_backbone_holds_module_arguments_until_the_call_returns(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))  # x, an argument, lives until the block returns
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block, self.head = nn.Linear(32, 64), Block(), nn.Linear(64, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.block(self.stem(x)))
+
+    torch.manual_seed(0)
+    model = Net()
+    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("head."))
+    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        nn.functional.cross_entropy(out, target).backward()
+        opt.step()
+
+    measured = _c10_peak(step)
+    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
+                                                                           loss="cross_entropy", train=("head.*",)))
+    training = report.training
+    assert training is not None
+    estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+    assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)
+
+
+def test_a_module_called_twice_holds_each_call_s_argument_only_through_that_call(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(32, 512), nn.Linear(512, 512), nn.Linear(512, 10)
+            self.act = nn.ReLU()  # one module, called twice: one scope in the export
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # a(x) is released when the first call of act returns, not held through the second (no local names:
+            # a local of the caller's frame lives until it is reassigned, which the graph does not show)
+            return self.head(self.act(self.b(self.act(self.a(x)))))
+
+    torch.manual_seed(0)
+    model = Net()
+    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("head."))
+    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        nn.functional.cross_entropy(out, target).backward()
+        opt.step()
+
+    measured = _c10_peak(step)
+    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
+                                                                           train=("head.*",)))
+    training = report.training
+    assert training is not None
+    estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+    # the forward peak: two 64 x 512 tensors at once (the call's argument and its result), never three
+    assert measured == 2 * 64 * 512 * 4
+    assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)

@@ -48,6 +48,14 @@ class Saves:
     # attention computed by PyTorch's math path (sdpa with dropout on CPU): tensors of [..., q_len, kv_len] kept
     # (inputs 0 and 1 are q [..., q_len, E] and k [..., kv_len, E])
     attention_probabilities: int = 0
+    # new tensors the size of these inputs that the op makes and keeps (the math path's q * scale, k^T * scale)
+    copies: tuple[int, ...] = ()
+    # inputs kept as a matmul operand: a new contiguous copy where the input is a view of another storage (at::matmul
+    # reshapes a strided [..., L, E] operand to [batch, L, E], which copies it), else the input's own storage
+    copies_when_view: tuple[int, ...] = ()
+    # on CPU the op computes in fp32 from 16-bit inputs (the math path's query.to(float), under autocast too): the
+    # copies and [..., q_len, kv_len] tensors above are fp32
+    fp32_on_cpu: bool = False
     # a recurrent op: a key of RECURRENT (what PyTorch's kernel keeps besides its outputs, its backward scratch)
     recurrent: str = ""
 
@@ -151,6 +159,15 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
 }
 
+# PyTorch on CPU keeps its autograd graph on the heap, outside c10's allocator (what the profiler sees): the nodes,
+# their edges and saved-variable records, and one gradient accumulator per parameter. Measured with an LD_PRELOAD
+# malloc counter against the profiler's c10 peak, one training step each (benchmarks/accuracy_training.py's own
+# models: Linear/ReLU and LayerNorm/Linear/GELU chains of 8 and 32 layers, the MLPs, a tiny GPT, a ViT block):
+# 1,050-1,730 bytes per differentiable op of the graph and trainable parameter (840-1,420 per autograd node). Counted
+# on CPU (on CUDA it is host memory, not the device's) from each op's forward to the step's end: the training loop
+# holds the output, which holds the graph.
+CPU_AUTOGRAD_BYTES_PER_NODE = 1200
+
 # oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
 CPU_CHANNEL_BLOCK = 16
 
@@ -225,10 +242,13 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
     # F.scaled_dot_product_attention on CPU runs flash attention: it keeps q, k, v, its output and one
     # log-sum-exp per query row, never the [batch, heads, q_len, kv_len] probabilities (with a mask: the mask too)
     "scaled_dot_product_attention": Saves(inputs=(0, 1, 2, 3), outputs=(0,), stats="rows", stats_values=1),
-    # ... unless it drops out (a Dropout node among its nodes, see ATEN_WITH_DROPOUT): then the math path keeps a
-    # scaled copy of q, a transposed copy of k, v, and three [..., q_len, kv_len] tensors (the probabilities, the
-    # dropout mask and the dropped probabilities)
-    "scaled_dot_product_attention(dropout)": Saves(inputs=(2,), input_sized_extra=2, attention_probabilities=3),
+    # ... unless it drops out (a Dropout node among its nodes, see ATEN_WITH_DROPOUT): then the math path
+    # (_scaled_dot_product_attention_math) keeps q * scale and k^T * scale (new), v (copied by matmul's reshape
+    # where it is a strided view, as after a head split) and three [..., q_len, kv_len] tensors (the
+    # probabilities, the dropout mask, float on CPU, and the dropped probabilities), in fp32 on CPU (measured under
+    # autocast to bf16: BmmBackward keeps fp32 tensors)
+    "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3,
+                                                   fp32_on_cpu=True),
 }
 
 # ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).
@@ -263,6 +283,11 @@ FOLDS_INTO: dict[str, Folded] = {
 EXPORTER_WEIGHT_NAME = r"^(onnx::|val_\d|_val_\d|_v_\d|const_fold|/)"
 # Module classes that an eval-mode export keeps as a copy (aten.clone: an Identity) or removes: the copy is
 # simulated as the op PyTorch runs in train mode.
+# A train-mode trace writes nn.Dropout(p=0) as such a copy too (F.dropout with p=0 returns its input: nothing is
+# kept, measured on torch 2.13 CPU): in a graph known to be a train-mode export (a Dropout node, a BatchNorm that
+# updates its running statistics, or this model property, which onnxmem.torch.export_for_training writes) the copy
+# is the alias it is.
+EXPORT_MODE_PROPERTY = "onnxmem.export_mode"
 EVAL_MODULES: dict[str, str] = {
     "torch.nn.modules.dropout.Dropout": "Dropout",
     "torch.nn.modules.dropout.Dropout1d": "Dropout",
@@ -322,6 +347,21 @@ TRAINING_VIEWS: dict[str, int] = {
     "Split": 0, "Slice": 0, "Expand": 0, "SplitToSequence": 0, "SequenceAt": 0,
 }
 
+# ATen ops that are views in PyTorch (their result shares its input's storage), whatever ONNX op the exporter
+# writes for them: aten.select is a Gather, aten.unbind a Split and Squeezes. A node marked with one of these, reading
+# one float tensor, makes a view of it (a saved view keeps the whole base alive, as in PyTorch).
+ATEN_VIEWS: frozenset[str] = frozenset({
+    "select", "slice", "narrow", "unbind", "split", "split_with_sizes", "chunk", "view", "_unsafe_view", "permute",
+    "transpose", "t", "expand", "squeeze", "unsqueeze", "alias", "as_strided", "diagonal", "unfold", "detach",
+    "view_as", "expand_as", "movedim", "swapaxes", "flatten", "unflatten",
+})
+
+# The dynamo exporter's graph signature (a graph property) names what each weight was in the module: a weight it
+# lists as a buffer or a constant ('b_rotary_inv_freq: BUFFER target='rotary.inv_freq'') gets no gradient, whatever
+# its name.
+GRAPH_SIGNATURE_PROPERTY = "pkg.torch.export.ExportedProgram.graph_signature"
+NOT_PARAMETER_KINDS = ("BUFFER", "CONSTANT_TENSOR")
+
 # Cheap elementwise operators whose output autograd could recompute from their input in backward instead of
 # keeping it: the recompute what-if names those whose input is kept anyway (Swish written as x * sigmoid(x)).
 CHEAP_TO_RECOMPUTE: frozenset[str] = frozenset({
@@ -330,10 +370,17 @@ CHEAP_TO_RECOMPUTE: frozenset[str] = frozenset({
 })
 
 # Mixed precision (torch.autocast): ops that run in the low precision (their float inputs are cast, weights
-# once per step into autocast's cache) and ops that run in fp32; the rest follow their inputs.
+# once per step into autocast's cache) and ops that run in fp32 (on CUDA; on CPU see AUTOCAST_FP32_CPU); the rest
+# follow their inputs.
 AUTOCAST_LOW_PRECISION: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "com.microsoft::Attention", "Attention",
     "aten::scaled_dot_product_attention",
+})
+# On CPU, autocast's fp32 list is the losses (cross_entropy_loss, nll_loss, mse_loss, ...) and rarer ops, not
+# softmax, layer_norm, exp or pow (they follow their inputs: measured, GPT-2's tanh GELU keeps bf16 tensors): the
+# ops of the loss onnxmem appends, and these.
+AUTOCAST_FP32_CPU: frozenset[str] = frozenset({
+    "NegativeLogLikelihoodLoss", "MeanSquaredError", "SoftmaxCrossEntropyLoss", "ReduceProd", "CumSum",
 })
 AUTOCAST_FP32: frozenset[str] = frozenset({
     "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "Exp", "Log", "Pow", "ReduceSum",
