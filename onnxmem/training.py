@@ -48,6 +48,7 @@ from .rules.training import (
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
     CPU_CHANNEL_BLOCK,
+    CPU_CONVOLUTION,
     DECOMPOSED,
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
@@ -608,7 +609,12 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
             t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
         temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
     per_output, per_input = rule.cpu_backward_temporaries
-    if options.device == "cpu" and out0 is not None and (per_output or per_input):
+    scratch = _cpu_convolution_scratch(node, values, needs_grad) \
+        if rule.cpu_convolution and options.device == "cpu" else None
+    if scratch is not None:
+        if scratch:
+            temporaries[n] = temporaries.get(n, 0) + scratch
+    elif options.device == "cpu" and out0 is not None and (per_output or per_input):
         first_input = inputs[0] if inputs and inputs[0] >= 0 else None
         input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
         output_bytes = out0.nbytes
@@ -893,6 +899,87 @@ def _channel_padded(value: _Value, nbytes: int) -> int:
         return nbytes
     channels = shape[1]
     return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
+
+
+def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool]) -> int | None:
+    """Give the bytes a Conv's backward allocates on CPU besides the gradients it returns (cpu_convolution_scratch),
+    or None where its shapes are not all known (then the op's generic temporaries apply)."""
+    inputs = node.inputs
+    if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0 or not node.outputs or node.outputs[0] < 0:
+        return None
+    x, w, y = values[inputs[0]], values[inputs[1]], values[node.outputs[0]]
+    shapes = []
+    for value in (x, w, y):
+        if value.shape is None or not all(isinstance(d, int) and d > 0 for d in value.shape):
+            return None
+        shapes.append(tuple(int(d) for d in value.shape))  # type: ignore[arg-type]
+    if not x.numel or not x.nbytes:
+        return None
+    bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
+    return cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], x.nbytes // x.numel,
+                                   bias.nbytes if bias is not None else 0, needs_grad[inputs[0]],
+                                   needs_grad[inputs[1]])
+
+
+def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
+                            bias_bytes: int, input_grad: bool, weight_grad: bool) -> int | None:
+    """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
+    peak (the rule in rules.training.CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
+    *kernel], Y [N, OC, *out]; None for other ranks.
+
+    Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
+    shorter than the input less the kernel plus one (what stride 1 gives with no padding).
+    """
+    rule = CPU_CONVOLUTION
+    if not len(x) == len(w) == len(y) or len(x) not in (3, 4) or x[1] % w[1]:
+        return None
+    if not input_grad and not weight_grad:
+        return 0
+    batch, channels, spatial = x[0], x[1], x[2:]
+    out_channels, group_channels, kernel, out_spatial = w[0], w[1], w[2:], y[2:]
+    groups = channels // group_channels
+    in_bytes, out_bytes, weight_bytes = (element_bytes * math.prod(s) for s in (x, y, w))
+    if not weight_grad:
+        bias_bytes = 0
+    strided = any(o < s - k + 1 for o, s, k in zip(out_spatial, spatial, kernel, strict=True))
+    one_by_one = all(k == 1 for k in kernel)
+    kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
+    # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
+    mkldnn = (strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or rule.threads > 1) and (
+        groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
+        or math.prod(x) >= rule.mkldnn_min_batch1_numel)
+    if not mkldnn:  # slow_conv2d: one im2col buffer, none for a 1x1 unstrided convolution
+        unfolded = not (one_by_one and out_spatial == spatial)
+        return element_bytes * batch * channels * kernel_elements * out_elements if unfolded else 0
+
+    def padded(nbytes: int, n: int) -> int:
+        return nbytes * (-(-n // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // n
+
+    depthwise = groups > 1 and group_channels == 1
+    flat = groups == 1 and channels == rule.flat_channels
+    in_blocked = in_bytes if flat else padded(in_bytes, channels)
+    out_blocked = padded(out_bytes, out_channels)
+    weight_blocked = padded(weight_bytes, out_channels)
+    if not depthwise and not flat:
+        weight_blocked = padded(weight_blocked, group_channels)
+    larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
+    gemm = larger_kernel or (max(kernel) > rule.depthwise_jit_max_kernel if depthwise
+                             else kernel[-1] >= rule.jit_max_kernel_width)
+    moments = []
+    if input_grad:
+        moments.append(out_blocked + weight_blocked + in_blocked)
+        moments.append(in_blocked + in_bytes + (in_bytes if strided and not depthwise else 0))
+    if weight_grad:
+        made = (in_bytes if input_grad else 0) + bias_bytes
+        if gemm:
+            columns = element_bytes * group_channels * kernel_elements * out_elements
+            scratch = rule.threads * (rule.gemm_weight_copies * weight_bytes + columns) + rule.gemm_scratch_alignment
+            moments.append(made + weight_bytes + max(scratch, weight_bytes))
+        else:
+            moments.append(made + (0 if flat else in_blocked) + out_blocked + weight_blocked)
+            moments.append(made + weight_blocked + weight_bytes)
+    returned = (in_bytes if input_grad else 0) + (weight_bytes + bias_bytes if weight_grad else 0)
+    return max(0, max(moments) - returned)
 
 
 def _onednn_ld(n: int) -> int:

@@ -38,6 +38,9 @@ class Saves:
     # on CPU, temporaries while backward runs, in output-sized and input-sized (when input 0 needs a gradient)
     # buffers: oneDNN's convolution backward reorders the output gradient and computes the input's in a scratch
     cpu_backward_temporaries: tuple[int, int] = (0, 0)
+    # on CPU, the kernel whose backward scratch CPU_CONVOLUTION gives from the op's shapes (instead of the
+    # temporaries above, where the shapes say how PyTorch runs it)
+    cpu_convolution: bool = False
     # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to CPU_CHANNEL_BLOCK
     cpu_blocked_channels: bool = False
     # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
@@ -65,7 +68,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Einsum": Saves(cross=(0, 1, 2)),
     "Mul": PRODUCT,
     "Div": Saves(inputs=(1,), cross=(0,)),
-    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
+    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True, cpu_convolution=True),
     "ConvTranspose": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
     # sums, layout and views: nothing but sizes
     "Add": Saves(grad_passthrough=(0, 1)),
@@ -151,8 +154,51 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
 }
 
-# oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
-CPU_CHANNEL_BLOCK = 16
+# oneDNN's blocked layout pads channels to this multiple: nChw8c with jit:avx2 kernels (measured with
+# ONEDNN_VERBOSE on torch 2.13.0+cpu, oneDNN v3.12, an AVX2 CPU: a 24- or 40-channel gradient is reordered at its
+# own size); AVX-512 kernels use nChw16c.
+CPU_CHANNEL_BLOCK = 8
+
+
+@dataclass(frozen=True)
+class CpuConvolution:
+    """How PyTorch 2.13 runs a 1-D or 2-D convolution's backward on CPU (fp32, contiguous NCHW), and what it
+    allocates besides the gradients it returns. Measured with the profiler's memory events on single convolutions
+    (benchmarks/conv_backward.py), the kernels named by ONEDNN_VERBOSE; the paths from ATen's Convolution.cpp
+    (ConvParams::use_mkldnn) and oneDNN's implementations' init_conf.
+
+    Path: oneDNN (aten::mkldnn_convolution) unless ATen's slow_conv2d is taken: a 1x1 unstrided convolution of
+    groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of at most
+    `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
+
+    slow_conv2d: an im2col buffer of C x kernel x output-spatial elements (none for a 1x1 unstrided one).
+
+    oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
+    CPU_CHANNEL_BLOCK in the blocked tensors (the "_p" sizes):
+    - input: the output gradient and the weight reordered, the input gradient in a blocked buffer (O_p + W_p +
+      I_p), then that buffer and the dense gradient (I_p + I; a strided, not depthwise, one holds one more
+      input-sized buffer: I_p + 2 I).
+    - weight, by a jit kernel: the dense input gradient made above, the input and the output gradient reordered
+      and the weight gradient blocked (I_p + O_p + W_p; an input of `flat_channels` channels is read as it is),
+      then the blocked weight gradient and its dense copy. By oneDNN's gemm convolution (when the kernel is larger
+      than the input in a dim or as wide as `jit_max_kernel_width`; for a depthwise one also any kernel larger
+      than `depthwise_jit_max_kernel`): no reorders, the weight gradient and a scratchpad of
+      `gemm_weight_copies` weight-sized buffers per thread (oneDNN books weights' bytes as floats) and an im2col
+      buffer of C / groups x kernel x output-spatial floats per thread, plus `gemm_scratch_alignment` bytes.
+    The op's peak over its gradients is the largest of these moments less the gradients it returns.
+    """
+
+    threads: int = 1  # the measurement's (and the benchmarks') one thread: oneDNN's gemm scratch is per thread
+    mkldnn_min_batch_1x1: int = 16
+    mkldnn_min_batch1_numel: int = 20481
+    flat_channels: int = 3
+    jit_max_kernel_width: int = 14
+    depthwise_jit_max_kernel: int = 3
+    gemm_weight_copies: int = 4
+    gemm_scratch_alignment: int = 256
+
+
+CPU_CONVOLUTION = CpuConvolution()
 
 
 @dataclass(frozen=True)
