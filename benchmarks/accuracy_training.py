@@ -372,7 +372,8 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module.load_state_dict(reference.state_dict())
             module.train()
             first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
-            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind)
+            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind,
+                                      cpu_threads=torch.get_num_threads())
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
@@ -575,7 +576,8 @@ class RealRow:
 def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: str) -> tuple[int, str]:
     """Give onnxmem's first-step peak above weights and inputs, and its export warnings' codes."""
     report = onnxmem.analyze(path, dims, training=TrainingOptions(optimizer=optimizer, device="cpu",
-                                                                 loss=case.loss_kind))
+                                                                 loss=case.loss_kind,
+                                                                 cpu_threads=torch.get_num_threads()))
     training = report.training
     assert training is not None
     codes = sorted({w.code for w in report.warnings if w.code in ("folded-normalization", "eval-export")})

@@ -7,11 +7,12 @@ it is taken, less the gradients it returns (input, weight, bias): the scratch. o
 The path PyTorch took is named from oneDNN's verbose log (ONEDNN_VERBOSE=1, read from this process's stdout by a
 child run) or as slow_conv2d where oneDNN ran nothing.
 
-    python benchmarks/conv_backward.py
+    python benchmarks/conv_backward.py [--threads N]
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import gc
 import json
@@ -111,9 +112,9 @@ def measure(conv: Conv) -> dict[str, int]:
             "scratch": peak - returned}
 
 
-def child() -> None:
+def child(threads: int) -> None:
     """Measure each conv (the parent reads oneDNN's log between the lines)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     libc = ctypes.CDLL(None)
     for conv in CONVS:
         result = measure(conv)
@@ -133,13 +134,18 @@ def paths(log: list[str]) -> str:
 
 
 def main() -> None:
-    if "--child" in sys.argv:
-        child()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.threads)
         return
-    environment = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
-    lines = subprocess.run([sys.executable, __file__, "--child"], env=environment, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
-    print(f"torch {torch.__version__}, CPU ({torch.backends.cpu.get_cpu_capability()}), one thread, fp32; "
+    environment = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    lines = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads)], env=environment,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    print(f"torch {torch.__version__}, CPU ({torch.backends.cpu.get_cpu_capability()}), {args.threads} thread(s), "
+          "fp32; "
           "scratch = backward's peak above its start less the gradients it returns (profiler, c10 allocator)")
     print()
     print("| convolution | x | w | path (oneDNN backward kernels) | measured scratch | rule | error |")
@@ -154,7 +160,8 @@ def main() -> None:
             continue
         conv, measured = next(results), json.loads(line[3:])
         rule = cpu_convolution_scratch(tuple(measured["x"]), tuple(measured["w"]), tuple(measured["y"]), 4,
-                                       4 * conv.cout if conv.bias else 0, conv.input_grad, conv.weight_grad)
+                                       4 * conv.cout if conv.bias else 0, conv.input_grad, conv.weight_grad,
+                                       args.threads)
         assert rule is not None, asdict(conv)
         scratch = measured["scratch"]
         error = (rule - scratch) / max(measured["peak"], 1)

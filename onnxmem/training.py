@@ -102,6 +102,9 @@ class TrainingOptions:
     batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
     optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
     device: str = "cuda"  # where PyTorch trains: cuda | cpu (dropout masks and the optimizer's default differ)
+    # on CPU, PyTorch's intra-op threads (torch.get_num_threads()): which convolution kernel runs, and oneDNN's
+    # gemm convolution keeps its scratch per thread (rules.training.CPU_CONVOLUTION)
+    cpu_threads: int = 1
 
     @property
     def accumulates(self) -> bool:
@@ -333,6 +336,8 @@ def _check_options(options: TrainingOptions) -> None:
         raise TrainingOptionError(f"unknown loss '{options.loss}': choose one of {', '.join(LOSSES)}")
     if options.grad_accum < 1:
         raise TrainingOptionError("grad_accum must be at least 1")
+    if options.cpu_threads < 1:
+        raise TrainingOptionError("cpu_threads must be at least 1")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:
         raise TrainingOptionError("checkpoint segments must be at least 1")
     if isinstance(options.checkpoint, str) and options.checkpoint != "auto":
@@ -609,7 +614,7 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
             t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
         temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
     per_output, per_input = rule.cpu_backward_temporaries
-    scratch = _cpu_convolution_scratch(node, values, needs_grad) \
+    scratch = _cpu_convolution_scratch(node, values, needs_grad, options.cpu_threads) \
         if rule.cpu_convolution and options.device == "cpu" else None
     if scratch is not None:
         if scratch:
@@ -901,7 +906,7 @@ def _channel_padded(value: _Value, nbytes: int) -> int:
     return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
 
 
-def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool]) -> int | None:
+def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool], threads: int) -> int | None:
     """Give the bytes a Conv's backward allocates on CPU besides the gradients it returns (cpu_convolution_scratch),
     or None where its shapes are not all known (then the op's generic temporaries apply)."""
     inputs = node.inputs
@@ -918,14 +923,14 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
     bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
     return cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], x.nbytes // x.numel,
                                    bias.nbytes if bias is not None else 0, needs_grad[inputs[0]],
-                                   needs_grad[inputs[1]])
+                                   needs_grad[inputs[1]], threads)
 
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
-                            bias_bytes: int, input_grad: bool, weight_grad: bool) -> int | None:
+                            bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1) -> int | None:
     """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
     peak (the rule in rules.training.CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
-    *kernel], Y [N, OC, *out]; None for other ranks.
+    *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks.
 
     Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
     shorter than the input less the kernel plus one (what stride 1 gives with no padding).
@@ -945,7 +950,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     one_by_one = all(k == 1 for k in kernel)
     kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
     # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
-    mkldnn = (strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or rule.threads > 1) and (
+    mkldnn = (strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
         groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
         or math.prod(x) >= rule.mkldnn_min_batch1_numel)
     if not mkldnn:  # slow_conv2d: one im2col buffer, none for a 1x1 unstrided convolution
@@ -973,7 +978,10 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
         made = (in_bytes if input_grad else 0) + bias_bytes
         if gemm:
             columns = element_bytes * group_channels * kernel_elements * out_elements
-            scratch = rule.threads * (rule.gemm_weight_copies * weight_bytes + columns) + rule.gemm_scratch_alignment
+            # oneDNN threads over the batch (one scratch per thread) where each thread's output is small
+            outer = out_elements // threads < rule.gemm_outer_threading_max_spatial and (batch > 1 or groups > 2)
+            scratch = (threads if outer else 1) * (rule.gemm_weight_copies * weight_bytes + columns) \
+                + rule.gemm_scratch_alignment
             moments.append(made + weight_bytes + max(scratch, weight_bytes))
         else:
             moments.append(made + (0 if flat else in_blocked) + out_blocked + weight_blocked)

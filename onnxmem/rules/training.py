@@ -168,7 +168,7 @@ class CpuConvolution:
     (ConvParams::use_mkldnn) and oneDNN's implementations' init_conf.
 
     Path: oneDNN (aten::mkldnn_convolution) unless ATen's slow_conv2d is taken: a 1x1 unstrided convolution of
-    groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of at most
+    groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of under
     `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
 
     slow_conv2d: an im2col buffer of C x kernel x output-spatial elements (none for a 1x1 unstrided one).
@@ -183,12 +183,13 @@ class CpuConvolution:
       then the blocked weight gradient and its dense copy. By oneDNN's gemm convolution (when the kernel is larger
       than the input in a dim or as wide as `jit_max_kernel_width`; for a depthwise one also any kernel larger
       than `depthwise_jit_max_kernel`): no reorders, the weight gradient and a scratchpad of
-      `gemm_weight_copies` weight-sized buffers per thread (oneDNN books weights' bytes as floats) and an im2col
-      buffer of C / groups x kernel x output-spatial floats per thread, plus `gemm_scratch_alignment` bytes.
+      `gemm_weight_copies` weight-sized buffers (oneDNN books the weights' bytes as floats) and an im2col buffer
+      of C / groups x kernel x output-spatial elements, plus `gemm_scratch_alignment` bytes; once per thread
+      where it threads over the batch (fewer than `gemm_outer_threading_max_spatial` output positions per thread
+      and a batch over 1), else once.
     The op's peak over its gradients is the largest of these moments less the gradients it returns.
     """
 
-    threads: int = 1  # the measurement's (and the benchmarks') one thread: oneDNN's gemm scratch is per thread
     mkldnn_min_batch_1x1: int = 16
     mkldnn_min_batch1_numel: int = 20481
     flat_channels: int = 3
@@ -196,6 +197,7 @@ class CpuConvolution:
     depthwise_jit_max_kernel: int = 3
     gemm_weight_copies: int = 4
     gemm_scratch_alignment: int = 256
+    gemm_outer_threading_max_spatial: int = 256
 
 
 CPU_CONVOLUTION = CpuConvolution()
