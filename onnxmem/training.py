@@ -58,6 +58,7 @@ from .rules.training import (
     FOLDED_ATEN,
     FOLDS_INTO,
     LOSSES,
+    NON_DIFFERENTIABLE_INPUTS,
     NOT_DIFFERENTIABLE,
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
@@ -569,7 +570,8 @@ def _gradient_flow(values: list[_Value], nodes: list[_Node], params: list[int]) 
         needs_grad[t] = True
     differentiable = [False] * len(nodes)
     for n, node in enumerate(nodes):
-        if not any(t >= 0 and needs_grad[t] for t in node.inputs):
+        settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        if not any(t >= 0 and needs_grad[t] and i not in settings for i, t in enumerate(node.inputs)):
             continue
         if node.op_type in NOT_DIFFERENTIABLE:
             continue
@@ -627,8 +629,9 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
             output_bytes = _channel_padded(out0, output_bytes)
             input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
         temporaries[n] = temporaries.get(n, 0) + per_output * output_bytes + per_input * input_bytes
+    settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     for i, t in enumerate(inputs):
-        if t < 0 or not needs_grad[t]:
+        if t < 0 or not needs_grad[t] or i in settings:
             continue
         same_shape = out0 is not None and values[t].numel == out0.numel
         if i in rule.grad_passthrough and same_shape:
@@ -1295,8 +1298,8 @@ def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
 
 
 def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers) -> None:
-    """Add backward's buffers: the loss gradient, activation gradients (handed through views, accumulated out of
-    place), parameter gradients (to the end of the step), backward temporaries; with gradient accumulation, the
+    """Add backward's buffers: the loss gradient, activation gradients (handed through views, summed in place where
+    the engine may), parameter gradients (to the end of the step), backward temporaries; with gradient accumulation, the
     gradients kept across micro-steps."""
     nodes, values = model.nodes, model.values
     grad_buffer: dict[int, int] = {}  # value -> index in `buffers` of its gradient
@@ -1339,10 +1342,14 @@ def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, 
                     param_first_grad[t] = e
                 continue
             if t in grad_buffer:
-                # the engine adds the two out of place (old + new), then drops both
-                buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
-                old = buffers[grad_buffer[t]]
+                # The engine sums in place (InputBuffer::accumulate): into the old gradient where it holds the only
+                # reference to it, dropping the new one; else into the new one, which it alone holds (just made)
+                old_index = grad_buffer[t]
+                old = buffers[old_index]
                 old.end = max(old.end, e)
+                if not any(u != t and i == old_index for u, i in grad_buffer.items()):
+                    buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
+                    continue
             buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", size, e, e))
             grad_buffer[t] = len(buffers) - 1
         if n in model.backward_temporaries:

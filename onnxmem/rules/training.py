@@ -363,6 +363,13 @@ NOT_DIFFERENTIABLE: frozenset[str] = frozenset({
     "Bernoulli", "Multinomial", "OneHot", "TopK",
 })
 
+# Float inputs that carry no gradient: read for their type or as a setting, never for their values' part in the
+# output. The dynamo exporter writes a bias-less Conv's zero bias as Expand(CastLike(0, x)): x is read for its
+# dtype, and without this entry the CastLike would seem to send x an x-sized gradient.
+NON_DIFFERENTIABLE_INPUTS: dict[str, tuple[int, ...]] = {
+    "CastLike": (1,), "Dropout": (1, 2), "Resize": (1, 2), "Pad": (1, 2),
+}
+
 # Views in PyTorch: the output shares the storage of input N (a saved view keeps the whole base alive).
 # Transpose, Split and Slice are views in PyTorch, unlike in onnxruntime.
 TRAINING_VIEWS: dict[str, int] = {
