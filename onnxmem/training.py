@@ -204,6 +204,7 @@ class _Model:
     restored: _Restored | None = None  # ops an export folded away, simulated again
     assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
     unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
+    forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -422,7 +423,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed, unmatched)
+                  n_graph_nodes, hidden, restored, assumed, unmatched, needs.forward_temporaries)
 
 
 def _forward(graph: ModelGraph, order: Sequence[int]) -> \
@@ -594,6 +595,7 @@ class _BackwardNeeds:
     backward_temporaries: dict[int, int] = field(default_factory=dict)
     passthrough: dict[int, list[int]] = field(default_factory=dict)
     unknown: dict[str, int] = field(default_factory=dict)
+    forward_temporaries: dict[int, int] = field(default_factory=dict)
 
 
 def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value], roots: list[int],
@@ -693,10 +695,12 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
     if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
         extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
     if rule.recurrent:
-        kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
+        kept_bytes, scratch, forward = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
         extra += kept_bytes
         if scratch:
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
+        if forward:
+            needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + forward
     return extra
 
 
@@ -999,8 +1003,9 @@ def _onednn_ld(n: int) -> int:
     return ld + 16 if ld % 256 == 0 else ld
 
 
-def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int]:
-    """Give what a recurrent op keeps besides its tensors (workspace) and its backward's scratch, in bytes.
+def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int, int]:
+    """Give what a recurrent op keeps besides its tensors (workspace), its backward's scratch and its forward's,
+    in bytes.
 
     Shapes from the ONNX node: W [D, gates x H, I], R [D, gates x H, H], X of T x B x I elements, Y_h or
     initial_h of D x B x H (any layout).
@@ -1014,14 +1019,15 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
     dims = _recurrent_dims(shape(1, node.inputs), shape(2, node.inputs), x,
                            shape(1, node.outputs) or shape(5, node.inputs), shape(0, node.outputs))
     if dims is None:
-        return 0, 0
+        return 0, 0, 0
     steps, directions, batch, features, hidden = dims
+    per_value = 4 * directions * steps * batch * hidden
     if device == "cuda":
-        return 4 * directions * steps * batch * hidden * rule.cuda_values, 0
+        return per_value * rule.cuda_values, 0, 0
     if rule.cpu_unrolled:
-        return 4 * directions * steps * batch * hidden * rule.cpu_unrolled, 0
+        return per_value * rule.cpu_unrolled, 0, per_value * rule.cpu_unrolled_forward
     if not features:
-        return 0, 0  # oneDNN's workspace needs the input's features
+        return 0, 0, 0  # oneDNN's workspace needs the input's features
     gates = _onednn_ld(rule.gates * hidden)
     rows = steps * gates + rule.state_rows * (steps + 1) * _onednn_ld(max(features, hidden)) \
         + (rule.diff_rows * (steps + 1) - 1) * _onednn_ld(hidden)
@@ -1029,7 +1035,7 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
     # the weights reordered, the gates' scratch, the final states' gradients (zeros when unused) and the
     # initial states' gradients
     scratch = 4 * gates * (features + hidden + steps * batch) + 4 * 4 * batch * hidden
-    return directions * workspace, directions * scratch
+    return directions * workspace, directions * scratch, 0
 
 
 def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str | None, ...] | None,
@@ -1277,7 +1283,8 @@ def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> Non
 
 
 def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
-    """Add the masks, indices and statistics nodes keep, and autocast's low-precision copies."""
+    """Add the masks, indices and statistics nodes keep, forward temporaries, and autocast's low-precision
+    copies."""
     nodes, values, fwd, rec, bwd = model.nodes, model.values, step.fwd, step.rec, step.bwd
     for n, nbytes in model.extras.items():
         name = f"{nodes[n].name} (mask/indices/statistics)"
@@ -1286,6 +1293,11 @@ def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
             buffers.add(name, "saved activations", nbytes, rec[n], bwd[n])
         else:
             buffers.add(name, "saved activations", nbytes, fwd[n], bwd[n])
+    for n, nbytes in model.forward_temporaries.items():
+        name = f"{nodes[n].name} (forward temporaries)"
+        buffers.add(name, "temporaries", nbytes, fwd[n], fwd[n])
+        if step.segment_of[n] >= 0:
+            buffers.add(name, "temporaries", nbytes, rec[n], rec[n])
     for (n, t), nbytes in model.cast_copies.items():
         start = rec[n] if step.segment_of[n] >= 0 else fwd[n]
         buffers.add(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, start, bwd[n])

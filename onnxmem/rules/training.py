@@ -215,7 +215,8 @@ class Recurrent:
     gates' scratch (T x B rows of ld(gates x H)) and four B x H state gradients for a moment.
     CUDA (cuDNN's reserve space): about cuda_values values per step, batch row and hidden unit.
     CPU without oneDNN (cpu_unrolled > 0): PyTorch runs the op as a loop of cells whose autograd keeps
-    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views).
+    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views); its
+    forward holds cpu_unrolled_forward more while the op runs (the input projection of every step at once).
     """
 
     gates: int
@@ -223,6 +224,7 @@ class Recurrent:
     diff_rows: int
     cuda_values: int
     cpu_unrolled: int = 0
+    cpu_unrolled_forward: int = 0
 
 
 RECURRENT: dict[str, Recurrent] = {
@@ -230,9 +232,10 @@ RECURRENT: dict[str, Recurrent] = {
     # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
     "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6),
     # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
-    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); cuDNN's
-    # reserve space for GRU is not measured: cuda_values as LSTM's
-    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7),
+    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); its forward
+    # projects the input of all steps at once (3 values per step, one mm, freed when the layer is done: measured
+    # with the profiler); cuDNN's reserve space for GRU is not measured: cuda_values as LSTM's
+    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3),
 }
 
 # What PyTorch's ATen ops keep for backward, keyed by ATen op (after derivatives.yaml). The dynamo exporter marks
