@@ -989,6 +989,8 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
             outer = out_elements // threads < rule.gemm_outer_threading_max_spatial and (batch > 1 or groups > 2)
             scratch = (threads if outer else 1) * (rule.gemm_weight_copies * weight_bytes + columns) \
                 + rule.gemm_scratch_alignment
+            if out_channels >= rule.gemm_pack_min_out_channels and out_elements > 1:
+                scratch += 4 * rule.gemm_pack_rows * group_channels * kernel_elements
             moments.append(made + weight_bytes + max(scratch, weight_bytes))
         else:
             moments.append(made + (0 if flat else in_blocked) + out_blocked + weight_blocked)
