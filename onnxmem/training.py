@@ -695,8 +695,12 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
     if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
         extra += rule.attention_probabilities * _attention_bytes(values[inputs[0]], values[inputs[1]])
     if rule.recurrent:
-        kept_bytes, scratch, forward = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
+        recurrent = RECURRENT[rule.recurrent]
+        kept_bytes, scratch, forward = _recurrent_bytes(recurrent, node, values, options.device)
         extra += kept_bytes
+        if recurrent.cpu_contiguous_input and options.device == "cpu" and inputs and inputs[0] >= 0 \
+                and _producer_op_type(graph, values[inputs[0]].name) == "Transpose":
+            extra += values[inputs[0]].nbytes
         if scratch:
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
         if forward:
@@ -1003,6 +1007,13 @@ def _onednn_ld(n: int) -> int:
     """Give oneDNN's leading dimension for n floats: a multiple of 16, not of 256 (4K aliasing)."""
     ld = -(-n // 16) * 16
     return ld + 16 if ld % 256 == 0 else ld
+
+
+def _producer_op_type(graph: ModelGraph, name: str) -> str:
+    """Give the op type of the graph op that makes tensor `name` ("" for a weight, an input or a loss value)."""
+    index = graph.tensor_index.get(name)
+    producer = graph.tensors[index].producer if index is not None else None
+    return graph.ops[producer].op_type if producer is not None else ""
 
 
 def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int, int]:

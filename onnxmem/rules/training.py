@@ -222,6 +222,9 @@ class Recurrent:
     CPU without oneDNN (cpu_unrolled > 0): PyTorch runs the op as a loop of cells whose autograd keeps
     cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views); its
     forward holds cpu_unrolled_forward more while the op runs (the input projection of every step at once).
+    On CPU an input that is a transposed view (batch_first: a Transpose before the op) is copied contiguous and
+    the copy kept (cpu_contiguous_input; LSTM: aten::clone before mkldnn_rnn_layer; GRU: the input projection's
+    reshape), measured with the profiler.
     """
 
     gates: int
@@ -230,6 +233,7 @@ class Recurrent:
     cuda_values: int
     cpu_unrolled: int = 0
     cpu_unrolled_forward: int = 0
+    cpu_contiguous_input: bool = True
 
 
 RECURRENT: dict[str, Recurrent] = {
