@@ -994,7 +994,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
             scratch = (threads if outer else 1) * (rule.gemm_weight_copies * weight_bytes + columns) \
                 + rule.gemm_scratch_alignment
             if out_channels >= rule.gemm_pack_min_out_channels and out_elements > 1:
-                scratch += 4 * rule.gemm_pack_rows * group_channels * kernel_elements
+                scratch += (threads if outer else 1) * 4 * rule.gemm_pack_rows * group_channels * kernel_elements
             moments.append(made + weight_bytes + max(scratch, weight_bytes))
         else:
             moments.append(made + (0 if flat else in_blocked) + out_blocked + weight_blocked)

@@ -188,8 +188,8 @@ class CpuConvolution:
       where it threads over the batch (fewer than `gemm_outer_threading_max_spatial` output positions per thread
       and a batch over 1), else once. Its gemm also packs `gemm_pack_rows` rows of C / groups x kernel floats
       through malloc (outside PyTorch's allocator: the malloc counter sees it, the profiler does not) where the
-      convolution has more than `gemm_pack_min_out_channels` output channels and over one output position
-      (measured 0.3-2.4 MB at 64-512 input channels; none at 128 or 256 output channels).
+      convolution has more than `gemm_pack_min_out_channels` output channels and over one output position, per
+      thread as its scratchpad (measured 0.3-2.4 MB at 64-512 input channels; none at 128 or 256 output channels).
     The op's peak over its gradients is the largest of these moments less the gradients it returns.
     """
 
