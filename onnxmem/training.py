@@ -18,6 +18,7 @@ events gives the live bytes at each (as in liveness.py). What PyTorch does is th
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -63,6 +64,7 @@ from .rules.training import (
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
     RECURRENT,
+    RECURRENT_WEIGHT_RELAYOUT,
     SAVED_FOR_BACKWARD,
     TRAINING_VIEWS,
     Decomposed,
@@ -440,6 +442,7 @@ def _forward(graph: ModelGraph, order: Sequence[int]) -> \
     nodes, restored = _restore_folded(nodes, values, graph)
     nodes, grouped = _fuse_aten_groups(nodes, values, graph)
     nodes, hidden, assumed = _fuse_decomposed(nodes, values, graph)
+    nodes = _read_recurrent_weights(nodes, values, graph)
     return values, nodes, grouped + hidden, restored, assumed
 
 
@@ -779,6 +782,76 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
         restored.folded_into.setdefault(fold.module, []).append(node.name)
         restored.kept_bytes_values.append(copy)
     return result, restored
+
+
+def _read_recurrent_weights(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> list[_Node]:
+    """Give the nodes with the exporter's run-time re-layout of each recurrent op's weights dropped (the nodes of
+    rules.training.RECURRENT_WEIGHT_RELAYOUT types that carry the op's fx node and compute only from parameters),
+    the op reading the parameters instead (inputs W, R, B replaced by their first parameter, the others appended).
+    The copies are no activations of PyTorch's step: the hand formula does not count them either."""
+    producer: dict[int, int] = {}
+    for n, node in enumerate(nodes):
+        for t in node.outputs:
+            if t >= 0:
+                producer[t] = n
+
+    def origin(n: int) -> str:
+        node = nodes[n]
+        return graph.ops[node.graph_op].origin if node.graph_op is not None and not node.restored else ""
+
+    def parameters(t: int, key: str, chain: set[int]) -> list[int] | None:
+        """The parameters float value t is laid out from (through nodes of the op's fx node), or None."""
+        n = producer.get(t)
+        if n is None:
+            return [t] if values[t].kind == WEIGHT and values[t].is_float else None
+        node = nodes[n]
+        if node.op_type not in RECURRENT_WEIGHT_RELAYOUT or " ".join(origin(n).split(" ", 2)[:2]) != key:
+            return None
+        chain.add(n)
+        found: list[int] = []
+        for i in node.inputs:
+            if i < 0 or not values[i].is_float:
+                continue  # indices, shapes and axes
+            leaves = parameters(i, key, chain)
+            if leaves is None:
+                return None
+            found.extend(leaves)
+        return found or None
+
+    dropped: set[int] = set()
+    rewired: dict[int, _Node] = {}
+    for n, node in enumerate(nodes):
+        rule = _rule(node.op_type, node.domain)
+        if rule is None or not rule.recurrent:
+            continue
+        key = " ".join(origin(n).split(" ", 2)[:2])
+        if not key:
+            continue
+        inputs = list(node.inputs)
+        appended: list[int] = []
+        chain: set[int] = set()
+        for i in (1, 2, 3):
+            if i >= len(inputs) or inputs[i] < 0:
+                continue
+            leaves = parameters(inputs[i], key, chain)
+            if leaves is None or inputs[i] in leaves:
+                continue
+            inputs[i] = leaves[0]
+            appended.extend(leaves[1:])
+        if not chain:
+            continue
+        extra = [t for t in dict.fromkeys(appended) if t not in inputs]  # a parameter sliced thrice is read once
+        rewired[n] = dataclasses.replace(node, inputs=(*inputs, *extra))
+        dropped |= chain
+    if not rewired:
+        return nodes
+    # a dropped node's outputs must have no reader but the chain and the recurrent ops it feeds
+    kept_readers = {t for m, node in enumerate(nodes) if m not in dropped
+                    for t in (rewired[m].inputs if m in rewired else node.inputs) if t >= 0}
+    made = {t for m in dropped for t in nodes[m].outputs if t >= 0}
+    if made & (kept_readers | set(graph.outputs)):
+        return nodes
+    return [rewired.get(m, node) for m, node in enumerate(nodes) if m not in dropped]
 
 
 def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \

@@ -179,3 +179,52 @@ def test_rule_matches_pytorchs_backward(x: tuple[int, ...], w: tuple[int, ...], 
         assert scratch(x, w, tuple(out.shape)) == measured
     finally:
         torch.set_num_threads(threads)
+
+
+def _gru(relaid: bool, marked: bool = True) -> onnx.ModelProto:
+    """x [T=5, B=2, I=4] -> GRU(hidden 8) -> Y [5, 1, 2, 8], the weights either parameters read directly
+    (W [1, 24, 4], R [1, 24, 8], B [1, 48]) or, as the dynamo exporter writes nn.GRU, laid out at run time from
+    PyTorch's parameters (w_ih [24, 4], w_hh [24, 8], b_ih [24], b_hh [24]) by Slice, Concat and Unsqueeze nodes
+    that carry the aten.gru fx node."""
+    weight = graphs.external_header
+    fx = ("%gru : [num_users=1] = call_function[target=torch.ops.aten.gru.input](args = (%x, %h, [%w_ih, %w_hh, "
+          "%b_ih, %b_hh], True, 1, 0.0, True, False, False), kwargs = {})")
+    gru = oh.make_node("GRU", ["x", "W", "R", "B"], ["y", "y_h"], name="gru", hidden_size=8)
+    nodes = [gru]
+    ints = [oh.make_tensor(name, TensorProto.INT64, [1], [v]) for name, v in
+            (("zero", 0), ("eight", 8), ("sixteen", 16), ("big", 1 << 30))]
+    if relaid:
+        nodes = []
+        for param, out in (("w_ih", "W"), ("w_hh", "R")):
+            nodes += [oh.make_node("Slice", [param, lo, hi], [f"{param}_{lo}"], name=f"{param}_{lo}")
+                      for lo, hi in (("zero", "eight"), ("eight", "sixteen"), ("sixteen", "big"))]
+            nodes += [oh.make_node("Concat", [f"{param}_eight", f"{param}_zero", f"{param}_sixteen"],
+                                   [f"{out}_2d"], name=f"{out}_concat", axis=0),
+                      oh.make_node("Unsqueeze", [f"{out}_2d", "zero"], [out], name=f"{out}_unsqueeze")]
+        nodes += [oh.make_node("Concat", ["b_ih", "b_hh"], ["B_1d"], name="B_concat", axis=0),
+                  oh.make_node("Unsqueeze", ["B_1d", "zero"], ["B"], name="B_unsqueeze"), gru]
+        for n in nodes if marked else [gru]:
+            entry = n.metadata_props.add()
+            entry.key, entry.value = "pkg.torch.onnx.fx_node", fx
+        params = [weight("w_ih", TensorProto.FLOAT, [24, 4]), weight("w_hh", TensorProto.FLOAT, [24, 8]),
+                  weight("b_ih", TensorProto.FLOAT, [24]), weight("b_hh", TensorProto.FLOAT, [24]), *ints]
+    else:
+        params = [weight("W", TensorProto.FLOAT, [1, 24, 4]), weight("R", TensorProto.FLOAT, [1, 24, 8]),
+                  weight("B", TensorProto.FLOAT, [1, 48])]
+    return graphs.model(nodes, [graphs.value("x", [5, 2, 4])], [graphs.value("y", [5, 1, 2, 8])], params)
+
+
+def test_a_recurrent_ops_weights_laid_out_by_the_exporter_cost_what_its_parameters_cost() -> None:
+    # PyTorch's aten::gru reads its parameters: the exporter's Slice/Concat copies and their gradients do not
+    # exist in the step. Same parameter bytes (1 x 24 x 4 + 1 x 24 x 8 + 48 floats) either way: same peak.
+    options = TrainingOptions(optimizer="sgd", device="cpu", loss="mean")
+    direct = onnxmem.analyze(_gru(relaid=False), training=options).training
+    relaid = onnxmem.analyze(_gru(relaid=True), training=options).training
+    assert direct is not None and relaid is not None
+    bounds = 4 * 8  # the relaid graph's four int64 slice bounds
+    assert direct.weights_bytes == 4 * (96 + 192 + 48) and relaid.weights_bytes == direct.weights_bytes + bounds
+    assert relaid.gradient_bytes == direct.gradient_bytes
+    assert relaid.peak_bytes == direct.peak_bytes + bounds
+    # without the fx marks nothing says the copies are the exporter's: they are simulated as exported
+    unmarked = onnxmem.analyze(_gru(relaid=True, marked=False), training=options).training
+    assert unmarked is not None and unmarked.peak_bytes > direct.peak_bytes + bounds

@@ -247,6 +247,14 @@ RECURRENT: dict[str, Recurrent] = {
     "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3),
 }
 
+# Recurrent ops whose weights the dynamo exporter re-lays out at run time (aten.gru/lstm/rnn to the ONNX op: gate
+# order, layers and directions sliced and concatenated from the parameters): PyTorch's kernel reads the parameters
+# themselves, so those copies (and their gradients) do not exist in the step. Ops of these types that carry the
+# recurrent op's fx node and compute only from parameters are dropped, the recurrent op reading the parameters.
+RECURRENT_WEIGHT_RELAYOUT: frozenset[str] = frozenset({
+    "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Split", "Gather", "Identity",
+})
+
 # What PyTorch's ATen ops keep for backward, keyed by ATen op (after derivatives.yaml). The dynamo exporter marks
 # every node with the ATen op it comes from (pkg.torch.onnx.fx_node); the nodes of an op exported as several are
 # simulated as that one op, reported as 'aten::<op>', with this rule; its inputs are the op's tensor arguments,
