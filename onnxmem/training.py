@@ -704,6 +704,9 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         if recurrent.cpu_contiguous_input and options.device == "cpu" and inputs and inputs[0] >= 0 \
                 and _producer_op_type(graph, values[inputs[0]].name) == "Transpose":
             extra += values[inputs[0]].nbytes
+        if recurrent.cpu_contiguous_output_grad and options.device == "cpu" and out0 is not None \
+                and _read_transposed(graph, out0.name):
+            needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + out0.nbytes
         if scratch:
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
         if forward:
@@ -1087,6 +1090,20 @@ def _producer_op_type(graph: ModelGraph, name: str) -> str:
     index = graph.tensor_index.get(name)
     producer = graph.tensors[index].producer if index is not None else None
     return graph.ops[producer].op_type if producer is not None else ""
+
+
+def _read_transposed(graph: ModelGraph, name: str) -> bool:
+    """Say whether tensor `name` is read through a Transpose (directly or after a Squeeze or Reshape)."""
+    index = graph.tensor_index.get(name)
+    if index is None:
+        return False
+    for op in (graph.ops[c] for c in graph.tensors[index].consumers):
+        if op.op_type == "Transpose":
+            return True
+        if op.op_type in ("Squeeze", "Reshape") and op.outputs and op.outputs[0] >= 0 \
+                and any(graph.ops[c].op_type == "Transpose" for c in graph.tensors[op.outputs[0]].consumers):
+            return True
+    return False
 
 
 def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int, int]:

@@ -228,3 +228,38 @@ def test_a_recurrent_ops_weights_laid_out_by_the_exporter_cost_what_its_paramete
     # without the fx marks nothing says the copies are the exporter's: they are simulated as exported
     unmarked = onnxmem.analyze(_gru(relaid=True, marked=False), training=options).training
     assert unmarked is not None and unmarked.peak_bytes > direct.peak_bytes + bounds
+
+
+def _lstm(batch_first: bool) -> onnx.ModelProto:
+    """An LSTM (hidden 16) over 6 steps of 8 features, batch 4; batch_first: x [4, 6, 8] transposed to the op's
+    [6, 4, 8] and its output [6, 1, 4, 16] squeezed and transposed back to [4, 6, 16] (as nn.LSTM(batch_first=True)
+    exports); else x [6, 4, 8] in and the squeezed [6, 4, 16] out."""
+    weight = graphs.external_header
+    x = "x_t" if batch_first else "x"
+    nodes = [oh.make_node("LSTM", [x, "W", "R"], ["y"], name="lstm", hidden_size=16),
+             oh.make_node("Squeeze", ["y", "axis"], ["y3" if batch_first else "out"], name="squeeze")]
+    if batch_first:
+        nodes = [oh.make_node("Transpose", ["x"], ["x_t"], name="in", perm=[1, 0, 2]), *nodes,
+                 oh.make_node("Transpose", ["y3"], ["out"], name="out", perm=[1, 0, 2])]
+    shape_in, shape_out = ([4, 6, 8], [4, 6, 16]) if batch_first else ([6, 4, 8], [6, 4, 16])
+    return graphs.model(nodes, [graphs.value("x", shape_in)], [graphs.value("out", shape_out)],
+                        [weight("W", TensorProto.FLOAT, [1, 64, 8]), weight("R", TensorProto.FLOAT, [1, 64, 16]),
+                         oh.make_tensor("axis", TensorProto.INT64, [1], [1])])
+
+
+def test_batch_first_lstm_keeps_a_copy_of_its_input_and_copies_its_output_gradient_on_cpu() -> None:
+    # PyTorch clones the transposed input for mkldnn_rnn_layer and keeps the clone (4 x 6 x 8 floats), and its
+    # backward makes the transposed output gradient contiguous (6 x 4 x 16 floats) for a moment: the LSTM's
+    # backward, the peak either way, holds both more.
+    options = TrainingOptions(optimizer="sgd", device="cpu", loss="mean")
+    plain = onnxmem.analyze(_lstm(batch_first=False), training=options).training
+    first = onnxmem.analyze(_lstm(batch_first=True), training=options).training
+    assert plain is not None and first is not None
+    assert plain.peak_event == "backward of LSTM lstm" == first.peak_event
+    assert first.peak_bytes - plain.peak_bytes == 4 * (4 * 6 * 8) + 4 * (6 * 4 * 16)
+    # on CUDA neither copy is made
+    cuda = TrainingOptions(optimizer="sgd", device="cuda", loss="mean")
+    plain_cuda = onnxmem.analyze(_lstm(batch_first=False), training=cuda).training
+    first_cuda = onnxmem.analyze(_lstm(batch_first=True), training=cuda).training
+    assert plain_cuda is not None and first_cuda is not None
+    assert first_cuda.peak_bytes == plain_cuda.peak_bytes

@@ -224,7 +224,8 @@ class Recurrent:
     forward holds cpu_unrolled_forward more while the op runs (the input projection of every step at once).
     On CPU an input that is a transposed view (batch_first: a Transpose before the op) is copied contiguous and
     the copy kept (cpu_contiguous_input; LSTM: aten::clone before mkldnn_rnn_layer; GRU: the input projection's
-    reshape), measured with the profiler.
+    reshape), measured with the profiler; and oneDNN's backward makes a transposed output gradient contiguous (an
+    output-sized temporary, cpu_contiguous_output_grad: the batch_first output's Transpose after the op).
     """
 
     gates: int
@@ -234,12 +235,13 @@ class Recurrent:
     cpu_unrolled: int = 0
     cpu_unrolled_forward: int = 0
     cpu_contiguous_input: bool = True
+    cpu_contiguous_output_grad: bool = False
 
 
 RECURRENT: dict[str, Recurrent] = {
     # oneDNN LSTM: states of the layer, iteration and cell (2 layers of T + 1 steps each); the gradients of
     # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
-    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6),
+    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6, cpu_contiguous_output_grad=True),
     # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
     # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); its forward
     # projects the input of all steps at once (3 values per step, one mm, freed when the layer is done: measured
