@@ -621,11 +621,13 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
             t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
         temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
     per_output, per_input = rule.cpu_backward_temporaries
-    scratch = _cpu_convolution_scratch(node, values, needs_grad, options.cpu_threads) \
+    scratch = _cpu_convolution_scratch(node, values, needs_grad, options) \
         if rule.cpu_convolution and options.device == "cpu" else None
     if scratch is not None:
-        if scratch:
-            temporaries[n] = temporaries.get(n, 0) + scratch
+        if scratch[0]:
+            temporaries[n] = temporaries.get(n, 0) + scratch[0]
+        if scratch[1]:
+            needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + scratch[1]
     elif options.device == "cpu" and out0 is not None and (per_output or per_input):
         first_input = inputs[0] if inputs and inputs[0] >= 0 else None
         input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
@@ -993,9 +995,11 @@ def _channel_padded(value: _Value, nbytes: int) -> int:
     return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
 
 
-def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool], threads: int) -> int | None:
-    """Give the bytes a Conv's backward allocates on CPU besides the gradients it returns (cpu_convolution_scratch),
-    or None where its shapes are not all known (then the op's generic temporaries apply)."""
+def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool],
+                             options: TrainingOptions) -> tuple[int, int] | None:
+    """Give the bytes a Conv's backward and its forward allocate on CPU besides what they return
+    (cpu_convolution_scratch), or None where its shapes are not all known (then the op's generic temporaries
+    apply). Under autocast it runs in 16 bits."""
     inputs = node.inputs
     if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0 or not node.outputs or node.outputs[0] < 0:
         return None
@@ -1008,16 +1012,25 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
     if not x.numel or not x.nbytes:
         return None
     bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
-    return cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], x.nbytes // x.numel,
-                                   bias.nbytes if bias is not None else 0, needs_grad[inputs[0]],
-                                   needs_grad[inputs[1]], threads)
+    low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+    element = 2 if low else x.nbytes // x.numel
+    bias_bytes = (bias.numel or 0) * element if bias is not None else 0
+    backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
+                                       needs_grad[inputs[1]], options.cpu_threads)
+    forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
+                                      options.cpu_threads, forward=True)
+    if backward is None or forward is None:
+        return None
+    return backward, forward
 
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
-                            bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1) -> int | None:
+                            bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1,
+                            forward: bool = False) -> int | None:
     """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
     peak (the rule in rules.training.CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
-    *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks.
+    *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks. `forward`: what its forward
+    allocates besides its output instead.
 
     Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
     shorter than the input less the kernel plus one (what stride 1 gives with no padding).
@@ -1025,7 +1038,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     rule = CPU_CONVOLUTION
     if not len(x) == len(w) == len(y) or len(x) not in (3, 4) or x[1] % w[1]:
         return None
-    if not input_grad and not weight_grad:
+    if not input_grad and not weight_grad and not forward:
         return 0
     batch, channels, spatial = x[0], x[1], x[2:]
     out_channels, group_channels, kernel, out_spatial = w[0], w[1], w[2:], y[2:]
@@ -1037,7 +1050,8 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     one_by_one = all(k == 1 for k in kernel)
     kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
     # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
-    mkldnn = (strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
+    mkldnn = element_bytes in rule.mkldnn_element_bytes and (
+        strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
         groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
         or math.prod(x) >= rule.mkldnn_min_batch1_numel)
     if not mkldnn:  # slow_conv2d: one im2col buffer, none for a 1x1 unstrided convolution
@@ -1054,6 +1068,9 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     weight_blocked = padded(weight_bytes, out_channels)
     if not depthwise and not flat:
         weight_blocked = padded(weight_blocked, group_channels)
+    if forward:  # the input and weight reordered and the output blocked, then the blocked and the dense output
+        blocked = (0 if flat else in_blocked) + weight_blocked + out_blocked
+        return max(blocked, out_blocked + out_bytes) - out_bytes
     larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
     gemm = larger_kernel or (max(kernel) > rule.depthwise_jit_max_kernel if depthwise
                              else kernel[-1] >= rule.jit_max_kernel_width)

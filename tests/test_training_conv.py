@@ -110,6 +110,26 @@ def test_frozen_weight_has_only_the_input_gradients_moments() -> None:
     assert scratch(x, w, y, input_grad=False, weight_grad=False) == 0
 
 
+def test_forward_reorders_the_input_and_the_weight_besides_the_output() -> None:
+    # oneDNN's forward: input, weight and output blocked at once (then the blocked and the dense output): over
+    # the output it returns, the input and the weight (measured: 671744 for this one)
+    x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(x) + nbytes(w) == 671_744
+    # the stem's 3-channel image is read as it is: only the blocked output besides the dense one
+    x, w, y = (8, 3, 64, 64), (64, 3, 7, 7), (8, 64, 32, 32)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(y)
+
+
+def test_bf16_runs_slow_conv2d_on_a_cpu_without_native_bf16() -> None:
+    # autocast's bf16 convolution on an AVX2 CPU: ATen's slow_conv2d, whose forward and backward each unfold the
+    # whole batch (8 x 64 x 9 x 256 bf16 elements; measured with the profiler under torch.autocast)
+    x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
+    columns = 2 * 8 * 64 * 9 * 16 * 16
+    assert 2 not in CPU_CONVOLUTION.mkldnn_element_bytes
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == columns == 2_359_296
+    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == columns
+
+
 def test_other_ranks_are_not_given() -> None:
     assert scratch((2, 8, 4, 4, 4), (8, 8, 3, 3, 3), (2, 8, 4, 4, 4)) is None
 

@@ -171,7 +171,12 @@ class CpuConvolution:
     groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of under
     `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
 
-    slow_conv2d: an im2col buffer of C x kernel x output-spatial elements (none for a 1x1 unstrided one).
+    bf16 and fp16 (autocast included) run oneDNN only where the CPU has native support (AVX-512 BF16, AMX): on the
+    measured AVX2 CPU they take slow_conv2d (`mkldnn_element_bytes`: the element sizes oneDNN runs).
+
+    slow_conv2d: an im2col buffer of the batch x C x kernel x output-spatial elements in forward and again in
+    backward (none for a 1x1 unstrided one). oneDNN's forward reorders the input and the weight and computes the
+    output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
 
     oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
     CPU_CHANNEL_BLOCK in the blocked tensors (the "_p" sizes):
@@ -193,6 +198,7 @@ class CpuConvolution:
     The op's peak over its gradients is the largest of these moments less the gradients it returns.
     """
 
+    mkldnn_element_bytes: tuple[int, ...] = (4,)
     mkldnn_min_batch_1x1: int = 16
     mkldnn_min_batch1_numel: int = 20481
     flat_channels: int = 3
