@@ -1054,9 +1054,13 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
         strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
         groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
         or math.prod(x) >= rule.mkldnn_min_batch1_numel)
-    if not mkldnn:  # slow_conv2d: one im2col buffer, none for a 1x1 unstrided convolution
+    if not mkldnn:  # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
         unfolded = not (one_by_one and out_spatial == spatial)
-        return element_bytes * batch * channels * kernel_elements * out_elements if unfolded else 0
+        columns = element_bytes * batch * group_channels * kernel_elements * out_elements if unfolded else 0
+        if groups == 1:
+            return columns
+        # the groups' outputs (or input gradients) are made apart, then concatenated
+        return max(columns, out_bytes) if forward else columns + (in_bytes if input_grad else 0)
 
     def padded(nbytes: int, n: int) -> int:
         return nbytes * (-(-n // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // n

@@ -128,6 +128,13 @@ def test_bf16_runs_slow_conv2d_on_a_cpu_without_native_bf16() -> None:
     assert 2 not in CPU_CONVOLUTION.mkldnn_element_bytes
     assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == columns == 2_359_296
     assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == columns
+    # a depthwise one runs a group at a time: one group's columns (8 x 1 x 49 x 256 for a 7x7 on 16x16, 48
+    # channels; measured 200704), beside the groups' outputs, made apart and concatenated
+    x, w, y = (8, 48, 16, 16), (48, 1, 7, 7), (8, 48, 16, 16)
+    group_columns = 2 * 8 * 49 * 16 * 16
+    assert group_columns == 200_704
+    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == max(group_columns, 2 * 8 * 48 * 256)
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == group_columns + 2 * 8 * 48 * 256
 
 
 def test_other_ranks_are_not_given() -> None:

@@ -175,8 +175,9 @@ class CpuConvolution:
     measured AVX2 CPU they take slow_conv2d (`mkldnn_element_bytes`: the element sizes oneDNN runs).
 
     slow_conv2d: an im2col buffer of the batch x C x kernel x output-spatial elements in forward and again in
-    backward (none for a 1x1 unstrided one). oneDNN's forward reorders the input and the weight and computes the
-    output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
+    backward (none for a 1x1 unstrided one); grouped, it runs one group at a time (C / groups channels), the
+    groups' outputs and input gradients made apart and concatenated. oneDNN's forward reorders the input and the
+    weight and computes the output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
 
     oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
     CPU_CHANNEL_BLOCK in the blocked tensors (the "_p" sizes):
