@@ -384,7 +384,8 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module.load_state_dict(reference.state_dict())
             module.train()
             c10, _ = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
-            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind)
+            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind,
+                                      cpu_threads=torch.get_num_threads())
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
@@ -630,7 +631,7 @@ def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: s
     report = onnxmem.analyze(path, dims, training=TrainingOptions(
         optimizer=optimizer, device="cpu", loss=case.loss_kind, precision="amp-bf16" if variant == "amp-bf16" else
         "fp32", train=HEADS[case.name] if variant == "frozen backbone" else (),
-        grad_accum=2 if variant == "grad-accum 2" else 1))
+        grad_accum=2 if variant == "grad-accum 2" else 1, cpu_threads=torch.get_num_threads()))
     training = report.training
     assert training is not None
     codes = sorted({w.code for w in report.warnings

@@ -184,11 +184,13 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
         # Gradient accumulation: a micro-step's activations are those of the micro-batch.
         proto = sized.loaded.proto
         micro = micro_batch_dims(proto, dict(sized.dims), training)
+        training_graph = graph
         if micro != sized.dims:
-            graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim, symbolic=sized.symbolic,
-                                                      free=list(sized.free)).types)
-            steps = execution_order(graph, order, rules)
-        result = training_memory(graph, steps, training)
+            training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
+                                                               symbolic=sized.symbolic, free=list(sized.free)).types)
+        # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
+        # of that order (the engine runs the ready function made last first), whatever order inference assumes
+        result = training_memory(training_graph, execution_order(training_graph, "model", rules), training)
         report = dataclasses.replace(report, training=result,
                                      warnings=(*report.warnings, *training_warnings(result)))
     return Analysis(sized, graph, tuple(steps), timeline, report)

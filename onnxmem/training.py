@@ -18,6 +18,7 @@ events gives the live bytes at each (as in liveness.py). What PyTorch does is th
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -51,6 +52,7 @@ from .rules.training import (
     CHEAP_TO_RECOMPUTE,
     CPU_AUTOGRAD_BYTES_PER_NODE,
     CPU_CHANNEL_BLOCK,
+    CPU_CONVOLUTION,
     DECOMPOSED,
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
@@ -62,11 +64,13 @@ from .rules.training import (
     FOLDS_INTO,
     GRAPH_SIGNATURE_PROPERTY,
     LOSSES,
+    NON_DIFFERENTIABLE_INPUTS,
     NOT_DIFFERENTIABLE,
     NOT_PARAMETER_KINDS,
     OPTIMIZER_ALIASES,
     OPTIMIZERS,
     RECURRENT,
+    RECURRENT_WEIGHT_RELAYOUT,
     SAVED_FOR_BACKWARD,
     TRAINING_VIEWS,
     Decomposed,
@@ -107,6 +111,9 @@ class TrainingOptions:
     batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
     optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
     device: str = "cuda"  # where PyTorch trains: cuda | cpu (dropout masks and the optimizer's default differ)
+    # on CPU, PyTorch's intra-op threads (torch.get_num_threads()): which convolution kernel runs, and oneDNN's
+    # gemm convolution keeps its scratch per thread (rules.training.CPU_CONVOLUTION)
+    cpu_threads: int = 1
 
     @property
     def accumulates(self) -> bool:
@@ -208,6 +215,7 @@ class _Model:
     # storage root -> the last node of the module calls it is an argument of (Python holds a module's arguments
     # until its forward returns), from the dynamo export's module scopes
     held_by_call: dict[int, int] = field(default_factory=dict)
+    forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -341,6 +349,8 @@ def _check_options(options: TrainingOptions) -> None:
         raise TrainingOptionError(f"unknown loss '{options.loss}': choose one of {', '.join(LOSSES)}")
     if options.grad_accum < 1:
         raise TrainingOptionError("grad_accum must be at least 1")
+    if options.cpu_threads < 1:
+        raise TrainingOptionError("cpu_threads must be at least 1")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:
         raise TrainingOptionError("checkpoint segments must be at least 1")
     if isinstance(options.checkpoint, str) and options.checkpoint != "auto":
@@ -437,7 +447,8 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
     return _Model(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots))
+                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
+                  needs.forward_temporaries)
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -493,6 +504,7 @@ def _forward(graph: ModelGraph, order: Sequence[int]) -> \
     nodes, restored = _restore_folded(nodes, values, graph)
     nodes, grouped = _fuse_aten_groups(nodes, values, graph)
     nodes, hidden, assumed = _fuse_decomposed(nodes, values, graph)
+    nodes = _read_recurrent_weights(nodes, values, graph)
     return values, nodes, grouped + hidden, restored, assumed
 
 
@@ -636,7 +648,8 @@ def _gradient_flow(values: list[_Value], nodes: list[_Node], params: list[int]) 
         needs_grad[t] = True
     differentiable = [False] * len(nodes)
     for n, node in enumerate(nodes):
-        if not any(t >= 0 and needs_grad[t] for t in node.inputs):
+        settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        if not any(t >= 0 and needs_grad[t] and i not in settings for i, t in enumerate(node.inputs)):
             continue
         if node.op_type in NOT_DIFFERENTIABLE:
             continue
@@ -659,6 +672,7 @@ class _BackwardNeeds:
     backward_temporaries: dict[int, int] = field(default_factory=dict)
     passthrough: dict[int, list[int]] = field(default_factory=dict)
     unknown: dict[str, int] = field(default_factory=dict)
+    forward_temporaries: dict[int, int] = field(default_factory=dict)
 
 
 def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value], roots: list[int],
@@ -692,7 +706,14 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
         if upcast:
             temporaries[n] = temporaries.get(n, 0) + upcast
     per_output, per_input = rule.cpu_backward_temporaries
-    if options.device == "cpu" and out0 is not None and (per_output or per_input):
+    scratch = _cpu_convolution_scratch(node, values, needs_grad, options) \
+        if rule.cpu_convolution and options.device == "cpu" else None
+    if scratch is not None:
+        if scratch[0]:
+            temporaries[n] = temporaries.get(n, 0) + scratch[0]
+        if scratch[1]:
+            needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + scratch[1]
+    elif options.device == "cpu" and out0 is not None and (per_output or per_input):
         first_input = inputs[0] if inputs and inputs[0] >= 0 else None
         input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
         output_bytes = out0.nbytes
@@ -700,8 +721,9 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
             output_bytes = _channel_padded(out0, output_bytes)
             input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
         temporaries[n] = temporaries.get(n, 0) + per_output * output_bytes + per_input * input_bytes
+    settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     for i, t in enumerate(inputs):
-        if t < 0 or not needs_grad[t]:
+        if t < 0 or not needs_grad[t] or i in settings:
             continue
         same_shape = out0 is not None and values[t].numel == out0.numel
         if i in rule.grad_passthrough and same_shape:
@@ -762,10 +784,19 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
         extra += rule.input_sized_extra * values[inputs[0]].nbytes
     extra += _attention_extra_bytes(n, rule, inputs, values, roots, options, needs)
     if rule.recurrent:
-        kept_bytes, scratch = _recurrent_bytes(RECURRENT[rule.recurrent], node, values, options.device)
+        recurrent = RECURRENT[rule.recurrent]
+        kept_bytes, scratch, forward = _recurrent_bytes(recurrent, node, values, options.device)
         extra += kept_bytes
+        if recurrent.cpu_contiguous_input and options.device == "cpu" and inputs and inputs[0] >= 0 \
+                and _producer_op_type(graph, values[inputs[0]].name) == "Transpose":
+            extra += values[inputs[0]].nbytes
+        if recurrent.cpu_contiguous_output_grad and options.device == "cpu" and out0 is not None \
+                and _read_transposed(graph, out0.name):
+            needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + out0.nbytes
         if scratch:
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
+        if forward:
+            needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + forward
     return extra
 
 
@@ -845,6 +876,76 @@ def _restore_folded(nodes: list[_Node], values: list[_Value], graph: ModelGraph)
         restored.folded_into.setdefault(fold.module, []).append(node.name)
         restored.kept_bytes_values.append(copy)
     return result, restored
+
+
+def _read_recurrent_weights(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> list[_Node]:
+    """Give the nodes with the exporter's run-time re-layout of each recurrent op's weights dropped (the nodes of
+    rules.training.RECURRENT_WEIGHT_RELAYOUT types that carry the op's fx node and compute only from parameters),
+    the op reading the parameters instead (inputs W, R, B replaced by their first parameter, the others appended).
+    The copies are no activations of PyTorch's step: the hand formula does not count them either."""
+    producer: dict[int, int] = {}
+    for n, node in enumerate(nodes):
+        for t in node.outputs:
+            if t >= 0:
+                producer[t] = n
+
+    def origin(n: int) -> str:
+        node = nodes[n]
+        return graph.ops[node.graph_op].origin if node.graph_op is not None and not node.restored else ""
+
+    def parameters(t: int, key: str, chain: set[int]) -> list[int] | None:
+        """The parameters float value t is laid out from (through nodes of the op's fx node), or None."""
+        n = producer.get(t)
+        if n is None:
+            return [t] if values[t].kind == WEIGHT and values[t].is_float else None
+        node = nodes[n]
+        if node.op_type not in RECURRENT_WEIGHT_RELAYOUT or " ".join(origin(n).split(" ", 2)[:2]) != key:
+            return None
+        chain.add(n)
+        found: list[int] = []
+        for i in node.inputs:
+            if i < 0 or not values[i].is_float:
+                continue  # indices, shapes and axes
+            leaves = parameters(i, key, chain)
+            if leaves is None:
+                return None
+            found.extend(leaves)
+        return found or None
+
+    dropped: set[int] = set()
+    rewired: dict[int, _Node] = {}
+    for n, node in enumerate(nodes):
+        rule = _rule(node.op_type, node.domain)
+        if rule is None or not rule.recurrent:
+            continue
+        key = " ".join(origin(n).split(" ", 2)[:2])
+        if not key:
+            continue
+        inputs = list(node.inputs)
+        appended: list[int] = []
+        chain: set[int] = set()
+        for i in (1, 2, 3):
+            if i >= len(inputs) or inputs[i] < 0:
+                continue
+            leaves = parameters(inputs[i], key, chain)
+            if leaves is None or inputs[i] in leaves:
+                continue
+            inputs[i] = leaves[0]
+            appended.extend(leaves[1:])
+        if not chain:
+            continue
+        extra = [t for t in dict.fromkeys(appended) if t not in inputs]  # a parameter sliced thrice is read once
+        rewired[n] = dataclasses.replace(node, inputs=(*inputs, *extra))
+        dropped |= chain
+    if not rewired:
+        return nodes
+    # a dropped node's outputs must have no reader but the chain and the recurrent ops it feeds
+    kept_readers = {t for m, node in enumerate(nodes) if m not in dropped
+                    for t in (rewired[m].inputs if m in rewired else node.inputs) if t >= 0}
+    made = {t for m in dropped for t in nodes[m].outputs if t >= 0}
+    if made & (kept_readers | set(graph.outputs)):
+        return nodes
+    return [rewired.get(m, node) for m, node in enumerate(nodes) if m not in dropped]
 
 
 def _fuse_aten_groups(nodes: list[_Node], values: list[_Value], graph: ModelGraph) -> \
@@ -1006,14 +1107,141 @@ def _channel_padded(value: _Value, nbytes: int) -> int:
     return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
 
 
+def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool],
+                             options: TrainingOptions) -> tuple[int, int] | None:
+    """Give the bytes a Conv's backward and its forward allocate on CPU besides what they return
+    (cpu_convolution_scratch), or None where its shapes are not all known (then the op's generic temporaries
+    apply). Under autocast it runs in 16 bits."""
+    inputs = node.inputs
+    if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0 or not node.outputs or node.outputs[0] < 0:
+        return None
+    x, w, y = values[inputs[0]], values[inputs[1]], values[node.outputs[0]]
+    shapes = []
+    for value in (x, w, y):
+        if value.shape is None or not all(isinstance(d, int) and d > 0 for d in value.shape):
+            return None
+        shapes.append(tuple(int(d) for d in value.shape))  # type: ignore[arg-type]
+    if not x.numel or not x.nbytes:
+        return None
+    bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
+    low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+    element = 2 if low else x.nbytes // x.numel
+    bias_bytes = (bias.numel or 0) * element if bias is not None else 0
+    backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
+                                       needs_grad[inputs[1]], options.cpu_threads)
+    forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
+                                      options.cpu_threads, forward=True)
+    if backward is None or forward is None:
+        return None
+    return backward, forward
+
+
+def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
+                            bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1,
+                            forward: bool = False) -> int | None:
+    """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
+    peak (the rule in rules.training.CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
+    *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks. `forward`: what its forward
+    allocates besides its output instead.
+
+    Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
+    shorter than the input less the kernel plus one (what stride 1 gives with no padding).
+    """
+    rule = CPU_CONVOLUTION
+    if not len(x) == len(w) == len(y) or len(x) not in (3, 4) or x[1] % w[1]:
+        return None
+    if not input_grad and not weight_grad and not forward:
+        return 0
+    batch, channels, spatial = x[0], x[1], x[2:]
+    out_channels, group_channels, kernel, out_spatial = w[0], w[1], w[2:], y[2:]
+    groups = channels // group_channels
+    in_bytes, out_bytes, weight_bytes = (element_bytes * math.prod(s) for s in (x, y, w))
+    if not weight_grad:
+        bias_bytes = 0
+    strided = any(o < s - k + 1 for o, s, k in zip(out_spatial, spatial, kernel, strict=True))
+    one_by_one = all(k == 1 for k in kernel)
+    kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
+    # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
+    mkldnn = element_bytes in rule.mkldnn_element_bytes and (
+        strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
+        groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
+        or math.prod(x) >= rule.mkldnn_min_batch1_numel)
+    if not mkldnn:  # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
+        unfolded = not (one_by_one and out_spatial == spatial)
+        columns = element_bytes * batch * group_channels * kernel_elements * out_elements if unfolded else 0
+        if groups == 1:
+            return columns
+        # the groups' outputs (or input gradients) are made apart, then concatenated
+        return max(columns, out_bytes) if forward else columns + (in_bytes if input_grad else 0)
+
+    def padded(nbytes: int, n: int) -> int:
+        return nbytes * (-(-n // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // n
+
+    depthwise = groups > 1 and group_channels == 1
+    flat = groups == 1 and channels == rule.flat_channels
+    in_blocked = in_bytes if flat else padded(in_bytes, channels)
+    out_blocked = padded(out_bytes, out_channels)
+    weight_blocked = padded(weight_bytes, out_channels)
+    if not depthwise and not flat:
+        weight_blocked = padded(weight_blocked, group_channels)
+    if forward:  # the input and weight reordered and the output blocked, then the blocked and the dense output
+        blocked = (0 if flat else in_blocked) + weight_blocked + out_blocked
+        return max(blocked, out_blocked + out_bytes) - out_bytes
+    larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
+    gemm = larger_kernel or (max(kernel) > rule.depthwise_jit_max_kernel if depthwise
+                             else kernel[-1] >= rule.jit_max_kernel_width)
+    moments = []
+    if input_grad:
+        moments.append(out_blocked + weight_blocked + in_blocked)
+        moments.append(in_blocked + in_bytes + (in_bytes if strided and not depthwise else 0))
+    if weight_grad:
+        made = (in_bytes if input_grad else 0) + bias_bytes
+        if gemm:
+            columns = element_bytes * group_channels * kernel_elements * out_elements
+            # oneDNN threads over the batch (one scratch per thread) where each thread's output is small
+            outer = out_elements // threads < rule.gemm_outer_threading_max_spatial and (batch > 1 or groups > 2)
+            scratch = (threads if outer else 1) * (rule.gemm_weight_copies * weight_bytes + columns) \
+                + rule.gemm_scratch_alignment
+            if out_channels >= rule.gemm_pack_min_out_channels and out_elements > 1:
+                scratch += (threads if outer else 1) * 4 * rule.gemm_pack_rows * group_channels * kernel_elements
+            moments.append(made + weight_bytes + max(scratch, weight_bytes))
+        else:
+            moments.append(made + (0 if flat else in_blocked) + out_blocked + weight_blocked)
+            moments.append(made + weight_blocked + weight_bytes)
+    returned = (in_bytes if input_grad else 0) + (weight_bytes + bias_bytes if weight_grad else 0)
+    return max(0, max(moments) - returned)
+
+
 def _onednn_ld(n: int) -> int:
     """Give oneDNN's leading dimension for n floats: a multiple of 16, not of 256 (4K aliasing)."""
     ld = -(-n // 16) * 16
     return ld + 16 if ld % 256 == 0 else ld
 
 
-def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int]:
-    """Give what a recurrent op keeps besides its tensors (workspace) and its backward's scratch, in bytes.
+def _producer_op_type(graph: ModelGraph, name: str) -> str:
+    """Give the op type of the graph op that makes tensor `name` ("" for a weight, an input or a loss value)."""
+    index = graph.tensor_index.get(name)
+    producer = graph.tensors[index].producer if index is not None else None
+    return graph.ops[producer].op_type if producer is not None else ""
+
+
+def _read_transposed(graph: ModelGraph, name: str) -> bool:
+    """Say whether tensor `name` is read through a Transpose (directly or after a Squeeze or Reshape)."""
+    index = graph.tensor_index.get(name)
+    if index is None:
+        return False
+    for op in (graph.ops[c] for c in graph.tensors[index].consumers):
+        if op.op_type == "Transpose":
+            return True
+        if op.op_type in ("Squeeze", "Reshape") and op.outputs and op.outputs[0] >= 0 \
+                and any(graph.ops[c].op_type == "Transpose" for c in graph.tensors[op.outputs[0]].consumers):
+            return True
+    return False
+
+
+def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int, int]:
+    """Give what a recurrent op keeps besides its tensors (workspace), its backward's scratch and its forward's,
+    in bytes.
 
     Shapes from the ONNX node: W [D, gates x H, I], R [D, gates x H, H], X of T x B x I elements, Y_h or
     initial_h of D x B x H (any layout).
@@ -1027,14 +1255,15 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
     dims = _recurrent_dims(shape(1, node.inputs), shape(2, node.inputs), x,
                            shape(1, node.outputs) or shape(5, node.inputs), shape(0, node.outputs))
     if dims is None:
-        return 0, 0
+        return 0, 0, 0
     steps, directions, batch, features, hidden = dims
+    per_value = 4 * directions * steps * batch * hidden
     if device == "cuda":
-        return 4 * directions * steps * batch * hidden * rule.cuda_values, 0
+        return per_value * rule.cuda_values, 0, 0
     if rule.cpu_unrolled:
-        return 4 * directions * steps * batch * hidden * rule.cpu_unrolled, 0
+        return per_value * rule.cpu_unrolled, 0, per_value * rule.cpu_unrolled_forward
     if not features:
-        return 0, 0  # oneDNN's workspace needs the input's features
+        return 0, 0, 0  # oneDNN's workspace needs the input's features
     gates = _onednn_ld(rule.gates * hidden)
     rows = steps * gates + rule.state_rows * (steps + 1) * _onednn_ld(max(features, hidden)) \
         + (rule.diff_rows * (steps + 1) - 1) * _onednn_ld(hidden)
@@ -1042,7 +1271,7 @@ def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device:
     # the weights reordered, the gates' scratch, the final states' gradients (zeros when unused) and the
     # initial states' gradients
     scratch = 4 * gates * (features + hidden + steps * batch) + 4 * 4 * batch * hidden
-    return directions * workspace, directions * scratch
+    return directions * workspace, directions * scratch, 0
 
 
 def _recurrent_dims(w: tuple[int | str | None, ...] | None, r: tuple[int | str | None, ...] | None,
@@ -1339,7 +1568,8 @@ def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> Non
 
 
 def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
-    """Add the masks, indices and statistics nodes keep, and autocast's low-precision copies."""
+    """Add the masks, indices and statistics nodes keep, forward temporaries, and autocast's low-precision
+    copies."""
     nodes, values, fwd, rec, bwd = model.nodes, model.values, step.fwd, step.rec, step.bwd
     for n, nbytes in model.extras.items():
         name = f"{nodes[n].name} (mask/indices/statistics)"
@@ -1348,6 +1578,11 @@ def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
             buffers.add(name, "saved activations", nbytes, rec[n], bwd[n])
         else:
             buffers.add(name, "saved activations", nbytes, fwd[n], bwd[n])
+    for n, nbytes in model.forward_temporaries.items():
+        name = f"{nodes[n].name} (forward temporaries)"
+        buffers.add(name, "temporaries", nbytes, fwd[n], fwd[n])
+        if step.segment_of[n] >= 0:
+            buffers.add(name, "temporaries", nbytes, rec[n], rec[n])
     for (n, t), nbytes in model.cast_copies.items():
         start = rec[n] if step.segment_of[n] >= 0 else fwd[n]
         buffers.add(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, start, bwd[n])
@@ -1360,8 +1595,8 @@ def _kept_extras(model: _Model, step: _Schedule, buffers: _Buffers) -> None:
 
 
 def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers) -> None:
-    """Add backward's buffers: the loss gradient, activation gradients (handed through views, accumulated out of
-    place), parameter gradients (to the end of the step), backward temporaries; with gradient accumulation, the
+    """Add backward's buffers: the loss gradient, activation gradients (handed through views, summed in place where
+    the engine may), parameter gradients (to the end of the step), backward temporaries; with gradient accumulation, the
     gradients kept across micro-steps."""
     nodes, values = model.nodes, model.values
     grad_buffer: dict[int, int] = {}  # value -> index in `buffers` of its gradient
@@ -1404,10 +1639,14 @@ def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, 
                     param_first_grad[t] = e
                 continue
             if t in grad_buffer:
-                # the engine adds the two out of place (old + new), then drops both
-                buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
-                old = buffers[grad_buffer[t]]
+                # The engine sums in place (InputBuffer::accumulate): into the old gradient where it holds the only
+                # reference to it, dropping the new one; else into the new one, which it alone holds (just made)
+                old_index = grad_buffer[t]
+                old = buffers[old_index]
                 old.end = max(old.end, e)
+                if not any(u != t and i == old_index for u, i in grad_buffer.items()):
+                    buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
+                    continue
             buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", size, e, e))
             grad_buffer[t] = len(buffers) - 1
         if n in model.backward_temporaries:

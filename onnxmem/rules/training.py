@@ -38,6 +38,9 @@ class Saves:
     # on CPU, temporaries while backward runs, in output-sized and input-sized (when input 0 needs a gradient)
     # buffers: oneDNN's convolution backward reorders the output gradient and computes the input's in a scratch
     cpu_backward_temporaries: tuple[int, int] = (0, 0)
+    # on CPU, the kernel whose backward scratch CPU_CONVOLUTION gives from the op's shapes (instead of the
+    # temporaries above, where the shapes say how PyTorch runs it)
+    cpu_convolution: bool = False
     # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to CPU_CHANNEL_BLOCK
     cpu_blocked_channels: bool = False
     # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
@@ -73,7 +76,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Einsum": Saves(cross=(0, 1, 2)),
     "Mul": PRODUCT,
     "Div": Saves(inputs=(1,), cross=(0,)),
-    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
+    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True, cpu_convolution=True),
     "ConvTranspose": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
     # sums, layout and views: nothing but sizes
     "Add": Saves(grad_passthrough=(0, 1)),
@@ -168,8 +171,65 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
 # holds the output, which holds the graph.
 CPU_AUTOGRAD_BYTES_PER_NODE = 1200
 
-# oneDNN's blocked layout (nChw16c on AVX-512 CPUs; 8 on AVX2-only ones) pads channels to this multiple.
-CPU_CHANNEL_BLOCK = 16
+# oneDNN's blocked layout pads channels to this multiple: nChw8c with jit:avx2 kernels (measured with
+# ONEDNN_VERBOSE on torch 2.13.0+cpu, oneDNN v3.12, an AVX2 CPU: a 24- or 40-channel gradient is reordered at its
+# own size); AVX-512 kernels use nChw16c.
+CPU_CHANNEL_BLOCK = 8
+
+
+@dataclass(frozen=True)
+class CpuConvolution:
+    """How PyTorch 2.13 runs a 1-D or 2-D convolution's backward on CPU (fp32, contiguous NCHW), and what it
+    allocates besides the gradients it returns. Measured with the profiler's memory events on single convolutions
+    (benchmarks/conv_backward.py), the kernels named by ONEDNN_VERBOSE; the paths from ATen's Convolution.cpp
+    (ConvParams::use_mkldnn) and oneDNN's implementations' init_conf.
+
+    Path: oneDNN (aten::mkldnn_convolution) unless ATen's slow_conv2d is taken: a 1x1 unstrided convolution of
+    groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of under
+    `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
+
+    bf16 and fp16 (autocast included) run oneDNN only where the CPU has native support (AVX-512 BF16, AMX): on the
+    measured AVX2 CPU they take slow_conv2d (`mkldnn_element_bytes`: the element sizes oneDNN runs).
+
+    slow_conv2d: an im2col buffer of the batch x C x kernel x output-spatial elements in forward and again in
+    backward (none for a 1x1 unstrided one); grouped, it runs one group at a time (C / groups channels), the
+    groups' outputs and input gradients made apart and concatenated. oneDNN's forward reorders the input and the
+    weight and computes the output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
+
+    oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
+    CPU_CHANNEL_BLOCK in the blocked tensors (the "_p" sizes):
+    - input: the output gradient and the weight reordered, the input gradient in a blocked buffer (O_p + W_p +
+      I_p), then that buffer and the dense gradient (I_p + I; a strided, not depthwise, one holds one more
+      input-sized buffer: I_p + 2 I).
+    - weight, by a jit kernel: the dense input gradient made above, the input and the output gradient reordered
+      and the weight gradient blocked (I_p + O_p + W_p; an input of `flat_channels` channels is read as it is),
+      then the blocked weight gradient and its dense copy. By oneDNN's gemm convolution (when the kernel is larger
+      than the input in a dim or as wide as `jit_max_kernel_width`; for a depthwise one also any kernel larger
+      than `depthwise_jit_max_kernel`): no reorders, the weight gradient and a scratchpad of
+      `gemm_weight_copies` weight-sized buffers (oneDNN books the weights' bytes as floats) and an im2col buffer
+      of C / groups x kernel x output-spatial elements, plus `gemm_scratch_alignment` bytes; once per thread
+      where it threads over the batch (fewer than `gemm_outer_threading_max_spatial` output positions per thread
+      and a batch over 1), else once. Its gemm also packs `gemm_pack_rows` rows of C / groups x kernel floats
+      through malloc (outside PyTorch's allocator: the malloc counter sees it, the profiler does not) where the
+      convolution has more than `gemm_pack_min_out_channels` output channels and over one output position, per
+      thread as its scratchpad (measured 0.3-2.4 MB at 64-512 input channels; none at 128 or 256 output channels).
+    The op's peak over its gradients is the largest of these moments less the gradients it returns.
+    """
+
+    mkldnn_element_bytes: tuple[int, ...] = (4,)
+    mkldnn_min_batch_1x1: int = 16
+    mkldnn_min_batch1_numel: int = 20481
+    flat_channels: int = 3
+    jit_max_kernel_width: int = 14
+    depthwise_jit_max_kernel: int = 3
+    gemm_weight_copies: int = 4
+    gemm_scratch_alignment: int = 256
+    gemm_outer_threading_max_spatial: int = 256
+    gemm_pack_rows: int = 128
+    gemm_pack_min_out_channels: int = 257
+
+
+CPU_CONVOLUTION = CpuConvolution()
 
 
 @dataclass(frozen=True)
@@ -184,7 +244,12 @@ class Recurrent:
     gates' scratch (T x B rows of ld(gates x H)) and four B x H state gradients for a moment.
     CUDA (cuDNN's reserve space): about cuda_values values per step, batch row and hidden unit.
     CPU without oneDNN (cpu_unrolled > 0): PyTorch runs the op as a loop of cells whose autograd keeps
-    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views).
+    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views); its
+    forward holds cpu_unrolled_forward more while the op runs (the input projection of every step at once).
+    On CPU an input that is a transposed view (batch_first: a Transpose before the op) is copied contiguous and
+    the copy kept (cpu_contiguous_input; LSTM: aten::clone before mkldnn_rnn_layer; GRU: the input projection's
+    reshape), measured with the profiler; and oneDNN's backward makes a transposed output gradient contiguous (an
+    output-sized temporary, cpu_contiguous_output_grad: the batch_first output's Transpose after the op).
     """
 
     gates: int
@@ -192,17 +257,29 @@ class Recurrent:
     diff_rows: int
     cuda_values: int
     cpu_unrolled: int = 0
+    cpu_unrolled_forward: int = 0
+    cpu_contiguous_input: bool = True
+    cpu_contiguous_output_grad: bool = False
 
 
 RECURRENT: dict[str, Recurrent] = {
     # oneDNN LSTM: states of the layer, iteration and cell (2 layers of T + 1 steps each); the gradients of
     # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
-    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6),
+    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6, cpu_contiguous_output_grad=True),
     # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
-    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); cuDNN's
-    # reserve space for GRU is not measured: cuda_values as LSTM's
-    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7),
+    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); its forward
+    # projects the input of all steps at once (3 values per step, one mm, freed when the layer is done: measured
+    # with the profiler); cuDNN's reserve space for GRU is not measured: cuda_values as LSTM's
+    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3),
 }
+
+# Recurrent ops whose weights the dynamo exporter re-lays out at run time (aten.gru/lstm/rnn to the ONNX op: gate
+# order, layers and directions sliced and concatenated from the parameters): PyTorch's kernel reads the parameters
+# themselves, so those copies (and their gradients) do not exist in the step. Ops of these types that carry the
+# recurrent op's fx node and compute only from parameters are dropped, the recurrent op reading the parameters.
+RECURRENT_WEIGHT_RELAYOUT: frozenset[str] = frozenset({
+    "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Transpose", "Split", "Gather", "Identity",
+})
 
 # What PyTorch's ATen ops keep for backward, keyed by ATen op (after derivatives.yaml). The dynamo exporter marks
 # every node with the ATen op it comes from (pkg.torch.onnx.fx_node); the nodes of an op exported as several are
@@ -339,6 +416,13 @@ NOT_DIFFERENTIABLE: frozenset[str] = frozenset({
     "ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
     "Bernoulli", "Multinomial", "OneHot", "TopK",
 })
+
+# Float inputs that carry no gradient: read for their type or as a setting, never for their values' part in the
+# output. The dynamo exporter writes a bias-less Conv's zero bias as Expand(CastLike(0, x)): x is read for its
+# dtype, and without this entry the CastLike would seem to send x an x-sized gradient.
+NON_DIFFERENTIABLE_INPUTS: dict[str, tuple[int, ...]] = {
+    "CastLike": (1,), "Dropout": (1, 2), "Resize": (1, 2), "Pad": (1, 2),
+}
 
 # Views in PyTorch: the output shares the storage of input N (a saved view keeps the whole base alive).
 # Transpose, Split and Slice are views in PyTorch, unlike in onnxruntime.

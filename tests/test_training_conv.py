@@ -1,0 +1,296 @@
+"""CPU convolution backward scratch (rules.training.CPU_CONVOLUTION): what PyTorch 2.13's oneDNN and slow_conv2d
+backward allocate besides the gradients they return, from the convolution's shapes; worked by hand from the rule's
+moments (benchmarks/conv_backward.py measures them), applied at the Conv's backward in the training simulation, and
+against PyTorch itself where torch is installed. Sizes are float32."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import onnx
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto
+
+import onnxmem
+from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CHANNEL_BLOCK, CPU_CONVOLUTION
+from onnxmem.training import TrainingOptions, cpu_convolution_scratch
+
+from . import graphs
+
+
+def nbytes(shape: tuple[int, ...]) -> int:
+    return 4 * math.prod(shape)
+
+
+def scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool = True,
+            weight_grad: bool = True, threads: int = 1, bias: bool = False) -> int | None:
+    return cpu_convolution_scratch(x, w, y, 4, 4 * w[0] if bias else 0, input_grad, weight_grad, threads)
+
+
+def test_3x3_reorders_the_input_and_the_output_gradient_for_the_weight_gradient() -> None:
+    # oneDNN: input gradient (grad_out + weight + blocked grad_in, then blocked and dense grad_in), then weight
+    # gradient: dense grad_in, the input and grad_out reordered, blocked grad_w: the largest moment, less the
+    # gradients (grad_in and grad_w) it returns, leaves the two reorders.
+    x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
+    assert scratch(x, w, y) == nbytes(x) + nbytes(y)
+    assert scratch(x, w, y, bias=True) == nbytes(x) + nbytes(y)  # the bias gradient is returned too
+
+
+def test_strided_input_gradient_holds_a_third_input_sized_buffer() -> None:
+    # 1x1 stride 2 (a ResNet downsample): blocked grad_in, dense grad_in and one more copy: 3 x input,
+    # less the returned grad_in and grad_w.
+    x, w, y = (8, 64, 16, 16), (128, 64, 1, 1), (8, 128, 8, 8)
+    assert scratch(x, w, y) == 3 * nbytes(x) - nbytes(x) - nbytes(w)
+
+
+def test_a_kernel_larger_than_the_map_runs_oneDNNs_gemm_weight_gradient() -> None:
+    # 512 channels, 3x3 on a 2x2 map (ResNet-18's last stage at 64x64 images): the jit kernel refuses it; the
+    # gemm one books 4 weight-sized buffers and an im2col buffer (512 x 9 x 4 floats) per thread, + 256 bytes
+    # (37822720, what the profiler sees), and its gemm packs 128 rows of 512 x 9 floats by malloc (2359296).
+    x, w, y = (8, 512, 2, 2), (512, 512, 3, 3), (8, 512, 2, 2)
+    gemm = CPU_CONVOLUTION.gemm_weight_copies * nbytes(w) + 4 * 512 * 9 * 4 + CPU_CONVOLUTION.gemm_scratch_alignment
+    pack = 4 * CPU_CONVOLUTION.gemm_pack_rows * 512 * 9
+    assert gemm == 37_822_720 and pack == 2_359_296
+    assert scratch(x, w, y) == gemm + pack
+    # on two threads oneDNN threads over the batch (4 output positions per thread): one scratchpad per thread
+    assert scratch(x, w, y, threads=2) == 2 * (gemm - 256) + 256 + 2 * pack
+    # 256 output channels: no packing
+    assert scratch((8, 256, 2, 2), (256, 256, 3, 3), (8, 256, 2, 2)) == 4 * nbytes((256, 256, 3, 3)) + 4 * 256 * 9 * 4 \
+        + 256
+    # the same layer on a 3x3 map is the jit kernel's: its largest moment is the blocked weight gradient and its
+    # dense copy (the gradient returned): one weight more, above the two reorders (2 x 147456)
+    assert scratch((8, 512, 3, 3), w, (8, 512, 3, 3)) == nbytes(w)
+
+
+def test_depthwise_kernels_over_3_take_the_gemm_weight_gradient() -> None:
+    # depthwise 5x5 on 8x8, 96 channels, batch 4: the input gradient's moment (grad_out + weight + blocked
+    # grad_in) is the largest; the gemm scratch (4 x 9600 + 25 x 64 x 4 + 256 = 45056) is below it.
+    x, w, y = (4, 96, 8, 8), (96, 1, 5, 5), (4, 96, 8, 8)
+    assert scratch(x, w, y) == nbytes(y) + nbytes(w) + nbytes(x) - nbytes(x) - nbytes(w)
+    # without an input gradient only the weight gradient's moment is left: the gemm scratch
+    assert scratch(x, w, y, input_grad=False) == 4 * nbytes(w) + 4 * 25 * 64 + 256
+
+
+def test_1x1_at_a_small_batch_on_one_thread_is_slow_conv2d_and_allocates_nothing() -> None:
+    x, w, y = (4, 256, 16, 16), (64, 256, 1, 1), (4, 64, 16, 16)
+    assert scratch(x, w, y) == 0  # ATen's slow_conv2d: a 1x1 needs no im2col
+    assert scratch(x, w, y, threads=2) == nbytes(x) + nbytes(y)  # on 2 threads oneDNN takes it
+    big = (CPU_CONVOLUTION.mkldnn_min_batch_1x1, 256, 16, 16)
+    assert scratch(big, w, (big[0], 64, 16, 16)) == nbytes(big) + nbytes((big[0], 64, 16, 16))
+
+
+def test_batch_1_3x3_on_a_small_input_is_slow_conv2d_with_its_im2col_buffer() -> None:
+    x, w, y = (1, 8, 8, 8), (16, 8, 3, 3), (1, 16, 8, 8)
+    assert scratch(x, w, y) == 4 * 8 * 9 * 64
+
+
+def test_image_input_of_3_channels_is_read_as_it_is() -> None:
+    # the stem: no input gradient, the 3-channel input not reordered: only grad_out's reorder remains
+    x, w, y = (8, 3, 64, 64), (64, 3, 7, 7), (8, 64, 32, 32)
+    assert scratch(x, w, y, input_grad=False) == nbytes(y)
+
+
+def test_channels_are_padded_to_the_block_in_the_reorders() -> None:
+    block = CPU_CHANNEL_BLOCK
+    channels, out_channels = block + 4, 2 * block + 4  # 12 and 20 on AVX2 (block 8)
+    padded_in, padded_out = 2 * block, 3 * block
+    x, w, y = (4, channels, 8, 8), (out_channels, channels, 3, 3), (4, out_channels, 8, 8)
+    weight_blocked = nbytes(w) * padded_out * padded_in // (out_channels * channels)
+    # the weight gradient's moment: dense grad_in + blocked input + blocked grad_out + blocked grad_w
+    moment = nbytes(x) + nbytes(x) * padded_in // channels + nbytes(y) * padded_out // out_channels + weight_blocked
+    assert scratch(x, w, y) == moment - nbytes(x) - nbytes(w)
+
+
+def test_frozen_weight_has_only_the_input_gradients_moments() -> None:
+    x, w, y = (4, 64, 16, 16), (64, 64, 3, 3), (4, 64, 16, 16)
+    # grad_out + weight + blocked grad_in, less the returned grad_in
+    assert scratch(x, w, y, weight_grad=False) == nbytes(y) + nbytes(w)
+    assert scratch(x, w, y, input_grad=False, weight_grad=False) == 0
+
+
+def test_forward_reorders_the_input_and_the_weight_besides_the_output() -> None:
+    # oneDNN's forward: input, weight and output blocked at once (then the blocked and the dense output): over
+    # the output it returns, the input and the weight (measured: 671744 for this one)
+    x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(x) + nbytes(w) == 671_744
+    # the stem's 3-channel image is read as it is: only the blocked output besides the dense one
+    x, w, y = (8, 3, 64, 64), (64, 3, 7, 7), (8, 64, 32, 32)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(y)
+
+
+def test_bf16_runs_slow_conv2d_on_a_cpu_without_native_bf16() -> None:
+    # autocast's bf16 convolution on an AVX2 CPU: ATen's slow_conv2d, whose forward and backward each unfold the
+    # whole batch (8 x 64 x 9 x 256 bf16 elements; measured with the profiler under torch.autocast)
+    x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
+    columns = 2 * 8 * 64 * 9 * 16 * 16
+    assert 2 not in CPU_CONVOLUTION.mkldnn_element_bytes
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == columns == 2_359_296
+    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == columns
+    # a depthwise one runs a group at a time: one group's columns (8 x 1 x 49 x 256 for a 7x7 on 16x16, 48
+    # channels; measured 200704), beside the groups' outputs, made apart and concatenated
+    x, w, y = (8, 48, 16, 16), (48, 1, 7, 7), (8, 48, 16, 16)
+    group_columns = 2 * 8 * 49 * 16 * 16
+    assert group_columns == 200_704
+    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == max(group_columns, 2 * 8 * 48 * 256)
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == group_columns + 2 * 8 * 48 * 256
+
+
+def test_other_ranks_are_not_given() -> None:
+    assert scratch((2, 8, 4, 4, 4), (8, 8, 3, 3, 3), (2, 8, 4, 4, 4)) is None
+
+
+def conv_chain() -> onnx.ModelProto:
+    """x [8,64,16,16] -> Conv a (64->64, 3x3, pad 1) -> Relu -> Conv b (same) -> y."""
+    weight = graphs.external_header
+    return graphs.model(
+        [oh.make_node("Conv", ["x", "Wa"], ["a"], name="a", pads=[1, 1, 1, 1]),
+         oh.make_node("Relu", ["a"], ["r"], name="relu"),
+         oh.make_node("Conv", ["r", "Wb"], ["y"], name="b", pads=[1, 1, 1, 1])],
+        [graphs.value("x", [8, 64, 16, 16])], [graphs.value("y", [8, 64, 16, 16])],
+        [weight("Wa", TensorProto.FLOAT, [64, 64, 3, 3]), weight("Wb", TensorProto.FLOAT, [64, 64, 3, 3])])
+
+
+def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
+    # sgd, loss 'mean': the devices differ by the convolutions' scratch and, on CPU, the autograd graph on the heap
+    # (Conv a, Relu, Conv b and the loss's node; Wa's and Wb's accumulators). Conv b (input gradient needed)
+    # peaks with its two reorders (2 x 524288) over its gradients; Conv a (image input) with grad_out's reorder
+    # and the input's (64 channels, not 3): the same 2 x 524288, less than b's moment (a has no grad_in).
+    model = conv_chain()
+    act = nbytes((8, 64, 16, 16))
+    cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean")).training
+    cuda = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cuda", loss="mean")).training
+    assert cpu is not None and cuda is not None
+    assert cpu.peak_event == "backward of Conv b"
+    assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE
+
+
+def test_cpu_threads_must_be_positive() -> None:
+    with pytest.raises(onnxmem.OnnxMemError, match="cpu_threads"):
+        onnxmem.analyze(conv_chain(), training=TrainingOptions(device="cpu", cpu_threads=0))
+
+
+@pytest.mark.parametrize(("x", "w", "stride", "groups"), [
+    ((4, 32, 8, 8), (32, 32, 3, 3), 1, 1),  # jit kernels
+    ((4, 32, 8, 8), (64, 32, 3, 3), 2, 1),  # strided: a third input-sized buffer
+    ((4, 64, 2, 2), (64, 64, 3, 3), 1, 1),  # kernel larger than the map: gemm weight gradient
+    ((4, 32, 8, 8), (32, 1, 5, 5), 1, 32),  # depthwise 5x5
+])
+def test_rule_matches_pytorchs_backward(x: tuple[int, ...], w: tuple[int, ...], stride: int, groups: int) -> None:
+    torch = pytest.importorskip("torch")
+    profiler = pytest.importorskip("torch.profiler")
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        pytest.skip("the rule's kernels and channel block are those oneDNN picks on an AVX2 CPU")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        conv = torch.nn.Conv2d(x[1], w[0], w[2], stride=stride, padding=w[2] // 2, groups=groups, bias=False)
+        inputs = torch.randn(x, requires_grad=True)
+        out = conv(inputs)
+        grad = torch.randn_like(out)
+        out.backward(grad)  # oneDNN makes and caches its primitives
+        conv.zero_grad(set_to_none=True)
+        inputs.grad = None
+        out = conv(inputs)
+        gc.collect()
+        with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            out.backward(grad)
+        events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
+                        if e.name() == "[memory]")
+        live = peak = 0
+        for _, _, size in events:
+            live += size
+            peak = max(peak, live)
+        measured = peak - nbytes(x) - nbytes(w)  # less the gradients it returns
+        # the profiler sees PyTorch's allocator: the rule's malloc-only gemm packing (none at 64 channels) aside
+        assert scratch(x, w, tuple(out.shape)) == measured
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gru(relaid: bool, marked: bool = True) -> onnx.ModelProto:
+    """x [T=5, B=2, I=4] -> GRU(hidden 8) -> Y [5, 1, 2, 8], the weights either parameters read directly
+    (W [1, 24, 4], R [1, 24, 8], B [1, 48]) or, as the dynamo exporter writes nn.GRU, laid out at run time from
+    PyTorch's parameters (w_ih [24, 4], w_hh [24, 8], b_ih [24], b_hh [24]) by Slice, Concat and Unsqueeze nodes
+    that carry the aten.gru fx node."""
+    weight = graphs.external_header
+    fx = ("%gru : [num_users=1] = call_function[target=torch.ops.aten.gru.input](args = (%x, %h, [%w_ih, %w_hh, "
+          "%b_ih, %b_hh], True, 1, 0.0, True, False, False), kwargs = {})")
+    gru = oh.make_node("GRU", ["x", "W", "R", "B"], ["y", "y_h"], name="gru", hidden_size=8)
+    nodes = [gru]
+    ints = [oh.make_tensor(name, TensorProto.INT64, [1], [v]) for name, v in
+            (("zero", 0), ("eight", 8), ("sixteen", 16), ("big", 1 << 30))]
+    if relaid:
+        nodes = []
+        for param, out in (("w_ih", "W"), ("w_hh", "R")):
+            nodes += [oh.make_node("Slice", [param, lo, hi], [f"{param}_{lo}"], name=f"{param}_{lo}")
+                      for lo, hi in (("zero", "eight"), ("eight", "sixteen"), ("sixteen", "big"))]
+            nodes += [oh.make_node("Concat", [f"{param}_eight", f"{param}_zero", f"{param}_sixteen"],
+                                   [f"{out}_2d"], name=f"{out}_concat", axis=0),
+                      oh.make_node("Unsqueeze", [f"{out}_2d", "zero"], [out], name=f"{out}_unsqueeze")]
+        nodes += [oh.make_node("Concat", ["b_ih", "b_hh"], ["B_1d"], name="B_concat", axis=0),
+                  oh.make_node("Unsqueeze", ["B_1d", "zero"], ["B"], name="B_unsqueeze"), gru]
+        for n in nodes if marked else [gru]:
+            entry = n.metadata_props.add()
+            entry.key, entry.value = "pkg.torch.onnx.fx_node", fx
+        params = [weight("w_ih", TensorProto.FLOAT, [24, 4]), weight("w_hh", TensorProto.FLOAT, [24, 8]),
+                  weight("b_ih", TensorProto.FLOAT, [24]), weight("b_hh", TensorProto.FLOAT, [24]), *ints]
+    else:
+        params = [weight("W", TensorProto.FLOAT, [1, 24, 4]), weight("R", TensorProto.FLOAT, [1, 24, 8]),
+                  weight("B", TensorProto.FLOAT, [1, 48])]
+    return graphs.model(nodes, [graphs.value("x", [5, 2, 4])], [graphs.value("y", [5, 1, 2, 8])], params)
+
+
+def test_a_recurrent_ops_weights_laid_out_by_the_exporter_cost_what_its_parameters_cost() -> None:
+    # PyTorch's aten::gru reads its parameters: the exporter's Slice/Concat copies and their gradients do not
+    # exist in the step. Same parameter bytes (1 x 24 x 4 + 1 x 24 x 8 + 48 floats) either way: same peak.
+    options = TrainingOptions(optimizer="sgd", device="cpu", loss="mean")
+    direct = onnxmem.analyze(_gru(relaid=False), training=options).training
+    relaid = onnxmem.analyze(_gru(relaid=True), training=options).training
+    assert direct is not None and relaid is not None
+    bounds = 4 * 8  # the relaid graph's four int64 slice bounds
+    assert direct.weights_bytes == 4 * (96 + 192 + 48) and relaid.weights_bytes == direct.weights_bytes + bounds
+    assert relaid.gradient_bytes == direct.gradient_bytes
+    # on CPU the relaid graph's parameters are PyTorch's four (w_ih, w_hh, b_ih, b_hh): one gradient accumulator
+    # more than W, R and B in the autograd graph
+    assert relaid.peak_bytes == direct.peak_bytes + bounds + CPU_AUTOGRAD_BYTES_PER_NODE
+    # without the fx marks nothing says the copies are the exporter's: they are simulated as exported
+    unmarked = onnxmem.analyze(_gru(relaid=True, marked=False), training=options).training
+    assert unmarked is not None and unmarked.peak_bytes > direct.peak_bytes + bounds
+
+
+def _lstm(batch_first: bool) -> onnx.ModelProto:
+    """An LSTM (hidden 16) over 6 steps of 8 features, batch 4; batch_first: x [4, 6, 8] transposed to the op's
+    [6, 4, 8] and its output [6, 1, 4, 16] squeezed and transposed back to [4, 6, 16] (as nn.LSTM(batch_first=True)
+    exports); else x [6, 4, 8] in and the squeezed [6, 4, 16] out."""
+    weight = graphs.external_header
+    x = "x_t" if batch_first else "x"
+    nodes = [oh.make_node("LSTM", [x, "W", "R"], ["y"], name="lstm", hidden_size=16),
+             oh.make_node("Squeeze", ["y", "axis"], ["y3" if batch_first else "out"], name="squeeze")]
+    if batch_first:
+        nodes = [oh.make_node("Transpose", ["x"], ["x_t"], name="in", perm=[1, 0, 2]), *nodes,
+                 oh.make_node("Transpose", ["y3"], ["out"], name="out", perm=[1, 0, 2])]
+    shape_in, shape_out = ([4, 6, 8], [4, 6, 16]) if batch_first else ([6, 4, 8], [6, 4, 16])
+    return graphs.model(nodes, [graphs.value("x", shape_in)], [graphs.value("out", shape_out)],
+                        [weight("W", TensorProto.FLOAT, [1, 64, 8]), weight("R", TensorProto.FLOAT, [1, 64, 16]),
+                         oh.make_tensor("axis", TensorProto.INT64, [1], [1])])
+
+
+def test_batch_first_lstm_keeps_a_copy_of_its_input_and_copies_its_output_gradient_on_cpu() -> None:
+    # PyTorch clones the transposed input for mkldnn_rnn_layer and keeps the clone (4 x 6 x 8 floats), and its
+    # backward makes the transposed output gradient contiguous (6 x 4 x 16 floats) for a moment: the LSTM's
+    # backward, the peak either way, holds both more.
+    options = TrainingOptions(optimizer="sgd", device="cpu", loss="mean")
+    plain = onnxmem.analyze(_lstm(batch_first=False), training=options).training
+    first = onnxmem.analyze(_lstm(batch_first=True), training=options).training
+    assert plain is not None and first is not None
+    assert plain.peak_event == "backward of LSTM lstm" == first.peak_event
+    # (and the output Transpose's autograd node; the input's needs no gradient)
+    assert first.peak_bytes - plain.peak_bytes == 4 * (4 * 6 * 8) + 4 * (6 * 4 * 16) + CPU_AUTOGRAD_BYTES_PER_NODE
+    # on CUDA neither copy is made
+    cuda = TrainingOptions(optimizer="sgd", device="cuda", loss="mean")
+    plain_cuda = onnxmem.analyze(_lstm(batch_first=False), training=cuda).training
+    first_cuda = onnxmem.analyze(_lstm(batch_first=True), training=cuda).training
+    assert plain_cuda is not None and first_cuda is not None
+    assert first_cuda.peak_bytes == plain_cuda.peak_bytes
