@@ -28,7 +28,7 @@ from .plan import RUNTIMES, SHARD_STAGES
 from .plan import check as plan_check
 from .plan import fit as plan_fit
 from .render import json_text, render_targets, render_validation, targets_document
-from .rules.training import LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
+from .rules.training import CPU_ISAS, LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
 from .training import DEVICES, PRECISIONS, TrainingOptionError, training_options
@@ -227,6 +227,12 @@ _TRAINING_OPTIONS = [
                  help="Training: where PyTorch trains (dropout masks and the optimizer update differ)."),
     click.option("--loss", type=click.Choice(sorted(LOSSES)), default="cross_entropy", show_default=True,
                  help="Training: the loss after the model's first output."),
+    click.option("--cpu-threads", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+                 help="Training with --device cpu: PyTorch's intra-op threads (torch.get_num_threads()); they pick "
+                      "the convolution kernel and multiply its scratch."),
+    click.option("--cpu-isa", type=click.Choice(sorted(CPU_ISAS)), default=None,
+                 help="Training with --device cpu: the instruction set of the CPU that trains (oneDNN's channel "
+                      "block and bf16 kernels differ); default: this machine's."),
 ]
 
 
@@ -284,7 +290,7 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
            provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
            grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
-           debug: bool) -> None:
+           cpu_threads: int, cpu_isa: str | None, debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
     *.onnx files), and with --training, of a training step."""
     paths: list[str] = []
@@ -297,7 +303,8 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
         if training:
             options = training_options(optimizer=optimizer, precision=precision, freeze=freeze,
                                        train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
-                                       checkpoint=checkpoint, device=device, loss=loss)
+                                       checkpoint=checkpoint, device=device, loss=loss,
+                                       cpu_threads=cpu_threads, cpu_isa=cpu_isa)
         request.update(dims=parse_dims(dims), default_dim=default_dim, order=order, training=options,
                        provider=provider, fmt=fmt, top=top, timeline=with_timeline)
         if len(paths) > 1:
@@ -401,7 +408,7 @@ def _report_one(path: str, request: dict[str, Any], debug: bool = False) -> tupl
 
 
 _TRAINING_ONLY = ("optimizer", "precision", "freeze", "train_only", "grad_accum", "micro_batch", "checkpoint",
-                  "device", "loss")
+                  "device", "loss", "cpu_threads", "cpu_isa")
 
 
 def _check_training_flags(training: bool) -> None:

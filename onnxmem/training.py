@@ -51,8 +51,8 @@ from .rules.training import (
     AUTOCAST_LOW_PRECISION,
     CHEAP_TO_RECOMPUTE,
     CPU_AUTOGRAD_BYTES_PER_NODE,
-    CPU_CHANNEL_BLOCK,
     CPU_CONVOLUTION,
+    CPU_ISAS,
     DECOMPOSED,
     DEFAULT_SAVES,
     EIGHT_BIT_BLOCK,
@@ -73,6 +73,7 @@ from .rules.training import (
     RECURRENT_WEIGHT_RELAYOUT,
     SAVED_FOR_BACKWARD,
     TRAINING_VIEWS,
+    CpuIsa,
     Decomposed,
     Folded,
     OptimizerRule,
@@ -114,6 +115,14 @@ class TrainingOptions:
     # on CPU, PyTorch's intra-op threads (torch.get_num_threads()): which convolution kernel runs, and oneDNN's
     # gemm convolution keeps its scratch per thread (rules.training.CPU_CONVOLUTION)
     cpu_threads: int = 1
+    # on CPU, the instruction set of the CPU that trains (a key of rules.training.CPU_ISAS: oneDNN's channel block
+    # and which element sizes its convolutions run); None: the CPU onnxmem runs on (detect_cpu_isa)
+    cpu_isa: str | None = None
+
+    @property
+    def isa(self) -> CpuIsa:
+        """Give the CPU instruction set's kernel facts (rules.training.CPU_ISAS) of cpu_isa, or of this machine."""
+        return CPU_ISAS[self.cpu_isa or detect_cpu_isa()]
 
     @property
     def accumulates(self) -> bool:
@@ -263,6 +272,23 @@ def training_options(*, checkpoint: str | int | None = None, **values: object) -
     return options
 
 
+def detect_cpu_isa(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """Give the key of rules.training.CPU_ISAS for the CPU this runs on: avx512 where its flags show AVX-512 BW, VL
+    and DQ (what ATen and oneDNN require of their AVX-512 kernels), else avx2 (also where the flags cannot be read:
+    not Linux, not x86)."""
+    if cpuinfo not in _DETECTED:
+        try:
+            with open(cpuinfo, encoding="ascii", errors="replace") as file:
+                flags = next((line.split(":", 1)[1].split() for line in file if line.startswith("flags")), [])
+        except OSError:
+            flags = []
+        _DETECTED[cpuinfo] = "avx512" if {"avx512bw", "avx512vl", "avx512dq"} <= set(flags) else "avx2"
+    return _DETECTED[cpuinfo]
+
+
+_DETECTED: dict[str, str] = {}  # detect_cpu_isa's answer per file: read once
+
+
 def resolve_optimizer(name: str) -> str:
     """Give the canonical optimizer name for a name or alias."""
     return OPTIMIZER_ALIASES.get(name, name)
@@ -351,6 +377,9 @@ def _check_options(options: TrainingOptions) -> None:
         raise TrainingOptionError("grad_accum must be at least 1")
     if options.cpu_threads < 1:
         raise TrainingOptionError("cpu_threads must be at least 1")
+    if options.cpu_isa is not None and options.cpu_isa not in CPU_ISAS:
+        raise TrainingOptionError(f"unknown CPU instruction set '{options.cpu_isa}': choose one of "
+                                  f"{', '.join(CPU_ISAS)}")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:
         raise TrainingOptionError("checkpoint segments must be at least 1")
     if isinstance(options.checkpoint, str) and options.checkpoint != "auto":
@@ -718,8 +747,9 @@ def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value]
         input_bytes = values[first_input].nbytes if first_input is not None and needs_grad[first_input] else 0
         output_bytes = out0.nbytes
         if rule.cpu_blocked_channels:
-            output_bytes = _channel_padded(out0, output_bytes)
-            input_bytes = _channel_padded(values[first_input], input_bytes) if first_input is not None else 0
+            block = options.isa.channel_block
+            output_bytes = _channel_padded(out0, output_bytes, block)
+            input_bytes = _channel_padded(values[first_input], input_bytes, block) if first_input is not None else 0
         temporaries[n] = temporaries.get(n, 0) + per_output * output_bytes + per_input * input_bytes
     settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
     for i, t in enumerate(inputs):
@@ -1098,13 +1128,13 @@ def _match_chain(pattern: Decomposed, start: int, nodes: list[_Node], values: li
     return chain
 
 
-def _channel_padded(value: _Value, nbytes: int) -> int:
-    """Give a tensor's bytes with its channels (axis 1) padded to oneDNN's block (CPU_CHANNEL_BLOCK)."""
+def _channel_padded(value: _Value, nbytes: int, block: int) -> int:
+    """Give a tensor's bytes with its channels (axis 1) padded to oneDNN's channel block."""
     shape = value.shape
     if not nbytes or shape is None or len(shape) < 3 or not isinstance(shape[1], int) or shape[1] <= 0:
         return nbytes
     channels = shape[1]
-    return nbytes * (-(-channels // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // channels
+    return nbytes * (-(-channels // block) * block) // channels
 
 
 def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list[bool],
@@ -1127,10 +1157,11 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
     low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
     element = 2 if low else x.nbytes // x.numel
     bias_bytes = (bias.numel or 0) * element if bias is not None else 0
+    isa = options.isa
     backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
-                                       needs_grad[inputs[1]], options.cpu_threads)
+                                       needs_grad[inputs[1]], options.cpu_threads, isa=isa)
     forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
-                                      options.cpu_threads, forward=True)
+                                      options.cpu_threads, forward=True, isa=isa)
     if backward is None or forward is None:
         return None
     return backward, forward
@@ -1138,7 +1169,7 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
                             bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1,
-                            forward: bool = False) -> int | None:
+                            forward: bool = False, isa: CpuIsa | None = None) -> int | None:
     """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
     peak (the rule in rules.training.CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
     *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks. `forward`: what its forward
@@ -1147,6 +1178,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
     shorter than the input less the kernel plus one (what stride 1 gives with no padding).
     """
+    isa = CPU_ISAS[detect_cpu_isa()] if isa is None else isa
     rule = CPU_CONVOLUTION
     if not len(x) == len(w) == len(y) or len(x) not in (3, 4) or x[1] % w[1]:
         return None
@@ -1162,7 +1194,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     one_by_one = all(k == 1 for k in kernel)
     kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
     # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
-    mkldnn = element_bytes in rule.mkldnn_element_bytes and (
+    mkldnn = element_bytes in isa.mkldnn_element_bytes and (
         strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
         groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
         or math.prod(x) >= rule.mkldnn_min_batch1_numel)
@@ -1175,7 +1207,7 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
         return max(columns, out_bytes) if forward else columns + (in_bytes if input_grad else 0)
 
     def padded(nbytes: int, n: int) -> int:
-        return nbytes * (-(-n // CPU_CHANNEL_BLOCK) * CPU_CHANNEL_BLOCK) // n
+        return nbytes * (-(-n // isa.channel_block) * isa.channel_block) // n
 
     depthwise = groups > 1 and group_channels == 1
     flat = groups == 1 and channels == rule.flat_channels

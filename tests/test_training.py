@@ -14,7 +14,7 @@ from onnx import TensorProto
 import onnxmem
 from onnxmem.cli import main
 from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.rules.training import CPU_CHANNEL_BLOCK
+from onnxmem.rules.training import CPU_ISAS
 from onnxmem.training import TrainingOptionError, TrainingOptions
 
 from . import graphs
@@ -367,13 +367,14 @@ def conv_1x1(channels_out: int) -> onnx.ModelProto:
         [weight("w", [channels_out, 8, 1, 1])])
 
 
-def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block() -> None:
+@pytest.mark.parametrize("isa", sorted(CPU_ISAS))
+def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block(isa: str) -> None:
     # On 2 threads oneDNN runs the 1x1 convolution (on one thread at batch 2, ATen's slow_conv2d: no scratch).
     # Its weight gradient reorders x and grad y and makes grad w in the blocked layout, channels padded to
     # CPU_CHANNEL_BLOCK (8 on AVX2, 16 on AVX-512), then returns the dense grad w.
     # Peak in Conv's backward (mse): y + loss (output-sized) + grad y + grad w + the blocked tensors, and the
     # autograd graph (Conv's and the loss's nodes, w's accumulator).
-    block = CPU_CHANNEL_BLOCK
+    block = CPU_ISAS[isa].channel_block
 
     def pad(channels: int) -> int:
         return -(-channels // block) * block
@@ -382,12 +383,12 @@ def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block(
     for out in (1, 16):
         y, w = 2 * out * 16 * 16 * 4, out * 8 * 4
         blocked = x * pad(8) // 8 + y * pad(out) // out + 4 * pad(out) * pad(8)
-        t = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_threads=2).training
+        t = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_threads=2, cpu_isa=isa).training
         assert t is not None
         assert t.peak_bytes == x + w + 3 * y + blocked + 3 * NODE
         # one thread: no scratch; the peak is mse's backward: y, the target it keeps, its output-sized unreduced
         # loss, the loss gradient (4) and grad y
-        one = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse").training
+        one = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_isa=isa).training
         assert one is not None
         assert one.peak_bytes == x + w + 4 * y + 4 + 3 * NODE
         assert one.peak_event.startswith("backward of MeanSquaredError")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import math
+from pathlib import Path
 
 import onnx
 import onnx.helper as oh
@@ -14,10 +15,12 @@ import pytest
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CHANNEL_BLOCK, CPU_CONVOLUTION
-from onnxmem.training import TrainingOptions, cpu_convolution_scratch
+from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS
+from onnxmem.training import TrainingOptions, cpu_convolution_scratch, detect_cpu_isa
 
 from . import graphs
+
+AVX2 = CPU_ISAS["avx2"]  # the instruction set the rule was measured on (the AVX-512 one differs in its block)
 
 
 def nbytes(shape: tuple[int, ...]) -> int:
@@ -26,7 +29,7 @@ def nbytes(shape: tuple[int, ...]) -> int:
 
 def scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool = True,
             weight_grad: bool = True, threads: int = 1, bias: bool = False) -> int | None:
-    return cpu_convolution_scratch(x, w, y, 4, 4 * w[0] if bias else 0, input_grad, weight_grad, threads)
+    return cpu_convolution_scratch(x, w, y, 4, 4 * w[0] if bias else 0, input_grad, weight_grad, threads, isa=AVX2)
 
 
 def test_3x3_reorders_the_input_and_the_output_gradient_for_the_weight_gradient() -> None:
@@ -92,15 +95,16 @@ def test_image_input_of_3_channels_is_read_as_it_is() -> None:
     assert scratch(x, w, y, input_grad=False) == nbytes(y)
 
 
-def test_channels_are_padded_to_the_block_in_the_reorders() -> None:
-    block = CPU_CHANNEL_BLOCK
-    channels, out_channels = block + 4, 2 * block + 4  # 12 and 20 on AVX2 (block 8)
+@pytest.mark.parametrize("isa", sorted(CPU_ISAS))
+def test_channels_are_padded_to_the_block_in_the_reorders(isa: str) -> None:
+    block = CPU_ISAS[isa].channel_block
+    channels, out_channels = block + 4, 2 * block + 4  # 12 and 20 on AVX2 (block 8), 20 and 36 on AVX-512 (16)
     padded_in, padded_out = 2 * block, 3 * block
     x, w, y = (4, channels, 8, 8), (out_channels, channels, 3, 3), (4, out_channels, 8, 8)
     weight_blocked = nbytes(w) * padded_out * padded_in // (out_channels * channels)
     # the weight gradient's moment: dense grad_in + blocked input + blocked grad_out + blocked grad_w
     moment = nbytes(x) + nbytes(x) * padded_in // channels + nbytes(y) * padded_out // out_channels + weight_blocked
-    assert scratch(x, w, y) == moment - nbytes(x) - nbytes(w)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, True, True, isa=CPU_ISAS[isa]) == moment - nbytes(x) - nbytes(w)
 
 
 def test_frozen_weight_has_only_the_input_gradients_moments() -> None:
@@ -114,10 +118,11 @@ def test_forward_reorders_the_input_and_the_weight_besides_the_output() -> None:
     # oneDNN's forward: input, weight and output blocked at once (then the blocked and the dense output): over
     # the output it returns, the input and the weight (measured: 671744 for this one)
     x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
-    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(x) + nbytes(w) == 671_744
+    forward = cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True, isa=AVX2)
+    assert forward == nbytes(x) + nbytes(w) == 671_744
     # the stem's 3-channel image is read as it is: only the blocked output besides the dense one
     x, w, y = (8, 3, 64, 64), (64, 3, 7, 7), (8, 64, 32, 32)
-    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True) == nbytes(y)
+    assert cpu_convolution_scratch(x, w, y, 4, 0, False, False, forward=True, isa=AVX2) == nbytes(y)
 
 
 def test_bf16_runs_slow_conv2d_on_a_cpu_without_native_bf16() -> None:
@@ -125,16 +130,17 @@ def test_bf16_runs_slow_conv2d_on_a_cpu_without_native_bf16() -> None:
     # whole batch (8 x 64 x 9 x 256 bf16 elements; measured with the profiler under torch.autocast)
     x, w, y = (8, 64, 16, 16), (64, 64, 3, 3), (8, 64, 16, 16)
     columns = 2 * 8 * 64 * 9 * 16 * 16
-    assert 2 not in CPU_CONVOLUTION.mkldnn_element_bytes
-    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == columns == 2_359_296
-    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == columns
+    assert 2 not in AVX2.mkldnn_element_bytes and 2 in CPU_ISAS["avx512"].mkldnn_element_bytes
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True, isa=AVX2) == columns == 2_359_296
+    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True, isa=AVX2) == columns
     # a depthwise one runs a group at a time: one group's columns (8 x 1 x 49 x 256 for a 7x7 on 16x16, 48
     # channels; measured 200704), beside the groups' outputs, made apart and concatenated
     x, w, y = (8, 48, 16, 16), (48, 1, 7, 7), (8, 48, 16, 16)
     group_columns = 2 * 8 * 49 * 16 * 16
     assert group_columns == 200_704
-    assert cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True) == max(group_columns, 2 * 8 * 48 * 256)
-    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True) == group_columns + 2 * 8 * 48 * 256
+    forward = cpu_convolution_scratch(x, w, y, 2, 0, False, False, forward=True, isa=AVX2)
+    assert forward == max(group_columns, 2 * 8 * 48 * 256)
+    assert cpu_convolution_scratch(x, w, y, 2, 0, True, True, isa=AVX2) == group_columns + 2 * 8 * 48 * 256
 
 
 def test_other_ranks_are_not_given() -> None:
@@ -152,6 +158,15 @@ def conv_chain() -> onnx.ModelProto:
         [weight("Wa", TensorProto.FLOAT, [64, 64, 3, 3]), weight("Wb", TensorProto.FLOAT, [64, 64, 3, 3])])
 
 
+def conv_chain_of(channels: int) -> onnx.ModelProto:
+    """x [8,C,16,16] -> Conv (C->C, 3x3, pad 1) -> y."""
+    weight = graphs.external_header
+    return graphs.model(
+        [oh.make_node("Conv", ["x", "W"], ["y"], name="c", pads=[1, 1, 1, 1])],
+        [graphs.value("x", [8, channels, 16, 16])], [graphs.value("y", [8, channels, 16, 16])],
+        [weight("W", TensorProto.FLOAT, [channels, channels, 3, 3])])
+
+
 def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     # sgd, loss 'mean': the devices differ by the convolutions' scratch and, on CPU, the autograd graph on the heap
     # (Conv a, Relu, Conv b and the loss's node; Wa's and Wb's accumulators). Conv b (input gradient needed)
@@ -159,11 +174,36 @@ def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     # and the input's (64 channels, not 3): the same 2 x 524288, less than b's moment (a has no grad_in).
     model = conv_chain()
     act = nbytes((8, 64, 16, 16))
-    cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean")).training
+    cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
+                                                          cpu_isa="avx2")).training
     cuda = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cuda", loss="mean")).training
     assert cpu is not None and cuda is not None
     assert cpu.peak_event == "backward of Conv b"
     assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE
+
+
+def test_the_cpu_instruction_set_is_read_from_the_cpu_flags(tmp_path: Path) -> None:
+    def detected(flags: str) -> str:
+        path = tmp_path / f"cpuinfo_{len(flags)}"
+        path.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        return detect_cpu_isa(str(path))
+
+    assert detected("fpu sse2 avx avx2 fma") == "avx2"
+    assert detected("fpu avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16") == "avx512"
+    assert detected("fpu avx2 avx512f avx512cd") == "avx2"  # (no BW/VL/DQ: oneDNN's AVX-512 kernels need them)
+    assert detect_cpu_isa(str(tmp_path / "absent")) == "avx2"  # not Linux: the flags cannot be read
+    assert TrainingOptions().isa == CPU_ISAS[detect_cpu_isa()]
+
+
+def test_the_instruction_set_changes_the_channel_block_of_a_cpu_step() -> None:
+    # a 20-channel convolution's blocked reorders: channels padded to 24 on AVX2 (block 8), to 32 on AVX-512 (16)
+    model = conv_chain_of(20)
+    steps = {isa: onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
+                                                                   cpu_isa=isa)).training for isa in CPU_ISAS}
+    assert steps["avx2"] is not None and steps["avx512"] is not None
+    assert steps["avx512"].peak_bytes > steps["avx2"].peak_bytes
+    with pytest.raises(onnxmem.OnnxMemError, match="instruction set 'sse'"):
+        onnxmem.analyze(model, training=TrainingOptions(device="cpu", cpu_isa="sse"))
 
 
 def test_cpu_threads_must_be_positive() -> None:
@@ -294,3 +334,25 @@ def test_batch_first_lstm_keeps_a_copy_of_its_input_and_copies_its_output_gradie
     first_cuda = onnxmem.analyze(_lstm(batch_first=True), training=cuda).training
     assert plain_cuda is not None and first_cuda is not None
     assert first_cuda.peak_bytes == plain_cuda.peak_bytes
+
+
+def test_the_command_line_takes_the_cpu_threads_and_instruction_set(tmp_path: Path) -> None:
+    import json
+
+    from .cli import run, save
+
+    path = save(conv_chain_of(20), tmp_path / "conv.onnx")
+    peaks = {}
+    for isa in CPU_ISAS:
+        code, out, err = run("report", path, "--training", "--device", "cpu", "--optimizer", "sgd", "--loss", "mean",
+                             "--cpu-isa", isa, "--cpu-threads", "2", "--format", "json")
+        assert code == 0, err
+        peaks[isa] = json.loads(out)["training"]["peak_bytes"]
+        expected = onnxmem.analyze(conv_chain_of(20), training=TrainingOptions(
+            optimizer="sgd", device="cpu", loss="mean", cpu_isa=isa, cpu_threads=2)).training
+        assert expected is not None and peaks[isa] == expected.peak_bytes
+    assert peaks["avx512"] > peaks["avx2"]
+    code, _, err = run("report", path, "--cpu-isa", "avx512")
+    assert code == 2 and "--cpu-isa is a training option" in err
+    code, _, err = run("report", path, "--training", "--cpu-isa", "sse")
+    assert code == 2 and "Invalid value for '--cpu-isa'" in err

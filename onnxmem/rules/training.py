@@ -41,7 +41,7 @@ class Saves:
     # on CPU, the kernel whose backward scratch CPU_CONVOLUTION gives from the op's shapes (instead of the
     # temporaries above, where the shapes say how PyTorch runs it)
     cpu_convolution: bool = False
-    # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to CPU_CHANNEL_BLOCK
+    # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to the CPU's channel block
     cpu_blocked_channels: bool = False
     # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
     input_sized_extra: int = 0
@@ -171,10 +171,25 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
 # holds the output, which holds the graph.
 CPU_AUTOGRAD_BYTES_PER_NODE = 1200
 
-# oneDNN's blocked layout pads channels to this multiple: nChw8c with jit:avx2 kernels (measured with
-# ONEDNN_VERBOSE on torch 2.13.0+cpu, oneDNN v3.12, an AVX2 CPU: a 24- or 40-channel gradient is reordered at its
-# own size); AVX-512 kernels use nChw16c.
-CPU_CHANNEL_BLOCK = 8
+@dataclass(frozen=True)
+class CpuIsa:
+    """What a CPU's instruction set changes in PyTorch's CPU kernels (oneDNN picks its kernels by it)."""
+
+    channel_block: int  # oneDNN's blocked layout pads channels (axis 1) to this multiple
+    mkldnn_element_bytes: tuple[int, ...]  # element sizes whose convolutions run in oneDNN (others: slow_conv2d)
+
+
+# By the CPU the training runs on (TrainingOptions.cpu_isa; detect_cpu_isa for the machine onnxmem runs on):
+CPU_ISAS: dict[str, CpuIsa] = {
+    # nChw8c with jit:avx2 kernels (measured with ONEDNN_VERBOSE and the profiler on torch 2.13.0+cpu, oneDNN v3.12,
+    # an AVX2 AMD EPYC: a 24- or 40-channel gradient is reordered at its own size); bf16/fp16 convolutions run
+    # ATen's slow_conv2d (measured under torch.autocast).
+    "avx2": CpuIsa(channel_block=8, mkldnn_element_bytes=(4,)),
+    # nChw16c with AVX-512 kernels (measured on an AVX-512 CPU: the fixtures' training table of 2026-11-23 is exact
+    # with it); bf16 convolutions run in oneDNN where AVX-512 BW/VL/DQ are present (ATen's
+    # mkldnn_bf16_device_check), taken from the source, not measured here.
+    "avx512": CpuIsa(channel_block=16, mkldnn_element_bytes=(4, 2)),
+}
 
 
 @dataclass(frozen=True)
@@ -188,8 +203,8 @@ class CpuConvolution:
     groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of under
     `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
 
-    bf16 and fp16 (autocast included) run oneDNN only where the CPU has native support (AVX-512 BF16, AMX): on the
-    measured AVX2 CPU they take slow_conv2d (`mkldnn_element_bytes`: the element sizes oneDNN runs).
+    bf16 and fp16 (autocast included) run oneDNN only where the CPU supports them (CpuIsa.mkldnn_element_bytes):
+    on the measured AVX2 CPU they take slow_conv2d.
 
     slow_conv2d: an im2col buffer of the batch x C x kernel x output-spatial elements in forward and again in
     backward (none for a 1x1 unstrided one); grouped, it runs one group at a time (C / groups channels), the
@@ -197,7 +212,7 @@ class CpuConvolution:
     weight and computes the output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
 
     oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
-    CPU_CHANNEL_BLOCK in the blocked tensors (the "_p" sizes):
+    the CPU's channel block (CpuIsa.channel_block) in the blocked tensors (the "_p" sizes):
     - input: the output gradient and the weight reordered, the input gradient in a blocked buffer (O_p + W_p +
       I_p), then that buffer and the dense gradient (I_p + I; a strided, not depthwise, one holds one more
       input-sized buffer: I_p + 2 I).
@@ -216,7 +231,6 @@ class CpuConvolution:
     The op's peak over its gradients is the largest of these moments less the gradients it returns.
     """
 
-    mkldnn_element_bytes: tuple[int, ...] = (4,)
     mkldnn_min_batch_1x1: int = 16
     mkldnn_min_batch1_numel: int = 20481
     flat_channels: int = 3
