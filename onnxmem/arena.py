@@ -331,7 +331,12 @@ def held_after(events: Iterable[tuple[str, int, int]], reserved: int = 0,
     order, on top of `reserved` bytes reserved before them."""
     arena = BFCArena(initial_region)
     arena.reserve(reserved)
-    addresses: dict[int, int] = {}
+    return _replay(arena, {}, events)
+
+
+def _replay(arena: BFCArena, addresses: dict[int, int], events: Iterable[tuple[str, int, int]]) -> int:
+    """Run `events` on the arena (`addresses`: where each live buffer id is, kept across calls); give the bytes it
+    holds after them."""
     for kind, buffer, nbytes in events:
         if kind == "alloc":
             addresses[buffer] = arena.alloc(nbytes)
@@ -496,21 +501,12 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
     arena = BFCArena()
     arena.reserve(reserved)
     addresses: dict[int, int] = {}
-
-    def replay(events: Iterable[tuple[str, int, int]]) -> int:
-        for kind, buffer, nbytes in events:
-            if kind == "alloc":
-                addresses[buffer] = arena.alloc(nbytes)
-            else:
-                arena.free(addresses.pop(buffer, -1))
-        return arena.held_bytes
-
-    after_first = replay([*creation, *first])
+    after_first = _replay(arena, addresses, [*creation, *first])
     if not mem_pattern:
         return after_first, after_first
     later = _later_run(graph, timeline, pattern_block_bytes(graph, timeline, sizes=sizes), scratch, first, inputs,
                        sizes)
-    return after_first, replay(later)
+    return after_first, _replay(arena, addresses, later)
 
 
 # buffer ids apart from tensors (>= 0), the pattern block (-1) and graph outputs (-2 - tensor): kernel scratch,

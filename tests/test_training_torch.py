@@ -104,11 +104,40 @@ def test_a_buffer_named_in_the_graph_signature_gets_no_gradient(tmp_path: Path) 
     assert report.training.saved_activation_bytes == 16 * 64 * 4 + 16 * 10 * 4
 
 
+def _head_only_step(model: object, tmp_path: Path) -> tuple[int, int]:
+    """Export `model` (32 features in, 10 classes out) for training, train only its `head.` parameters one sgd step
+    at batch 64 in PyTorch and in onnxmem: give (measured c10 peak, onnxmem's first-step peak), both above the
+    weights and inputs."""
+    import torch
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    assert isinstance(model, nn.Module)
+    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name.startswith("head."))
+    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        nn.functional.cross_entropy(out, target).backward()
+        opt.step()
+
+    measured = _c10_peak(step)
+    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
+                                                                           loss="cross_entropy", train=("head.*",)))
+    training = report.training
+    assert training is not None
+    return measured, training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+
+
 def test_a_frozen_backbone_holds_module_arguments_until_the_call_returns(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from onnxmem.torch import export_for_training
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -127,25 +156,7 @@ def test_a_frozen_backbone_holds_module_arguments_until_the_call_returns(tmp_pat
             return self.head(self.block(self.stem(x)))
 
     torch.manual_seed(0)
-    model = Net()
-    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name.startswith("head."))
-    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        nn.functional.cross_entropy(out, target).backward()
-        opt.step()
-
-    measured = _c10_peak(step)
-    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
-                                                                           loss="cross_entropy", train=("head.*",)))
-    training = report.training
-    assert training is not None
-    estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+    measured, estimate = _head_only_step(Net(), tmp_path)
     assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)
 
 
@@ -153,7 +164,6 @@ def test_a_module_called_twice_holds_each_call_s_argument_only_through_that_call
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from onnxmem.torch import export_for_training
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -167,25 +177,7 @@ def test_a_module_called_twice_holds_each_call_s_argument_only_through_that_call
             return self.head(self.act(self.b(self.act(self.a(x)))))
 
     torch.manual_seed(0)
-    model = Net()
-    path = export_for_training(model, (torch.randn(2, 32),), tmp_path / "m.onnx", {"batch": 0})
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name.startswith("head."))
-    x, target = torch.randn(64, 32), torch.randint(0, 10, (64,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        out = model(x)
-        nn.functional.cross_entropy(out, target).backward()
-        opt.step()
-
-    measured = _c10_peak(step)
-    report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
-                                                                           train=("head.*",)))
-    training = report.training
-    assert training is not None
-    estimate = training.first_step.peak_bytes - training.weights_bytes - training.input_bytes
+    measured, estimate = _head_only_step(Net(), tmp_path)
     # the forward peak: two 64 x 512 tensors at once (the call's argument and its result), never three
     assert measured == 2 * 64 * 512 * 4
     assert abs(estimate - measured) <= 0.01 * measured, (estimate, measured)
