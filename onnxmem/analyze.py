@@ -15,7 +15,7 @@ from .cuda_placement import on_cuda
 from .dims import InputDim, input_dims
 from .dtypes import dtype_name
 from .errors import OnnxMemError
-from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from .graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
@@ -290,7 +290,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     """Give the inference part of a report from the graph and its timeline."""
     by_op_type, by_layer = _op_rows(graph, timeline)
     by_dtype: dict[int, int] = {}
-    input_bytes = computed_bytes = 0
+    input_bytes = computed_bytes = host_bytes = 0
     view_of = timeline.view_of
     for t in graph.tensors:  # one pass: a large graph has hundreds of thousands
         kind = t.kind
@@ -300,6 +300,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
             input_bytes += t.nbytes or 0
         elif t.producer is not None and view_of[t.index] == t.index and kind in (ACTIVATION, OUTPUT):
             computed_bytes += t.nbytes or 0
+        elif kind == HOST and view_of[t.index] == t.index:
+            host_bytes += t.nbytes or 0
     weights_bytes = sum(by_dtype.values())
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
     step = timeline.peak_step
@@ -324,6 +326,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         by_op_type=by_op_type,
         by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
+        host_activation_bytes=host_bytes,
         timeline=InferenceTimeline(tuple([op.name for op in ordered_ops]), tuple([op.op_type for op in ordered_ops]),
                                    tuple([base + live for live in timeline.live_bytes])),
     )

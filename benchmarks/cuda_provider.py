@@ -1,0 +1,45 @@
+"""What the CUDA provider's placement (taken from onnxruntime's source, not measured: no GPU) changes in the plain
+report: per fixture, the activation peak on `--provider cpu` and on `--provider cuda` (the default), the bytes
+kept in host memory, and what moved.
+
+    python benchmarks/cuda_provider.py [--batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import onnxmem  # noqa: E402
+from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+    headers = ("fixture", "cpu peak B", "cuda peak B", "change", "host B", "cuda notes")
+    rows = []
+    for path in fixture_paths():
+        dims = dims_for(path, args.batch)
+        cpu = onnxmem.analyze(path, dims, provider="cpu").inference
+        report = onnxmem.analyze(path, dims, provider="cuda")
+        cuda = report.inference
+        notes = [w.message.split(": tensors in host")[0].replace("onnxruntime's CUDA provider runs ", "")
+                 for w in report.warnings if w.code == "cuda-host-nodes"]
+        change = cuda.peak_activation_bytes - cpu.peak_activation_bytes
+        rows.append((path.stem, f"{cpu.peak_activation_bytes:,}", f"{cuda.peak_activation_bytes:,}",
+                     f"{change:+,}", f"{cuda.host_activation_bytes:,}", "; ".join(notes)[:90] or "-"))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print(f"batch {args.batch}; plain report, model order")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+if __name__ == "__main__":
+    main()
