@@ -2,12 +2,15 @@
 report: per fixture, the activation peak on `--provider cpu` and on `--provider cuda` (the default), the bytes
 kept in host memory, and what moved.
 
-    python benchmarks/cuda_provider.py [--batch 8]
+    python benchmarks/cuda_provider.py [--batch 8] [--zoo DIR]
+
+--zoo DIR: also the real models benchmarks/zoo.py cached in DIR (their zoo.json dims).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -20,11 +23,15 @@ from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--zoo", type=Path, default=None)
     args = parser.parse_args()
+    models = [(path, dims_for(path, args.batch)) for path in fixture_paths()]
+    if args.zoo is not None:
+        index = json.loads((args.zoo / "zoo.json").read_text())
+        models += [(args.zoo / m["file"], m["dims"]) for m in index["models"]]
     headers = ("fixture", "cpu peak B", "cuda peak B", "change", "host B", "cuda notes")
     rows = []
-    for path in fixture_paths():
-        dims = dims_for(path, args.batch)
+    for path, dims in models:
         cpu = onnxmem.analyze(path, dims, provider="cpu").inference
         report = onnxmem.analyze(path, dims, provider="cuda")
         cuda = report.inference
@@ -34,7 +41,7 @@ def main() -> None:
         rows.append((path.stem, f"{cpu.peak_activation_bytes:,}", f"{cuda.peak_activation_bytes:,}",
                      f"{change:+,}", f"{cuda.host_activation_bytes:,}", "; ".join(notes)[:90] or "-"))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    print(f"batch {args.batch}; plain report, model order")
+    print(f"fixtures at batch {args.batch}, zoo models at their zoo.json dims; plain report, model order")
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
