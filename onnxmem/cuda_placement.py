@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import onnx
 from onnx import AttributeProto, ModelProto
@@ -142,10 +142,9 @@ def cuda_placement(model: ModelProto, types: Mapping[str, TensorType]) -> Placem
 
 def _cpu_preferred(nodes: list[onnx.NodeProto], on_device: set[int], readers: Mapping[str, list[int]],
                    initializer_elements: Mapping[str, int], graph_inputs: set[str],
-                   dtype: object) -> set[int]:
+                   dtype: Callable[[str], int]) -> set[int]:
     """GetCpuPreferredNodes (core/framework/fallback_cpu_capability.cc): the device nodes downstream of a host
     tensor whose every input is a host tensor, a graph input or a small initializer (and none float16 ...)."""
-    kind = dtype  # (name) -> element type
     host_tensors: set[str] = set()
     candidates: list[int] = []
     for i in sorted(on_device):
@@ -173,7 +172,7 @@ def _cpu_preferred(nodes: list[onnx.NodeProto], on_device: set[int], readers: Ma
         cpu_inputs = CUDA_CPU_INPUTS.get(_key(node), ())
         place = True
         for j, name in enumerate(node.input):
-            if kind(name) in DEVICE_ONLY_TYPES:  # type: ignore[operator]
+            if dtype(name) in DEVICE_ONLY_TYPES:
                 place = False
                 break
             if name and (initializer_elements.get(name, SMALL_INITIALIZER_ELEMENTS + 1) <= SMALL_INITIALIZER_ELEMENTS

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .errors import ModelFileError
 from .graph import ModelGraph
-from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .transforms import INSERTED_CAST_PREFIX
 
 
