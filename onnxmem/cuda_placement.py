@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable, Mapping
 
 import onnx
-from onnx import AttributeProto, ModelProto
+from onnx import AttributeProto, ModelProto, TensorProto
 
 from .graph import HOST_KEY
 from .load import LoadedModel
@@ -27,6 +27,7 @@ from .rules.cuda import (
     SMALL_INITIALIZER_ELEMENTS,
 )
 from .tensor_types import TensorType
+from .transforms import has_float16
 
 HOST_VALUE = "cpu"  # HOST_KEY's value on a node the CUDA provider leaves to the CPU provider
 HOST_OUTPUT = "output"  # HOST_KEY's value on a device node that writes its outputs in host memory
@@ -59,6 +60,12 @@ def needs_placement(model: ModelProto) -> bool:
         if key in CUDA_CPU_OUTPUTS or (key not in CUDA_KERNEL_TYPES and not _is_constant(node)):
             return True
     return False
+
+
+def _lacks_half_kernel(model: ModelProto) -> bool:
+    """Say whether an op of the main graph has a CUDA kernel without float16 (its inputs' types then decide)."""
+    return any(key not in CUDA_UNTYPED and TensorProto.FLOAT16 not in CUDA_KERNEL_TYPES.get(key, (TensorProto.FLOAT16,))
+               for key in {_key(node) for node in model.graph.node})
 
 
 def already_placed(model: ModelProto) -> bool:
@@ -279,8 +286,8 @@ def on_cuda(loaded: LoadedModel) -> tuple[LoadedModel, list[Warning]]:
     """Give the model as onnxruntime's CUDA provider runs it (cuda_placement, placed_model) and a note of what it
     leaves on the CPU and copies; the model as it is, and no note, where it runs wholly on the device."""
     model = loaded.proto
-    if already_placed(model) or not needs_placement(model):
-        return loaded, []
+    if already_placed(model) or not (needs_placement(model) or (has_float16(model) and _lacks_half_kernel(model))):
+        return loaded, []  # (a float16 model whose ops have float16 CUDA kernels runs wholly on the device)
     from .planner import infer_symbolic  # (planner imports the inference passes: only where a node may move)
 
     placement = cuda_placement(model, infer_symbolic(model, loaded))

@@ -157,3 +157,29 @@ def test_the_placement_is_applied_once() -> None:
     again, more = on_cuda(placed)
     assert notes and not more and again is placed
     assert sum(n.op_type.startswith("Memcpy") for n in again.proto.graph.node) == 2
+
+
+def roi_align(dtype: int) -> onnx.ModelProto:
+    """x [1, 4, 8, 8] -> Relu -> RoiAlign (2 boxes, 2x2) -> Relu -> y, in `dtype`."""
+    numpy_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    rois = numpy_helper.from_array(np.array([[0, 0, 4, 4], [2, 2, 6, 6]], numpy_type), "rois")
+    index = numpy_helper.from_array(np.array([0, 0], np.int64), "index")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("RoiAlign", ["r", "rois", "index"], ["p"], name="roi", output_height=2,
+                              output_width=2),
+             helper.make_node("Relu", ["p"], ["y"], name="relu2")]
+    return _model(nodes, [helper.make_tensor_value_info("x", dtype, [1, 4, 8, 8])],
+                  [helper.make_tensor_value_info("y", dtype, [2, 4, 2, 2])], [rois, index])
+
+
+def test_an_op_without_a_float16_cuda_kernel_runs_a_float16_model_on_the_cpu() -> None:
+    # the CUDA RoiAlign kernel takes float and double (docs/OperatorKernels.md): float16 data sends it to the CPU
+    half = analysis(roi_align(TensorProto.FLOAT16), None)
+    kinds = {t.name: t.kind for t in half.graph.tensors}
+    assert kinds["p"] == HOST and kinds["r"] == HOST  # RoiAlign's output, and r's host copy
+    assert sorted(op.op_type for op in half.graph.ops if op.op_type.startswith("Memcpy")) == \
+        ["MemcpyFromHost", "MemcpyToHost"]
+    # the float16 pooled output [2, 4, 2, 2] (64 B) and r's copy [1, 4, 8, 8] (512 B) are in host memory
+    assert half.report.inference.host_activation_bytes == 64 + 512
+    single = analysis(roi_align(TensorProto.FLOAT), None)
+    assert not single.report.warnings and all(t.kind != HOST for t in single.graph.tensors)
