@@ -127,10 +127,14 @@ CUDA_KERNEL_TYPES: dict[str, frozenset[int]] = {
     **{f"com.microsoft::{op}": ANY for op in ("Trilu", "UnfoldTensor")},
 }
 # The input whose type selects the kernel where it is not input 0.
-CUDA_TYPED_INPUT: dict[str, int] = {"::Where": 1}
-# Ops whose kernel is selected by an attribute-given output type (their input types say nothing of it).
-CUDA_UNTYPED: frozenset[str] = frozenset({"::ConstantOfShape", "::RandomNormal", "::RandomUniform", "::EyeLike",
-                                          "::RandomNormalLike", "::RandomUniformLike", "::SequenceEmpty"})
+CUDA_TYPED_INPUT: dict[str, int] = {"::Where": 1, "com.microsoft::EmbedLayerNormalization": 2,
+                                    "com.microsoft::GatherBlockQuantized": 2}
+# Ops whose kernel is selected by an attribute-given output type, or by an input other than the tensors listed
+# (their first input's type says nothing of it): not checked.
+CUDA_UNTYPED: frozenset[str] = frozenset({
+    "::ConstantOfShape", "::RandomNormal", "::RandomUniform", "::EyeLike", "::RandomNormalLike", "::RandomUniformLike",
+    "::SequenceEmpty", "com.microsoft::BeamSearch", "com.microsoft::GreedySearch", "com.microsoft::Sampling",
+    "com.microsoft::WhisperBeamSearch"})
 
 # Inputs a CUDA kernel reads in host memory (KernelDefBuilder::InputMemoryType(OrtMemTypeCPUInput, i)): no
 # MemcpyFromHost for them, and a shape subgraph feeding them stays where it is. Op key -> input slots, each from
