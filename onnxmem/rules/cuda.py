@@ -149,6 +149,8 @@ CUDA_CPU_INPUTS: dict[str, tuple[int, ...]] = {
     "::Tile": (1,),  # tensor/tile.cc
     "::Clip": (1, 2),  # math/clip.cc, opset 11 and later
     "::Dropout": (1, 2),  # nn/dropout.cc, opset 12 and later
+    "::If": (0,),  # controlflow/if.cc: 'cond'
+    "::Loop": (0, 1),  # controlflow/loop.cc: 'M' and 'cond'
     "::MemcpyFromHost": (0,),  # cuda_execution_provider.cc
 }
 # Outputs a CUDA kernel leaves in host memory (OutputMemoryType(OrtMemTypeCPUOutput, i)).
