@@ -4,7 +4,8 @@
 
 For every fixture: onnxruntime CPU, optimizations disabled, one thread, first run, activations measured to the
 byte by the profiler's allocator statistics (onnxmem.runtime.cpu). Estimates: `onnxmem report` as a user runs
-it (the model's own node order) and with --order ort (onnxruntime's order); both on the raw graph, default rules.
+it with --provider cpu (the model's own node order) and with --order ort (onnxruntime's order); both on the raw
+graph, default rules.
 Prints one table; the last column names what explains a difference.
 """
 
@@ -40,8 +41,8 @@ def main() -> None:
             rows.append((path.stem, "-", "-", "-", "-", "-", f"not run: {exc}"[:60]))
             continue
         actual = measured.runs[0].peak_activation_bytes
-        in_model_order = onnxmem.analyze(path, dims).inference.peak_activation_bytes
-        in_ort_order = onnxmem.analyze(path, dims, order="ort").inference.peak_activation_bytes
+        in_model_order = onnxmem.analyze(path, dims, provider="cpu").inference.peak_activation_bytes
+        in_ort_order = onnxmem.analyze(path, dims, order="ort", provider="cpu").inference.peak_activation_bytes
         if actual:
             errors_model.append(abs(in_model_order - actual) / actual)
             errors_ort.append(abs(in_ort_order - actual) / actual)

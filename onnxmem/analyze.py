@@ -11,16 +11,17 @@ from dataclasses import dataclass
 
 import onnx
 
+from .cuda_placement import on_cuda
 from .dims import InputDim, input_dims
 from .dtypes import dtype_name
 from .errors import OnnxMemError
-from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from .graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .planner import declared_dim_names, infer_symbolic, runtime_view
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
-from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
+from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
@@ -48,6 +49,9 @@ class Sizing:
     # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
     # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
     provider: str = DEFAULT_PROVIDER
+    # the model as given, where the CUDA provider's placement changed it (cuda_placement): a training step (PyTorch's,
+    # not onnxruntime's) reads this one
+    given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
     schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False)
 
@@ -61,7 +65,7 @@ class Analysis:
     """
 
     sizing: Sizing
-    graph: ModelGraph  # sized at `dims` (for training with micro-batches: at the micro-batch)
+    graph: ModelGraph  # the inference graph, sized at `dims` (the training step reads its own: see after_sizing)
     order: tuple[int, ...]  # the ops in execution order
     timeline: Timeline  # inference liveness in that order
     report: Report
@@ -132,24 +136,30 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
            rules: InferenceRules = DEFAULT_INFERENCE_RULES, provider: str = DEFAULT_PROVIDER) -> Sizing:
     """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
     Sizing, and analysis for the parameters."""
-    loaded, notes = for_provider(model if isinstance(model, LoadedModel) else load_model(model), provider, rules)
+    given = model if isinstance(model, LoadedModel) else load_model(model)
+    rules = provider_rules(provider, rules)
+    loaded, notes = for_provider(given, provider, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider)
+                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
+                  given if provider == "cuda" and loaded is not given else None)
 
 
 def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
         tuple[LoadedModel, list[Warning]]:
     """Give the model as the onnxruntime execution provider runs it, and a note of what changed: on the CPU
     provider, float16 data meeting an operator without a float16 kernel is cast to float32 and back
-    (transforms.cpu_float16_casts)."""
+    (transforms.cpu_float16_casts); on the CUDA provider, the nodes it leaves on the CPU and the copies between
+    host and device memory (cuda_placement)."""
     if provider not in PROVIDERS:
         raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
-    if provider != "cpu" or not has_float16(loaded.proto):
+    if provider == "cuda":
+        return on_cuda(loaded)
+    if not has_float16(loaded.proto):
         return loaded, []
     changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
     if changed is None:
@@ -169,6 +179,8 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
                  scheduled: tuple[Sequence[int], Lifetimes] | None = None) -> Analysis:
     """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
     order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
+    as_given = rules
+    rules = provider_rules(sized.provider, rules)
     graph = sized.graph
     if scheduled is None and isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
         memo = sized.schedules.get(order)
@@ -181,16 +193,17 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared)
     report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order, sized.provider)
     if training is not None:
-        # Gradient accumulation: a micro-step's activations are those of the micro-batch.
-        proto = sized.loaded.proto
+        # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
+        # it reads the model as given, not as onnxruntime's CUDA provider places it, with the measured rules.
+        proto = (sized.given or sized.loaded).proto
         micro = micro_batch_dims(proto, dict(sized.dims), training)
         training_graph = graph
-        if micro != sized.dims:
+        if micro != sized.dims or sized.given is not None:
             training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
                                                                symbolic=sized.symbolic, free=list(sized.free)).types)
         # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
         # of that order (the engine runs the ready function made last first), whatever order inference assumes
-        result = training_memory(training_graph, execution_order(training_graph, "model", rules), training)
+        result = training_memory(training_graph, execution_order(training_graph, "model", as_given), training)
         report = dataclasses.replace(report, training=result,
                                      warnings=(*report.warnings, *training_warnings(result)))
     return Analysis(sized, graph, tuple(steps), timeline, report)
@@ -277,7 +290,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     """Give the inference part of a report from the graph and its timeline."""
     by_op_type, by_layer = _op_rows(graph, timeline)
     by_dtype: dict[int, int] = {}
-    input_bytes = computed_bytes = 0
+    input_bytes = computed_bytes = host_bytes = 0
     view_of = timeline.view_of
     for t in graph.tensors:  # one pass: a large graph has hundreds of thousands
         kind = t.kind
@@ -287,6 +300,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
             input_bytes += t.nbytes or 0
         elif t.producer is not None and view_of[t.index] == t.index and kind in (ACTIVATION, OUTPUT):
             computed_bytes += t.nbytes or 0
+        elif kind == HOST and view_of[t.index] == t.index:
+            host_bytes += t.nbytes or 0
     weights_bytes = sum(by_dtype.values())
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
     step = timeline.peak_step
@@ -311,6 +326,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         by_op_type=by_op_type,
         by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
+        host_activation_bytes=host_bytes,
         timeline=InferenceTimeline(tuple([op.name for op in ordered_ops]), tuple([op.op_type for op in ordered_ops]),
                                    tuple([base + live for live in timeline.live_bytes])),
     )

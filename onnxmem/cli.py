@@ -39,9 +39,10 @@ EXIT_BAD_INPUT = 2
 # freeing a 100k-node analysis object by object costs 0.07 s.
 _KEPT: list[object] = []
 REPORT_PROVIDERS = list(PROVIDERS)
-PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda (a GPU's question) or cpu, whose "
-                 "missing float16 kernels make onnxruntime run float16 models partly in float32, between Casts it "
-                 "inserts.")
+PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda (a GPU's question: device memory, "
+                 "with the shape subgraphs and the nodes without a CUDA kernel in host memory, as onnxruntime's "
+                 "source places them) or cpu, whose missing float16 kernels make onnxruntime run float16 models "
+                 "partly in float32, between Casts it inserts.")
 EXIT_INTERNAL = 3
 
 

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     import networkx as nx
 
 WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "output", "outer"
+# A tensor onnxruntime keeps in host memory while the model runs on a device (the CUDA provider's CPU nodes' outputs
+# and its MemcpyToHost copies: cuda_placement): no device buffer, so liveness does not count it.
+HOST = "host"
+HOST_KEY = "onnxmem.device"  # the node metadata cuda_placement marks such nodes with
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 # Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
 _RUNTIME_DOMAINS = (
@@ -35,7 +39,7 @@ class Tensor:
     dtype: int  # onnx.TensorProto element type; 0 where unknown
     shape: tuple[Dim, ...] | None  # None: rank unknown; a str or None dim: size unknown
     nbytes: int | None  # None: the size could not be known
-    kind: str  # weight | input | activation | output | outer (a subgraph's read of its parent's tensor)
+    kind: str  # weight | input | activation | output | outer (a subgraph's read of its parent's tensor) | host
     producer: int | None = None  # op index
     consumers: list[int] = field(default_factory=list)  # op indices, implicit (subgraph) reads included
 
@@ -217,6 +221,8 @@ class _Builder:
                             if index[t.name] not in implicit:
                                 implicit.append(index[t.name])
             kind = WEIGHT if op_type == "Constant" and domain in ("", "ai.onnx") else ACTIVATION
+            if metadata and len(node.metadata_props) and any(p.key == HOST_KEY for p in node.metadata_props):
+                kind = HOST
             op_outputs = []
             for oname in node.output:
                 if not oname:

@@ -296,12 +296,16 @@ def _shape_only_copy(model: ModelProto) -> ModelProto:
     return copy
 
 
+_STANDARD_DOMAIN_SHAPE_AS = frozenset(key[2:] for key in SHAPE_AS if key.startswith("::"))
+
+
 def _standardize_fused_ops(graph: GraphProto) -> None:
     # The copy given to inference only: the graph the passes read keeps every node as it is.
     for node in graph.node:
-        if node.domain in ("", "ai.onnx"):
-            continue  # the fused operators are all in onnxruntime's domains
-        rule = SHAPE_AS.get(f"{node.domain}::{node.op_type}")
+        standard = node.domain in ("", "ai.onnx")
+        if standard and node.op_type not in _STANDARD_DOMAIN_SHAPE_AS:
+            continue  # the fused operators are all in onnxruntime's domains (and its Memcpy copies in ONNX's)
+        rule = SHAPE_AS.get(f"{'' if standard else node.domain}::{node.op_type}")
         if rule is None:
             continue
         op_type, inputs, dropped = rule

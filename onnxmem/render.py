@@ -179,6 +179,9 @@ def render_table(report: Report, top: int = 10) -> str:
         f"sum of all activations (what a hand count adds up): {format_bytes(inf.sum_activation_bytes)}; "
         f"live at once at most: {format_bytes(inf.peak_activation_bytes)}",
     ]
+    if inf.host_activation_bytes:
+        out.append(f"in host memory, not counted on the device (onnxruntime's CUDA provider): "
+                   f"{format_bytes(inf.host_activation_bytes)} of activations")
     if inf.weights_by_dtype:
         out.append("weights by dtype: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in inf.weights_by_dtype.items()))
     out += ["", f"Live at the peak (largest {min(top, len(inf.live_at_peak))} of {len(inf.live_at_peak)})"]

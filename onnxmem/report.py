@@ -93,6 +93,9 @@ class InferenceReport:
     by_op_type: tuple[OpTypeRow, ...]
     by_layer: tuple[LayerRow, ...]
     unsized_tensors: int  # activations of unknown size, not counted: the peak is then a lower bound
+    # activations onnxruntime keeps in host memory while the model runs on a device (the CUDA provider's CPU nodes,
+    # Shape's outputs, MemcpyToHost copies), every one added up: not in the device figures above
+    host_activation_bytes: int = 0
     timeline: InferenceTimeline | None = dataclasses.field(default=None, compare=False, repr=False,
                                                            metadata=_NOT_IN_JSON)
 

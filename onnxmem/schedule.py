@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .errors import ModelFileError
 from .graph import ModelGraph
 from .transforms import INSERTED_CAST_PREFIX
@@ -65,12 +66,14 @@ def ort_order(graph: ModelGraph) -> list[int]:
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
     The Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
-    transforms.cpu_float16_casts does) are indexed after every node of the model, in the order they were added.
+    transforms.cpu_float16_casts does) and the Memcpy nodes its MemcpyTransformer inserts (cuda_placement) are
+    indexed after every node of the model, in the order they were added.
     """
     ops = graph.ops
     constants = [op.index for op in ops if op.op_type == "Constant" and op.domain in ("", "ai.onnx")]
     skip = set(constants)
-    inserted = [op.index for op in ops if op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX)]
+    inserted = [op.index for op in ops if (op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX))
+                or (op.op_type in MEMCPY_OPS and op.name.startswith(MEMCPY_PREFIX))]
     rank: list[int] | None = None  # onnxruntime's node index, where it is not the op's own
     if inserted:
         rank = list(range(len(ops)))

@@ -204,6 +204,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Constant": None,
     "Shape": None,
     "Identity": lambda a, k: a[0],
+    "MemcpyFromHost": lambda a, k: a[0],  # the copies between host and device memory (cuda_placement)
+    "MemcpyToHost": lambda a, k: a[0],
     "Cast": _cast,
     "Reshape": _reshape,
     "Unsqueeze": _unsqueeze,

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from .analyze import Sizing
 
 # The onnxruntime execution providers a report can assume. What differs between them in a report: the Casts the CPU
-# provider inserts around operators without a float16 kernel (cpu_float16_casts); the CUDA provider has float16
-# kernels for the operators the project's graphs hold (its table of exceptions is not written yet: see README).
+# provider inserts around operators without a float16 kernel (cpu_float16_casts); the nodes the CUDA provider leaves
+# on the CPU, the Memcpy copies it inserts and its kernels' in-place rules (cuda_placement, rules.cuda: from
+# onnxruntime's source, not measured).
 PROVIDERS = ("cuda", "cpu")
 DEFAULT_PROVIDER = "cuda"
 

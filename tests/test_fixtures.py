@@ -45,8 +45,10 @@ def test_report_in_every_format(path: Path) -> None:
         assert key in inference
     assert inference["peak_bytes"] == inference["weights_bytes"] + inference["input_bytes"] + \
         inference["peak_activation_bytes"]
-    # Every tensor of the fixtures is sized: no unknown-shape warning, and the peak holds the largest tensor.
-    assert [w["code"] for w in document["warnings"]] in ([], ["missing-external-data"])
+    # Every tensor of the fixtures is sized: no unknown-shape warning, and the peak holds the largest tensor (the
+    # default provider, cuda, notes the shape subgraphs it keeps in host memory).
+    codes = [w["code"] for w in document["warnings"] if w["code"] != "cuda-host-nodes"]
+    assert codes in ([], ["missing-external-data"])
     assert inference["unsized_tensors"] == 0
     largest = max((t["bytes"] or 0) for t in inference["live_at_peak"])
     assert inference["peak_activation_bytes"] >= largest > 0

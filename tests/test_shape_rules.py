@@ -38,6 +38,8 @@ def cases() -> list[tuple[str, str, str, list[Spec], dict[str, Any], list[tuple[
                "RotaryEmbedding", "QLinearLeakyRelu", "QLinearSigmoid", "QLinearSoftmax", "Affine", "ScaledTanh",
                "ThresholdedRelu", "FusedGelu"):
         found.append((f"{MS}::{op}", op, MS, x, {}, [(F, (2, 8, 16))]))
+    for op in ("MemcpyFromHost", "MemcpyToHost"):  # the CUDA provider's copies (cuda_placement): a copy's type
+        found.append((f"::{op}", op, "", x, {}, [(F, (2, 8, 16))]))
     skip = [("x", F, ["batch", 8, 16]), ("skip", F, ["batch", 8, 16]), ("gamma", F, [16])]
     for op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
         found.append((f"{MS}::{op}", op, MS, skip, {},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cuda import CUDA_ALIASES, CUDA_IN_PLACE
 from .inference import ALIASES, IN_PLACE, TAKES_NO_FREED_BUFFER
 
 
@@ -35,3 +36,11 @@ def _key(op_type: str, domain: str) -> str:
 
 DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE), no_freed_buffer=TAKES_NO_FREED_BUFFER)
 NO_REUSE_RULES = InferenceRules({}, frozenset(), reuse_freed=False)
+# The CUDA provider's kernels declare other in-place and alias rules (rules.cuda: from its source, not measured).
+CUDA_INFERENCE_RULES = InferenceRules(dict(CUDA_ALIASES), CUDA_IN_PLACE, no_freed_buffer=TAKES_NO_FREED_BUFFER)
+
+
+def provider_rules(provider: str, rules: InferenceRules) -> InferenceRules:
+    """Give the buffer rules an analysis on `provider` uses: the provider's own where `rules` are the defaults
+    (the CPU provider's, measured), else `rules` as given."""
+    return CUDA_INFERENCE_RULES if provider == "cuda" and rules is DEFAULT_INFERENCE_RULES else rules

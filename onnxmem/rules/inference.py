@@ -135,6 +135,8 @@ SHAPE_AS: dict[str, tuple[str, int, frozenset[str]]] = {
     **{f"com.microsoft::{op}": ("Identity", 1, frozenset({ALL_ATTRIBUTES})) for op in (
         "QuickGelu", "Gelu", "FastGelu", "BiasGelu", "FusedGelu", "BiasAdd", "BiasSoftmax", "RotaryEmbedding",
         "QLinearLeakyRelu", "QLinearSigmoid", "QLinearSoftmax", "Affine", "ScaledTanh", "ThresholdedRelu")},
+    # the copies between host and device memory onnxruntime's CUDA provider inserts (cuda_placement): a copy
+    **{f"::{op}": ("Identity", 1, frozenset({ALL_ATTRIBUTES})) for op in ("MemcpyFromHost", "MemcpyToHost")},
 }
 
 # Operators onnxruntime's CPU provider has no kernel for and runs as their ONNX function body: while the op

@@ -335,6 +335,9 @@ SHAPE_RULES: dict[str, Rule] = {
     f"{_NCHWC}::ReorderInput": _reorder_input,
     f"{_NCHWC}::ReorderOutput": _reorder_output,
     f"{_NCHWC}::Upsample": _nchwc_upsample,
+    # the copies between host and device memory onnxruntime's MemcpyTransformer inserts (cuda_placement)
+    "::MemcpyFromHost": same_as(),
+    "::MemcpyToHost": same_as(),
 }
 
 
