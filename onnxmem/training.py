@@ -225,6 +225,8 @@ class _Model:
     # until its forward returns), from the dynamo export's module scopes
     held_by_call: dict[int, int] = field(default_factory=dict)
     forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
+    # node -> the autograd nodes PyTorch makes for it on CPU where not one (an unrolled recurrent op's cells)
+    autograd_nodes: dict[int, int] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -477,7 +479,7 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
                   n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
-                  needs.forward_temporaries)
+                  needs.forward_temporaries, needs.autograd_nodes)
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -702,6 +704,7 @@ class _BackwardNeeds:
     passthrough: dict[int, list[int]] = field(default_factory=dict)
     unknown: dict[str, int] = field(default_factory=dict)
     forward_temporaries: dict[int, int] = field(default_factory=dict)
+    autograd_nodes: dict[int, int] = field(default_factory=dict)
 
 
 def _backward_needs(graph: ModelGraph, n: int, node: _Node, values: list[_Value], roots: list[int],
@@ -827,6 +830,14 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
         if forward:
             needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + forward
+        if recurrent.cpu_unrolled_nodes != (0, 0) and options.device == "cpu":
+            w, r = (values[node.inputs[i]].shape if len(node.inputs) > i and node.inputs[i] >= 0 else None
+                    for i in (1, 2))
+            dims = _recurrent_dims(w, r, values[inputs[0]] if inputs and inputs[0] >= 0 else None, None,
+                                   out0.shape if out0 is not None else None)
+            if dims is not None:
+                per_step, per_layer = recurrent.cpu_unrolled_nodes
+                needs.autograd_nodes[n] = dims[1] * (per_step * dims[0] + per_layer)
     return extra
 
 
@@ -1570,10 +1581,11 @@ def _autograd_graph_buffers(model: _Model, options: TrainingOptions, step: _Sche
     for n, node in enumerate(model.nodes):
         if not model.differentiable[n]:
             continue
+        nbytes = each * model.autograd_nodes.get(n, 1)
         if step.segment_of[n] >= 0:
-            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.rec[n], step.bwd[n])
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", nbytes, step.rec[n], step.bwd[n])
         else:
-            buffers.add(f"{node.name} (autograd node)", "autograd graph", each, step.fwd[n], step.end)
+            buffers.add(f"{node.name} (autograd node)", "autograd graph", nbytes, step.fwd[n], step.end)
     for t in model.params:
         users = [step.fwd[c] for c in model.values[t].consumers]
         buffers.add(f"{model.values[t].name} (gradient accumulator)", "autograd graph", each,

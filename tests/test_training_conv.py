@@ -356,3 +356,16 @@ def test_the_command_line_takes_the_cpu_threads_and_instruction_set(tmp_path: Pa
     assert code == 2 and "--cpu-isa is a training option" in err
     code, _, err = run("report", path, "--training", "--cpu-isa", "sse")
     assert code == 2 and "Invalid value for '--cpu-isa'" in err
+
+
+def test_an_unrolled_gru_s_autograd_graph_is_counted_per_step_on_cpu() -> None:
+    # PyTorch's CPU GRU is a loop of cells: 14 autograd nodes a step and 7 a layer (counted from grad_fn on nn.GRU),
+    # besides the 4 parameters' accumulators; the ONNX graph's one GRU node stands for all of them. _gru runs 5
+    # steps of one layer: live at the peak (backward) are 14 x 5 + 7 nodes for it, 3 accumulators (W, R, B) and the
+    # loss's node.
+    options = TrainingOptions(optimizer="sgd", device="cpu", loss="mean")
+    t = onnxmem.analyze(_gru(relaid=False), training=options).training
+    assert t is not None
+    graph_rows = [row for row in t.live_at_peak if row.category == "autograd graph"]
+    assert len(graph_rows) == 1
+    assert graph_rows[0].bytes == (14 * 5 + 7 + 3 + 1) * CPU_AUTOGRAD_BYTES_PER_NODE

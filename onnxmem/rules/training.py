@@ -272,6 +272,9 @@ class Recurrent:
     cuda_values: int
     cpu_unrolled: int = 0
     cpu_unrolled_forward: int = 0
+    # the unrolled op's autograd nodes (CPU_AUTOGRAD_BYTES_PER_NODE each) per step and per layer and direction,
+    # besides its parameters' accumulators
+    cpu_unrolled_nodes: tuple[int, int] = (0, 0)
     cpu_contiguous_input: bool = True
     cpu_contiguous_output_grad: bool = False
 
@@ -283,8 +286,11 @@ RECURRENT: dict[str, Recurrent] = {
     # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
     # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); its forward
     # projects the input of all steps at once (3 values per step, one mm, freed when the layer is done: measured
-    # with the profiler); cuDNN's reserve space for GRU is not measured: cuda_values as LSTM's
-    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3),
+    # with the profiler); its autograd graph, counted from the output's grad_fn on nn.GRU at 4, 8 and 16 steps
+    # and 1 and 2 layers: 14 nodes a step and 7 a layer besides the 4 parameters' accumulators; cuDNN's reserve
+    # space for GRU is not measured: cuda_values as LSTM's
+    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3,
+                     cpu_unrolled_nodes=(14, 7)),
 }
 
 # Recurrent ops whose weights the dynamo exporter re-lays out at run time (aten.gru/lstm/rnn to the ONNX op: gate
