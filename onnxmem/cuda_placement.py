@@ -52,29 +52,32 @@ def _key(node: onnx.NodeProto) -> str:
     return f"{'' if node.domain in _STANDARD else node.domain}::{node.op_type}"
 
 
-def needs_placement(model: ModelProto) -> bool:
-    """Say whether the CUDA provider could run a node of the main graph on the CPU: a Shape or Size node (the
-    start of a shape subgraph) or an op without a CUDA kernel (its types are then needed to place the rest)."""
-    for node in model.graph.node:
-        key = _key(node)
-        if key in CUDA_CPU_OUTPUTS or (key not in CUDA_KERNEL_TYPES and not _is_constant(node)):
-            return True
-    return False
+def node_kinds(model: ModelProto) -> set[str]:
+    """Give the operator kinds (domain::op_type) of the main graph's nodes: one pass, as a graph has few kinds."""
+    pairs = {(node.domain, node.op_type) for node in model.graph.node}  # (no call a node: 100k on a large graph)
+    return {f"{'' if domain in _STANDARD else domain}::{op_type}" for domain, op_type in pairs}
 
 
-def _lacks_half_kernel(model: ModelProto) -> bool:
-    """Say whether an op of the main graph has a CUDA kernel without float16 (its inputs' types then decide)."""
+def needs_placement(kinds: set[str]) -> bool:
+    """Say whether the CUDA provider could run a node of the main graph (of these node_kinds) on the CPU: a Shape or
+    Size node (the start of a shape subgraph) or an op without a CUDA kernel (its types are then needed to place
+    the rest)."""
+    return any(key in CUDA_CPU_OUTPUTS or (key not in CUDA_KERNEL_TYPES and key not in _CONSTANT_KINDS)
+               for key in kinds)
+
+
+_CONSTANT_KINDS = ("::Constant",)  # (_key of a Constant node: onnxruntime makes them initializers)
+
+
+def _lacks_half_kernel(kinds: set[str]) -> bool:
+    """Say whether an op of these node_kinds has a CUDA kernel without float16 (its inputs' types then decide)."""
     return any(key not in CUDA_UNTYPED and TensorProto.FLOAT16 not in CUDA_KERNEL_TYPES.get(key, (TensorProto.FLOAT16,))
-               for key in {_key(node) for node in model.graph.node})
+               for key in kinds)
 
 
 def already_placed(model: ModelProto) -> bool:
-    """Say whether the model is one this transform made (its Memcpy nodes or host marks are in it)."""
-    return any(node.name.startswith(MEMCPY_PREFIX) or _on_host(node) for node in model.graph.node)
-
-
-def _on_host(node: onnx.NodeProto) -> bool:
-    return any(p.key == HOST_KEY for p in node.metadata_props) if len(node.metadata_props) else False
+    """Say whether the model is one this transform made (placed_model marks the model itself)."""
+    return any(p.key == HOST_KEY for p in model.metadata_props)
 
 
 def _is_constant(node: onnx.NodeProto) -> bool:
@@ -265,6 +268,7 @@ def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | Non
     changed.CopyFrom(model)
     del changed.graph.node[:]
     changed.graph.node.extend(out_nodes)
+    changed.metadata_props.add(key=HOST_KEY, value="placed")  # (already_placed: the transform runs once)
     for name in (*to_device, *to_host):  # the copies' types, where the model declares the source's
         declared = _declared(graph, name)
         if declared is not None:
@@ -286,7 +290,10 @@ def on_cuda(loaded: LoadedModel) -> tuple[LoadedModel, list[Warning]]:
     """Give the model as onnxruntime's CUDA provider runs it (cuda_placement, placed_model) and a note of what it
     leaves on the CPU and copies; the model as it is, and no note, where it runs wholly on the device."""
     model = loaded.proto
-    if already_placed(model) or not (needs_placement(model) or (has_float16(model) and _lacks_half_kernel(model))):
+    if already_placed(model):
+        return loaded, []
+    kinds = node_kinds(model)
+    if not (needs_placement(kinds) or (has_float16(model) and _lacks_half_kernel(kinds))):
         return loaded, []  # (a float16 model whose ops have float16 CUDA kernels runs wholly on the device)
     from .planner import infer_symbolic  # (planner imports the inference passes: only where a node may move)
 
