@@ -19,6 +19,7 @@ from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .planner import declared_dim_names, infer_symbolic, runtime_view
+from .qdq import unique_dequantize
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from .shapes import SizedModel, bind_and_infer
@@ -133,6 +134,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
     Sizing, and analysis for the parameters."""
     loaded, notes = for_provider(model if isinstance(model, LoadedModel) else load_model(model), provider, rules)
+    loaded = unique_dequantize(loaded) or loaded  # onnxruntime's own change to QDQ models, on every provider
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)

@@ -122,3 +122,46 @@ def test_a_range_of_a_huge_length_is_not_propagated() -> None:
     sized = bind_and_infer(model, {"batch": 2})
     assert sized.types["y"][1] == (2, 4) and sized.types["positions"][1] == (2**40,)
     assert any(w.code == "long-shape-value" for w in sized.warnings)
+
+
+def channel_shuffles_model(blocks: int) -> onnx.ModelProto:
+    """`blocks` channel shuffles in a row, as the TorchScript exporter writes ShuffleNetV2's: each block's Reshape
+    target is [batch, 2, C / 2, H, W] computed from Shape of the previous block's output (Gather, Div, Cast twice,
+    Unsqueeze, Concat), and ONNX's data propagation stops at the Div; the block's output is Reshape(.., [batch, -1,
+    H, W]), so each block's size waits on the previous block's shape value."""
+    nodes = [const("two", 2), const("axes", [0]), const("groups", [2])]
+    x = "x"
+    for k in range(blocks):
+        p = f"b{k}_"
+        nodes += [helper.make_node("Shape", [x], [p + "shape"])]
+        parts = []
+        for axis in range(4):
+            nodes += [const(p + f"i{axis}", axis),
+                      helper.make_node("Gather", [p + "shape", p + f"i{axis}"], [p + f"d{axis}"], axis=0)]
+        nodes += [helper.make_node("Div", [p + "d1", "two"], [p + "half"]),
+                  helper.make_node("Cast", [p + "half"], [p + "cast"], to=I64),
+                  helper.make_node("Cast", [p + "cast"], [p + "cast2"], to=I64)]
+        for name in ("d0", "cast2", "d2", "d3"):
+            nodes.append(helper.make_node("Unsqueeze", [p + name, "axes"], [p + name + "_1"]))
+            parts.append(p + name + "_1")
+        nodes += [helper.make_node("Concat", [parts[0], "groups", *parts[1:]], [p + "target"], axis=0),
+                  helper.make_node("Reshape", [x, p + "target"], [p + "grouped"]),
+                  helper.make_node("Transpose", [p + "grouped"], [p + "shuffled"], perm=[0, 2, 1, 3, 4]),
+                  const(p + "minus", [-1]),
+                  helper.make_node("Concat", [parts[0], p + "minus", *parts[2:]], [p + "flat"], axis=0),
+                  helper.make_node("Reshape", [p + "shuffled", p + "flat"], [p + "out"])]
+        x = p + "out"
+    graph = helper.make_graph(nodes, "shuffles", [helper.make_tensor_value_info("x", F, ["batch", 8, 4, 4])],
+                              [helper.make_tensor_value_info(x, F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_long_chain_of_dependent_shape_values_is_sized_to_its_end() -> None:
+    # 20 blocks, each a shape value read from the previous block's size: more rounds than a fixed handful
+    model = channel_shuffles_model(20)
+    types = bind_and_infer(model, {"batch": 3}).types
+    assert types["b19_grouped"][1] == (3, 2, 4, 4, 4)
+    assert types["b19_shuffled"][1] == (3, 4, 2, 4, 4)
+    report = onnxmem.analyze(model, {"batch": 3})
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 3 * 8 * 4 * 4 * 4
