@@ -43,6 +43,16 @@ IN_PLACE: set[str] = {
     "Cast",  # only between types of the same element size (float32 -> int32), as the planner checks
 }
 
+# Kernels that may write output 0 into another input's buffer than input 0 (MayInplace(N, 0)), on the same terms as
+# IN_PLACE: 'domain::OpType' -> N. The convolutions with a fused Sum input (input 3, the residual added after the
+# activation) write into it: onnxruntime/contrib_ops/cpu/nchwc_ops.cc (NCHWc Conv of `--opt-level all`) and
+# contrib_ops/cpu/fused_conv.cc (FusedConv). Measured: a ResNeXt's NCHWc Conv with the downsample branch as its
+# Sum takes that branch's buffer (tests/test_validate.py).
+IN_PLACE_FROM_INPUT: dict[str, int] = {
+    "com.microsoft.nchwc::Conv": 3,
+    "com.microsoft::FusedConv": 3,
+}
+
 # Weights onnxruntime's CPU kernels prepack into the arena at session creation (the only large initializers the
 # arena counts): op type -> the input slots it packs. MLAS packs a float32 [K, N] MatMul weight (a [N, K] one for
 # Gemm with transB) into K x round_up(N, 16) floats (measured on [1024,1024], [100,10], [37,21], [64,1000]:
