@@ -316,6 +316,28 @@ def qlinear_conv_scratch(inputs: Shapes, outputs: Shapes, element: int,
     return tuple(sizes)
 
 
+def where_scratch(inputs: Shapes, outputs: Shapes, element: int, attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """Where (core/providers/cpu/tensor/where_op.cc): Select allocates X_selection = condition ? X : 0 and
+    Y_selection = !condition ? Y : 0, each of the broadcast of the condition's shape with X's (Y's), before the
+    output, which merges them; both are freed when the kernel returns. `element`: bytes of X's type. A known
+    scalar comes as (1,) (SCRATCH_KNOWN_SCALARS), () is a shape not known."""
+    condition, x, y = (inputs[i] if i < len(inputs) else None for i in range(3))
+    if condition is None or x is None or y is None or () in (condition, x, y):
+        return ()
+    sizes = []
+    for value in (x, y):
+        rank = max(len(condition), len(value))
+        padded = [(1,) * (rank - len(s)) + tuple(s) for s in (condition, value)]
+        dims = [max(a, b) if 1 in (a, b) or a == b else -1 for a, b in zip(*padded, strict=True)]
+        if any(d < 0 for d in dims):
+            return ()
+        count = 1
+        for d in dims:
+            count *= d
+        sizes.append(count * element)
+    return tuple(sizes)
+
+
 KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], tuple[int, ...]]] = {
     "LSTM": lstm_scratch,
     "com.microsoft::Attention": attention_scratch,
@@ -323,4 +345,13 @@ KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], 
     "com.microsoft::FastGelu": bias_gelu_scratch,
     "QLinearConv": qlinear_conv_scratch,
     "com.microsoft::QLinearConv": qlinear_conv_scratch,
+    "Where": where_scratch,
 }
+# Scratch rules whose element size is another input's than input 0 (op key -> that input): Where's temporaries
+# are of X's type (input 1), its condition (input 0) is bool.
+SCRATCH_ELEMENT_INPUT: dict[str, int] = {"Where": 1}
+# Kernels that allocate their scratch before their outputs (the output is made from the scratch), freeing it
+# when they return: their scratch comes first in the arena's sequence.
+SCRATCH_BEFORE_OUTPUTS: frozenset[str] = frozenset({"Where"})
+# Scratch rules that are given a known scalar input as (1,) (to the others, () is a shape not known).
+SCRATCH_KNOWN_SCALARS: frozenset[str] = frozenset({"Where"})
