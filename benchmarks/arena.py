@@ -1,6 +1,7 @@
 """The bytes onnxruntime's CPU arena holds after each run, measured, against onnxmem.arena's BFC simulation.
 
-    python benchmarks/arena.py [--batches 1 8 32] [--set fixtures|real] [--levels disable ...] [--zoo DIR]
+    python benchmarks/arena.py [--batches 1 8 32] [--set fixtures|real|real2] [--levels disable ...] [--zoo DIR]
+                               [--models NAME ...]
 
 For each fixture and batch, `onnxmem validate` (onnxruntime CPU, level disable, one thread, arena on, memory
 pattern on, two runs) reads `mem_arena_held` on each run's last node event: what the arena holds from the system
@@ -10,7 +11,8 @@ estimate's own timeline (arena.first_run_events); for the second run, then the m
 graph outputs (arena.later_run_events). Prints one table; "exact" counts the runs that agree to the byte.
 
 --set real: the zoo benchmarks/zoo.py built (default ~/.cache/onnxmem-zoo), at the dims its zoo.json gives with the
-batch dim taking each --batches value, at each --levels optimization level (default: disable).
+batch dim taking each --batches value, at each --levels optimization level (default: disable). --set real2: the
+second, held-out zoo benchmarks/zoo2.py built (default ~/.cache/onnxmem-zoo2). --models: only these zoo models.
 """
 
 from __future__ import annotations
@@ -26,16 +28,20 @@ import json  # noqa: E402
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 from benchmarks.zoo import DEFAULT_OUT as DEFAULT_ZOO  # noqa: E402
 from benchmarks.zoo import INDEX as ZOO_INDEX  # noqa: E402
+from benchmarks.zoo2 import DEFAULT_OUT as DEFAULT_ZOO2  # noqa: E402
 from onnxmem.validate import validate  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--set", choices=("fixtures", "real"), default="fixtures")
+    parser.add_argument("--set", choices=("fixtures", "real", "real2"), default="fixtures")
     parser.add_argument("--levels", nargs="+", default=["disable"])
-    parser.add_argument("--zoo", type=Path, default=DEFAULT_ZOO)
+    parser.add_argument("--zoo", type=Path, default=None)
+    parser.add_argument("--models", nargs="+", default=None, help="--set real/real2: only these zoo models")
     args = parser.parse_args()
+    if args.zoo is None:
+        args.zoo = DEFAULT_ZOO2 if args.set == "real2" else DEFAULT_ZOO
     rows = []
     exact = 0
     for name, path, batch, dims in cases(args):
@@ -66,6 +72,8 @@ def cases(args: argparse.Namespace) -> list[tuple[str, Path, object, dict[str, i
     zoo = Path(args.zoo).expanduser()
     found = []
     for entry in json.loads((zoo / ZOO_INDEX).read_text())["models"]:
+        if args.models and entry["name"] not in args.models:
+            continue
         bindings = [(b, {**entry["dims"], "batch": b}) for b in args.batches] if "batch" in entry["dims"] else \
             [("-", dict(entry["dims"]))]
         found.extend((entry["name"], zoo / entry["file"], batch, dims) for batch, dims in bindings)

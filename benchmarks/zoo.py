@@ -40,7 +40,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 DEFAULT_OUT = Path.home() / ".cache" / "onnxmem-zoo"
 REPO = Path(__file__).resolve().parents[1]
-SHIM_DIR = Path(__file__).resolve().parents[2] / "shared" / "tools"
+# shared/tools beside the checkout (../shared/tools), else the project's /work/shared/tools (a worktree elsewhere)
+SHIM_DIR = next((d for d in (Path(__file__).resolve().parents[2] / "shared" / "tools", Path("/work/shared/tools"))
+                 if (d / "tvshim.py").is_file()), Path(__file__).resolve().parents[2] / "shared" / "tools")
 INDEX = "zoo.json"
 SCHEMA = "onnxmem-zoo/1"
 BATCH = 8  # the batch zoo.json binds
@@ -519,12 +521,18 @@ def quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
-def write_index(out: Path, models: Sequence[ZooModel], seconds: dict[str, float]) -> list[dict[str, Any]]:
-    """Write DIR/zoo.json: every model whose file is in `out`, in the zoo's order; give its entries."""
+def write_index(out: Path, models: Sequence[ZooModel], seconds: dict[str, float],
+                failed: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Write DIR/zoo.json: every model whose file is in `out`, in the zoo's order, and the reasons of the models
+    that failed to build (this run's, and earlier runs' for models not built since); give its entries."""
     index = out / INDEX
     before: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
     if index.exists():
-        before = {entry["name"]: entry for entry in json.loads(index.read_text())["models"]}
+        written = json.loads(index.read_text())
+        before = {entry["name"]: entry for entry in written["models"]}
+        skipped = dict(written.get("skipped", {}))
+    skipped.update(failed or {})
     entries = []
     for model in models:
         if not (out / model.file).exists():
@@ -534,7 +542,10 @@ def write_index(out: Path, models: Sequence[ZooModel], seconds: dict[str, float]
             "source": model.source, "tool": model.tool or None, "dims": model.dims,
             "ort_seconds": seconds.get(model.name, before.get(model.name, {}).get("ort_seconds")),
         })
-    index.write_text(json.dumps({"schema": SCHEMA, "versions": versions(), "models": entries}, indent=1) + "\n")
+    built = {entry["name"] for entry in entries}
+    skipped = {name: why for name, why in skipped.items() if name not in built and name in {m.name for m in models}}
+    index.write_text(json.dumps({"schema": SCHEMA, "versions": versions(), "models": entries, "skipped": skipped},
+                                indent=1) + "\n")
     return entries
 
 
@@ -552,17 +563,19 @@ def versions() -> dict[str, str]:
     return found
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Build the zoo (or the models named with --only), skip what is built, and write zoo.json."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the zoo folder (default {DEFAULT_OUT})")
+def main(argv: Sequence[str] | None = None, models: Sequence[ZooModel] | None = None,
+         default_out: Path = DEFAULT_OUT, description: str | None = __doc__) -> None:
+    """Build the zoo (or the models named with --only), skip what is built, and write zoo.json. `models`,
+    `default_out`, `description`: another zoo built with this one's machinery (benchmarks/zoo2.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=default_out, help=f"the zoo folder (default {default_out})")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="build these models (and their sources) only")
     parser.add_argument("--list", action="store_true", help="list the models and whether they are built")
     args = parser.parse_args(argv)
     out: Path = args.out.expanduser().resolve()
     if out == REPO or REPO in out.parents:
         raise SystemExit(f"zoo: {out} is inside the repository; choose a folder outside it")
-    models = zoo_models()
+    models = list(models) if models is not None else zoo_models()
     by_name = {m.name: m for m in models}
     unknown = sorted(set(args.only or ()) - set(by_name))
     if unknown:
@@ -583,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     for model in chosen:
         build_model(model, out, by_name, seconds, failed)
-    entries = write_index(out, models, seconds)
+    entries = write_index(out, models, seconds, failed)
     print(f"\n{len(entries)} of {len(models)} models in {out / INDEX}; {len(failed)} skipped; "
           f"{time.perf_counter() - started:.0f} s")
 

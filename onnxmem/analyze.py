@@ -20,6 +20,7 @@ from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .planner import declared_dim_names, infer_symbolic, runtime_view
+from .qdq import unique_dequantize
 from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import SizedModel, bind_and_infer
@@ -138,7 +139,9 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     Sizing, and analysis for the parameters."""
     given = model if isinstance(model, LoadedModel) else load_model(model)
     rules = provider_rules(provider, rules)
-    loaded, notes = for_provider(given, provider, rules)
+    # onnxruntime's own change to QDQ models (every level, every provider), made before it partitions the graph
+    runtime = unique_dequantize(given) or given
+    loaded, notes = for_provider(runtime, provider, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
@@ -146,7 +149,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                   (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
-                  given if provider == "cuda" and loaded is not given else None)
+                  given if loaded is not given else None)
 
 
 def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \

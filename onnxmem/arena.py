@@ -9,7 +9,7 @@ region size, doubled until it holds the request, and doubled once more after a r
 the first region size is 1 MiB (initial_chunk_size_bytes). Memory it reserves (Reserve: most of onnxruntime's
 prepacked weights at session creation) is held at its exact size, outside the regions; a kernel that packs its
 weight with a plain allocation (ConvTranspose) puts it in a region. The events replayed are the estimate's own:
-each step's outputs, then its kernel's scratch (rules.inference.KERNEL_SCRATCH: LSTM, contrib Attention, BiasGelu),
+each step's outputs and its kernel's scratch (rules.inference.KERNEL_SCRATCH: LSTM, contrib Attention, BiasGelu, Where),
 allocated and freed, then the buffers that die there. The same code runs the CPU and the CUDA providers' arenas;
 what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces) is its own and not modelled.
 """
@@ -40,6 +40,9 @@ from .rules.inference import (
     QGEMM_COLUMN_ALIGNMENT,
     QGEMM_PACKED_K,
     QUANTIZED_PREPACKED,
+    SCRATCH_BEFORE_OUTPUTS,
+    SCRATCH_ELEMENT_INPUT,
+    SCRATCH_KNOWN_SCALARS,
     SYMMETRIC_CONV,
     qlinear_conv_scratch,
 )
@@ -354,7 +357,8 @@ def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto,
     shape = shape_of or (lambda t: _shape(graph, t))
     scratch: dict[int, tuple[int, ...]] = {}
     for op in graph.ops:
-        rule = KERNEL_SCRATCH.get(op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}")
+        key = op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}"
+        rule = KERNEL_SCRATCH.get(key)
         if rule is None or op.index >= len(model.graph.node):
             continue
         node = model.graph.node[op.index]
@@ -362,8 +366,12 @@ def kernel_scratch(graph: ModelGraph, model: onnx.ModelProto,
         if rule is qlinear_conv_scratch:
             attributes[SYMMETRIC_CONV] = _symmetric_conv(graph, model, op.inputs, attributes)
         inputs = [shape(t) if t >= 0 else None for t in op.inputs]
+        if key in SCRATCH_KNOWN_SCALARS:
+            inputs = [(1,) if t >= 0 and graph.tensors[t].shape == () else found
+                      for t, found in zip(op.inputs, inputs, strict=True)]
         outputs = [shape(t) if t >= 0 else None for t in op.outputs]
-        first = graph.tensors[op.inputs[0]] if op.inputs and op.inputs[0] >= 0 else None
+        slot = SCRATCH_ELEMENT_INPUT.get(key, 0)
+        first = graph.tensors[op.inputs[slot]] if len(op.inputs) > slot and op.inputs[slot] >= 0 else None
         element = (element_bits(first.dtype) or 0) // 8 if first is not None else 0
         if element:
             sizes = tuple(n for n in rule(inputs, outputs, element, attributes) if n > 0)
@@ -400,10 +408,22 @@ def _shape(graph: ModelGraph, tensor: int) -> tuple[int, ...] | None:
         all(isinstance(d, int) for d in shape) else ()
 
 
-def _scratch_events(sizes: Sequence[int], first_id: int) -> list[tuple[str, int, int]]:
-    """A kernel's scratch: allocated in order, freed when it returns."""
+def _scratch_events(sizes: Sequence[int], first_id: int, outputs: Sequence[tuple[str, int, int]] = (),
+                    before_outputs: bool = False) -> list[tuple[str, int, int]]:
+    """A kernel's outputs and scratch: the scratch allocated in order, after the outputs (or before them, where
+    the kernel makes its outputs from its scratch: rules.inference.SCRATCH_BEFORE_OUTPUTS), freed when it
+    returns."""
     ids = range(first_id, first_id - len(sizes), -1)
-    return [*(("alloc", i, n) for i, n in zip(ids, sizes, strict=True)), *(("free", i, 0) for i in reversed(ids))]
+    allocated = [("alloc", i, n) for i, n in zip(ids, sizes, strict=True)]
+    ordered = [*allocated, *outputs] if before_outputs else [*outputs, *allocated]
+    return [*ordered, *(("free", i, 0) for i in reversed(ids))]
+
+
+def _scratch_first(graph: ModelGraph, op: int) -> bool:
+    """Say whether the op's kernel allocates its scratch before its outputs."""
+    found = graph.ops[op]
+    return (found.op_type if found.domain in ("", "ai.onnx") else f"{found.domain}::{found.op_type}") \
+        in SCRATCH_BEFORE_OUTPUTS
 
 
 def first_run_events(graph: ModelGraph, timeline: Timeline, scratch: Mapping[int, Sequence[int]] | None = None,
@@ -420,12 +440,13 @@ def first_run_events(graph: ModelGraph, timeline: Timeline, scratch: Mapping[int
     events: list[tuple[str, int, int]] = []
     scratch_id = _SCRATCH_IDS - len(graph.tensors)
     for step, op in enumerate(timeline.order):
-        for t in graph.ops[op].outputs:
-            if t >= 0 and timeline.first_step[t] == step:
-                events.append(("alloc", t, nbytes[t] or 0))
+        outputs = [("alloc", t, nbytes[t] or 0) for t in graph.ops[op].outputs
+                   if t >= 0 and timeline.first_step[t] == step]
         if scratch and op in scratch:
-            events.extend(_scratch_events(scratch[op], scratch_id))
+            events.extend(_scratch_events(scratch[op], scratch_id, outputs, _scratch_first(graph, op)))
             scratch_id -= len(scratch[op])
+        else:
+            events.extend(outputs)
         events.extend(("free", t, 0) for t in ending.get(step, ()))
     return events
 
@@ -464,12 +485,13 @@ def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratc
     scratch_id = _SCRATCH_IDS - 2 * len(graph.tensors) - sum(len(s) for s in (scratch or {}).values())
     placed: set[int] = set()
     for op in timeline.order:
-        for t in made.get(op, ()):
-            events.append(("alloc", -2 - t, nbytes[t] or 0))
-            placed.add(t)
+        outputs = [("alloc", -2 - t, nbytes[t] or 0) for t in made.get(op, ())]
+        placed.update(made.get(op, ()))
         if scratch and op in scratch:
-            events.extend(_scratch_events(scratch[op], scratch_id))
+            events.extend(_scratch_events(scratch[op], scratch_id, outputs, _scratch_first(graph, op)))
             scratch_id -= len(scratch[op])
+        else:
+            events.extend(outputs)
     events.extend(("alloc", -2 - t, nbytes[t] or 0) for t in graph.outputs
                   if timeline.buffer_of[t] == t and t not in placed)
     return events

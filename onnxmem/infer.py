@@ -19,7 +19,10 @@ from .rules.shapes import SHAPE_RULES, rule_key
 from .shape_values import _constant_value, _is_shape_constant, _shape_values
 from .tensor_types import Dim, TensorType, TypeDecoder, decode_type
 
-_REST_ROUNDS = 8  # each round sizes one more layer of shape values that a fused operator's output gates
+# Each round sizes one more layer of shape values that a size found in the round before gates (a fused operator's
+# output; a Reshape to [batch, -1, ...] of a tensor sized by a computed shape: ShuffleNetV2's 16 channel shuffles
+# are a chain of 16). The rounds stop as soon as one learns nothing new; this bounds a graph that keeps learning.
+_REST_ROUNDS = 64
 
 
 def declared_types(model: ModelProto) -> dict[str, TensorType]:

@@ -123,7 +123,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         if last_use > last[root]:
             last[root] = last_use
     # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
-    answers: dict[tuple[str, str], tuple[bool, bool]] = {}
+    answers: dict[tuple[str, str], tuple[int | None, bool]] = {}
     activation = [t.kind == ACTIVATION for t in tensors]
     in_place: list[tuple[int, int]] = []
     take_freed: list[list[int]] = []
@@ -135,7 +135,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         kind = (op.op_type, op.domain)
         answer = answers.get(kind)
         if answer is None:
-            answer = answers[kind] = (rules.may_run_in_place(*kind), rules.may_take_freed(*kind))
+            answer = answers[kind] = (rules.in_place_input(*kind), rules.may_take_freed(*kind))
         outputs = op.outputs
         if len(outputs) == 1:  # (the usual case, without a list comprehension)
             out = outputs[0]
@@ -143,8 +143,9 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
         else:
             made = [out for out in outputs if out >= 0 and owner[out] == out and activation[out]]
         inputs = op.inputs
-        in_place.append((outputs[0], inputs[0]) if answer[0] and made and made[0] == outputs[0] and inputs
-                        and inputs[0] >= 0 else none)
+        slot = answer[0]
+        in_place.append((outputs[0], inputs[slot]) if slot is not None and made and made[0] == outputs[0]
+                        and len(inputs) > slot and inputs[slot] >= 0 else none)
         take_freed.append(made if answer[1] else no_outputs)
     # A buffer dies at its last step; the tensors stored in it that this step reads or makes are those whose own
     # last use is that step. Freed buffers of equal size are taken most recently freed first, so their order

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .errors import ModelFileError
 from .graph import ModelGraph
+from .qdq import DUPLICATED_SUFFIX
 from .transforms import INSERTED_CAST_PREFIX
 
 
@@ -65,15 +66,23 @@ def ort_order(graph: ModelGraph) -> list[int]:
     comparing node indices: the last leaf's inputs are explored first, the highest-index input first, and an op
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
-    The Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
+    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the Casts
+    onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
     transforms.cpu_float16_casts does) and the Memcpy nodes its MemcpyTransformer inserts (cuda_placement) are
-    indexed after every node of the model, in the order they were added.
+    indexed after every node of the model, in the order they were added (the duplicates: in the order of the
+    DequantizeLinear they copy, file order standing for onnxruntime's topological order there, then of their
+    readers).
     """
     ops = graph.ops
     constants = [op.index for op in ops if op.op_type == "Constant" and op.domain in ("", "ai.onnx")]
     skip = set(constants)
     inserted = [op.index for op in ops if (op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX))
                 or (op.op_type in MEMCPY_OPS and op.name.startswith(MEMCPY_PREFIX))]
+    duplicates = [op.index for op in ops if op.op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name]
+    if duplicates:
+        by_name = {op.name: op.index for op in ops}
+        duplicates.sort(key=lambda i: (by_name.get(ops[i].name.split(DUPLICATED_SUFFIX)[0], i), i))
+        inserted = duplicates + inserted
     rank: list[int] | None = None  # onnxruntime's node index, where it is not the op's own
     if inserted:
         rank = list(range(len(ops)))

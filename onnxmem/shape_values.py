@@ -105,12 +105,30 @@ def _gather(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
 
 
 def _slice(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
-    if len(a) < 3 or a[0] is None or a[1] is None or a[2] is None or a[0].ndim != 1 or len(a[1]) != 1:
+    """Slice (opset 10+: starts, ends, axes, steps as inputs) of a value of any rank; Python's slicing clamps a
+    start or end past a dim as ONNX does (an end of -2^63 + 1 with a step of -1 runs to the first element: the
+    TorchScript exporter reverses a pad list so)."""
+    if len(a) < 3 or a[0] is None or a[1] is None or a[2] is None or a[1].shape != a[2].shape or a[1].ndim != 1:
         return None
-    if len(a) > 3 and a[3] is not None and int(a[3][0]) not in (0, -1):
+    data = a[0]
+    count = a[1].shape[0]
+    axes = [int(x) for x in a[3]] if len(a) > 3 and a[3] is not None else list(range(count))
+    steps = [int(x) for x in a[4]] if len(a) > 4 and a[4] is not None else [1] * count
+    if len(axes) != count or len(steps) != count or 0 in steps:
         return None
-    step = int(a[4][0]) if len(a) > 4 and a[4] is not None else 1
-    return a[0][int(a[1][0]):int(a[2][0]):step]
+    index: list[slice] = [slice(None)] * data.ndim
+    for axis, start, end, step in zip(axes, a[1], a[2], steps, strict=True):
+        if not -data.ndim <= axis < data.ndim:
+            return None
+        index[axis] = slice(int(start), int(end), step)
+    return data[tuple(index)]
+
+
+def _transpose(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if a[0] is None:
+        return None
+    perm = k.get("perm")
+    return numpy.transpose(a[0], [int(p) for p in perm] if perm else None)
 
 
 def _arithmetic(function: Callable[[numpy.ndarray, numpy.ndarray], numpy.ndarray]) -> \
@@ -213,6 +231,7 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Concat": _concat,
     "Gather": _gather,
     "Slice": _slice,
+    "Transpose": _transpose,
     "Add": _arithmetic(numpy.add),
     "Sub": _arithmetic(numpy.subtract),
     "Mul": _arithmetic(numpy.multiply),

@@ -133,6 +133,21 @@ def test_bias_gelu_temporary_grows_the_arena() -> None:
     assert _first_run_held(model) == (3 * MiB, 3 * MiB)
 
 
+def test_where_temporaries_grow_the_arena() -> None:
+    # Where(x < 0, 0, x) on [100000] float32 (400,000 B): the kernel selects into two temporaries of the output's
+    # size (condition ? X : 0 and !condition ? Y : 0, where_op.cc) before it allocates the output, and frees them
+    # when it returns. The bool condition (100,000 B) and the two temporaries (800,000 B) take the first 1 MiB
+    # region; the output does not fit in its rest: a second region of 2 MiB. Without the temporaries the
+    # condition and the output would fit in the first region (1 MiB held). The 4-byte scalar zero is copied into
+    # the arena (reserved at its size).
+    import onnx.helper as oh
+
+    nodes = [oh.make_node("Less", ["x", "zero"], ["negative"], name="less"),
+             oh.make_node("Where", ["negative", "zero", "x"], ["y"], name="where")]
+    model = graphs.model(nodes, [graphs.value("x", [100000])], [graphs.value("y", [100000])], [_weight("zero", [])])
+    assert _first_run_held(model) == (3 * MiB + 4, 3 * MiB + 4)
+
+
 def test_conv_transpose_weight_is_packed_inside_a_region() -> None:
     # ConvTranspose packs its [64,64,3,3] weight (144 KiB) with a plain allocation, in the arena's first region
     # (1 MiB), where MatMul reserves its packed weight outside the regions: the arena holds 1 MiB, not 1 MiB + 144 KiB.

@@ -74,6 +74,14 @@ def cases() -> list[tuple[str, str, str, list[Spec], dict[str, Any], list[tuple[
                    ("sw", F, []), ("zw", I8, []), ("sy", F, []), ("zy", U8, [])],
                   {"channels_last": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
                   [(U8, (2, 5, 5, 16))]))
+    # QLinearConcat(Y_scale, Y_zp, then (X, X_scale, X_zp) per input) along axis 1: 8 + 4 channels
+    found.append((f"{MS}::QLinearConcat", "QLinearConcat", MS,
+                  [("sy", F, []), ("zy", U8, []), ("a", U8, ["batch", 8, 6, 6]), ("sa", F, []), ("za", U8, []),
+                   ("b", U8, ["batch", 4, 6, 6]), ("sb", F, []), ("zb", U8, [])], {"axis": 1},
+                  [(U8, (2, 12, 6, 6))]))
+    found.append((f"{MS}::QLinearAveragePool", "QLinearAveragePool", MS,
+                  [("x", U8, ["batch", 8, 9, 9]), ("sx", F, []), ("zx", U8, []), ("sy", F, []), ("zy", U8, [])],
+                  {"kernel_shape": [3, 3], "strides": [2, 2], "channels_last": 0}, [(U8, (2, 8, 4, 4))]))
     found.append((f"{MS}::NhwcMaxPool", "NhwcMaxPool", MS, [("x", U8, ["batch", 9, 9, 4])],
                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 0, 0]}, [(U8, (2, 4, 4, 4))]))
     found.append((f"{MS}::FusedConv", "FusedConv", MS, [("x", F, ["batch", 3, 8, 8]), ("w", F, [4, 3, 3, 3])],

@@ -122,3 +122,99 @@ def test_a_range_of_a_huge_length_is_not_propagated() -> None:
     sized = bind_and_infer(model, {"batch": 2})
     assert sized.types["y"][1] == (2, 4) and sized.types["positions"][1] == (2**40,)
     assert any(w.code == "long-shape-value" for w in sized.warnings)
+
+
+def channel_shuffles_model(blocks: int) -> onnx.ModelProto:
+    """`blocks` channel shuffles in a row, as the TorchScript exporter writes ShuffleNetV2's: each block's Reshape
+    target is [batch, 2, C / 2, H, W] computed from Shape of the previous block's output (Gather, Div, Cast twice,
+    Unsqueeze, Concat), and ONNX's data propagation stops at the Div; the block's output is Reshape(.., [batch, -1,
+    H, W]), so each block's size waits on the previous block's shape value."""
+    nodes = [const("two", 2), const("axes", [0]), const("groups", [2])]
+    x = "x"
+    for k in range(blocks):
+        p = f"b{k}_"
+        nodes += [helper.make_node("Shape", [x], [p + "shape"])]
+        parts = []
+        for axis in range(4):
+            nodes += [const(p + f"i{axis}", axis),
+                      helper.make_node("Gather", [p + "shape", p + f"i{axis}"], [p + f"d{axis}"], axis=0)]
+        nodes += [helper.make_node("Div", [p + "d1", "two"], [p + "half"]),
+                  helper.make_node("Cast", [p + "half"], [p + "cast"], to=I64),
+                  helper.make_node("Cast", [p + "cast"], [p + "cast2"], to=I64)]
+        for name in ("d0", "cast2", "d2", "d3"):
+            nodes.append(helper.make_node("Unsqueeze", [p + name, "axes"], [p + name + "_1"]))
+            parts.append(p + name + "_1")
+        nodes += [helper.make_node("Concat", [parts[0], "groups", *parts[1:]], [p + "target"], axis=0),
+                  helper.make_node("Reshape", [x, p + "target"], [p + "grouped"]),
+                  helper.make_node("Transpose", [p + "grouped"], [p + "shuffled"], perm=[0, 2, 1, 3, 4]),
+                  const(p + "minus", [-1]),
+                  helper.make_node("Concat", [parts[0], p + "minus", *parts[2:]], [p + "flat"], axis=0),
+                  helper.make_node("Reshape", [p + "shuffled", p + "flat"], [p + "out"])]
+        x = p + "out"
+    graph = helper.make_graph(nodes, "shuffles", [helper.make_tensor_value_info("x", F, ["batch", 8, 4, 4])],
+                              [helper.make_tensor_value_info(x, F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_long_chain_of_dependent_shape_values_is_sized_to_its_end() -> None:
+    # 20 blocks, each a shape value read from the previous block's size: more rounds than a fixed handful
+    model = channel_shuffles_model(20)
+    types = bind_and_infer(model, {"batch": 3}).types
+    assert types["b19_grouped"][1] == (3, 2, 4, 4, 4)
+    assert types["b19_shuffled"][1] == (3, 4, 2, 4, 4)
+    report = onnxmem.analyze(model, {"batch": 3})
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 3 * 8 * 4 * 4 * 4
+
+
+def torchscript_pad_model() -> onnx.ModelProto:
+    """F.pad(x, (0, 0, 0, pad_w, 0, pad_h)) as the TorchScript exporter writes it (Swin's window padding): the
+    torch-order pad list, computed from x's dims (pad = (4 - W % 4) % 4), is Concat'ed with zeros, reshaped to
+    [-1, 2], reversed (Slice with step -1 to -2^63 + 1), transposed and flattened into ONNX's order."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), const("four", 4), const("axes", [0]),
+             const("zeros2", [0, 0])]
+    for axis, name in ((1, "h"), (2, "w")):
+        nodes += [const(f"i_{name}", axis), helper.make_node("Gather", ["shape", f"i_{name}"], [name], axis=0),
+                  helper.make_node("Mod", [name, "four"], [f"{name}_mod"]),
+                  helper.make_node("Sub", ["four", f"{name}_mod"], [f"{name}_left"]),
+                  helper.make_node("Mod", [f"{name}_left", "four"], [f"pad_{name}"]),
+                  helper.make_node("Unsqueeze", [f"pad_{name}", "axes"], [f"pad_{name}_1"])]
+    nodes += [
+        const("zero1", [0]),
+        helper.make_node("Concat", ["zero1", "zero1", "zero1", "pad_w_1", "zero1", "pad_h_1"], ["torch_pads"],
+                         axis=0),
+        helper.make_node("Concat", ["torch_pads", "zeros2"], ["all_pads"], axis=0),
+        const("pairs", [-1, 2]), helper.make_node("Reshape", ["all_pads", "pairs"], ["paired"]),
+        const("start", [-1]), const("end", [-(2 ** 63) + 1]), const("axis0", [0]), const("back", [-1]),
+        helper.make_node("Slice", ["paired", "start", "end", "axis0", "back"], ["reversed"]),
+        helper.make_node("Transpose", ["reversed"], ["by_side"], perm=[1, 0]),
+        const("flat", [-1]), helper.make_node("Reshape", ["by_side", "flat"], ["pads"]),
+        helper.make_node("Pad", ["x", "pads"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", F, ["batch", "h", "w", 8])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_torchscript_pad_list_is_reversed_and_transposed_into_onnx_order() -> None:
+    model = torchscript_pad_model()
+    # h 6 pads to 8 and w 5 to 8 (pad = (4 - d % 4) % 4 at the end of each); the channel dim (8) is not padded
+    assert bind_and_infer(model, {"batch": 2, "h": 6, "w": 5}).types["y"][1] == (2, 8, 8, 8)
+    assert bind_and_infer(model, {"batch": 2, "h": 8, "w": 4}).types["y"][1] == (2, 8, 4, 8)
+    report = onnxmem.analyze(model, {"batch": 2, "h": 6, "w": 5})
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 2 * 8 * 8 * 8 * 4
+
+
+def test_a_2d_slice_and_transpose_of_shape_values() -> None:
+    from onnxmem.shape_values import SHAPE_VALUE_OPS
+
+    paired = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int64)
+    reverse = SHAPE_VALUE_OPS["Slice"]
+    assert reverse is not None
+    got = reverse([paired, np.array([-1]), np.array([-(2 ** 63) + 1]), np.array([0]), np.array([-1])], {})
+    assert got is not None and got.tolist() == [[4, 5], [2, 3], [0, 1]]
+    transpose = SHAPE_VALUE_OPS["Transpose"]
+    assert transpose is not None
+    got = transpose([paired], {"perm": [1, 0]})
+    assert got is not None and got.tolist() == [[0, 2, 4], [1, 3, 5]]

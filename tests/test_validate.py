@@ -266,3 +266,35 @@ def test_quantized_conv_weights_are_packed_into_the_arena() -> None:
     packed = 1024 + 9216 + 288 + 1024 + 216
     assert run.measured.weights_bytes == packed + _small_initializer_bytes(model, {f"w{s[0]}" for s in specs})
     assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
+def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
+    """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
+    Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying
+    buffer. Without that rule the estimate has one 65,536-byte buffer too many (batch 2, 32 x 16 x 16 float32)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    channels = 32
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, kernel: int = 1) -> onnx.TensorProto:
+        array = rng.standard_normal((channels, channels, kernel, kernel)).astype(np.float32) * 0.1
+        return numpy_helper.from_array(array, name)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["stem"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["stem"], ["s"]),
+             helper.make_node("Conv", ["s", "w1"], ["a"]),
+             helper.make_node("Conv", ["s", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["d"]),
+             helper.make_node("Conv", ["d", "w3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "sum_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[weight("w0", 3), weight("w1"), weight("w2"), weight("w3")])
+    path = tmp_path / "sum_conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = validate(path, {"batch": 2}, opt_level="all", runs=2)
+    for run in result.runs:
+        assert run.activation_difference_bytes == 0, run

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cuda import CUDA_ALIASES, CUDA_IN_PLACE
-from .inference import ALIASES, IN_PLACE, TAKES_NO_FREED_BUFFER
+from .inference import ALIASES, IN_PLACE, IN_PLACE_FROM_INPUT, TAKES_NO_FREED_BUFFER
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,8 @@ class InferenceRules:
     in_place: frozenset[str]  # op types whose output 0 may reuse input 0's buffer when input 0 dies there
     reuse_freed: bool = True  # a new output takes a freed buffer of its size, which stays held until then
     no_freed_buffer: frozenset[str] = frozenset()  # op types whose outputs never take a freed buffer
+    # op types whose output 0 may reuse another input's buffer than input 0 (that input's slot), as in_place
+    in_place_from: tuple[tuple[str, int], ...] = ()
 
     def alias_input(self, op_type: str, domain: str = "") -> int | None:
         """Give the input whose buffer the op's first output shares, or None."""
@@ -29,12 +31,20 @@ class InferenceRules:
         """Say whether the op's first output may take its dying first input's buffer."""
         return _key(op_type, domain) in self.in_place
 
+    def in_place_input(self, op_type: str, domain: str = "") -> int | None:
+        """Give the input whose dying buffer the op's first output may take (run in place), or None."""
+        key = _key(op_type, domain)
+        if key in self.in_place:
+            return 0
+        return next((slot for name, slot in self.in_place_from if name == key), None)
+
 
 def _key(op_type: str, domain: str) -> str:
     return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
 
 
-DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE), no_freed_buffer=TAKES_NO_FREED_BUFFER)
+DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE), no_freed_buffer=TAKES_NO_FREED_BUFFER,
+                                         in_place_from=tuple(IN_PLACE_FROM_INPUT.items()))
 NO_REUSE_RULES = InferenceRules({}, frozenset(), reuse_freed=False)
 # The CUDA provider's kernels declare other in-place and alias rules (rules.cuda: from its source, not measured).
 CUDA_INFERENCE_RULES = InferenceRules(dict(CUDA_ALIASES), CUDA_IN_PLACE, no_freed_buffer=TAKES_NO_FREED_BUFFER)

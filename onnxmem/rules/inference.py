@@ -43,6 +43,16 @@ IN_PLACE: set[str] = {
     "Cast",  # only between types of the same element size (float32 -> int32), as the planner checks
 }
 
+# Kernels that may write output 0 into another input's buffer than input 0 (MayInplace(N, 0)), on the same terms as
+# IN_PLACE: 'domain::OpType' -> N. The convolutions with a fused Sum input (input 3, the residual added after the
+# activation) write into it: onnxruntime/contrib_ops/cpu/nchwc_ops.cc (NCHWc Conv of `--opt-level all`) and
+# contrib_ops/cpu/fused_conv.cc (FusedConv). Measured: a ResNeXt's NCHWc Conv with the downsample branch as its
+# Sum takes that branch's buffer (tests/test_validate.py).
+IN_PLACE_FROM_INPUT: dict[str, int] = {
+    "com.microsoft.nchwc::Conv": 3,
+    "com.microsoft::FusedConv": 3,
+}
+
 # Weights onnxruntime's CPU kernels prepack into the arena at session creation (the only large initializers the
 # arena counts): op type -> the input slots it packs. MLAS packs a float32 [K, N] MatMul weight (a [N, K] one for
 # Gemm with transB) into K x round_up(N, 16) floats (measured on [1024,1024], [100,10], [37,21], [64,1000]:
@@ -308,6 +318,28 @@ def qlinear_conv_scratch(inputs: Shapes, outputs: Shapes, element: int,
     return tuple(sizes)
 
 
+def where_scratch(inputs: Shapes, outputs: Shapes, element: int, attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """Where (core/providers/cpu/tensor/where_op.cc): Select allocates X_selection = condition ? X : 0 and
+    Y_selection = !condition ? Y : 0, each of the broadcast of the condition's shape with X's (Y's), before the
+    output, which merges them; both are freed when the kernel returns. `element`: bytes of X's type. A known
+    scalar comes as (1,) (SCRATCH_KNOWN_SCALARS), () is a shape not known."""
+    condition, x, y = (inputs[i] if i < len(inputs) else None for i in range(3))
+    if condition is None or x is None or y is None or () in (condition, x, y):
+        return ()
+    sizes = []
+    for value in (x, y):
+        rank = max(len(condition), len(value))
+        padded = [(1,) * (rank - len(s)) + tuple(s) for s in (condition, value)]
+        dims = [max(a, b) if 1 in (a, b) or a == b else -1 for a, b in zip(*padded, strict=True)]
+        if any(d < 0 for d in dims):
+            return ()
+        count = 1
+        for d in dims:
+            count *= d
+        sizes.append(count * element)
+    return tuple(sizes)
+
+
 KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], tuple[int, ...]]] = {
     "LSTM": lstm_scratch,
     "com.microsoft::Attention": attention_scratch,
@@ -315,4 +347,13 @@ KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], 
     "com.microsoft::FastGelu": bias_gelu_scratch,
     "QLinearConv": qlinear_conv_scratch,
     "com.microsoft::QLinearConv": qlinear_conv_scratch,
+    "Where": where_scratch,
 }
+# Scratch rules whose element size is another input's than input 0 (op key -> that input): Where's temporaries
+# are of X's type (input 1), its condition (input 0) is bool.
+SCRATCH_ELEMENT_INPUT: dict[str, int] = {"Where": 1}
+# Kernels that allocate their scratch before their outputs (the output is made from the scratch), freeing it
+# when they return: their scratch comes first in the arena's sequence.
+SCRATCH_BEFORE_OUTPUTS: frozenset[str] = frozenset({"Where"})
+# Scratch rules that are given a known scalar input as (1,) (to the others, () is a shape not known).
+SCRATCH_KNOWN_SCALARS: frozenset[str] = frozenset({"Where"})

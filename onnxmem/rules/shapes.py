@@ -228,6 +228,35 @@ def _pool(nhwc: bool) -> Rule:
     return rule
 
 
+def _qlinear_pool(inputs: Sequence[Type | None], attrs: dict[str, Any]) -> list[Type | None]:
+    # QLinearAveragePool(X, x_scale, x_zp, y_scale, y_zp): a pool in NCHW, or NHWC where channels_last is set
+    return _pool(nhwc=bool(attrs.get("channels_last", 0)))(inputs, attrs)
+
+
+def _qlinear_concat(inputs: Sequence[Type | None], attrs: dict[str, Any]) -> list[Type | None]:
+    # QLinearConcat(Y_scale, Y_zero_point, X1, X1_scale, X1_zp, X2, ...): Y of Y_zero_point's type, the Xs joined
+    # along `axis` (quantization_defs.cc)
+    xs = [inputs[i] for i in range(2, len(inputs), 3)]
+    zero = inputs[1] if len(inputs) > 1 else None
+    if not xs or any(x is None for x in xs):
+        return []
+    shapes = [x[1] for x in xs if x is not None]
+    rank = len(shapes[0])
+    if rank == 0 or any(len(shape) != rank for shape in shapes):
+        return []
+    axis = int(attrs.get("axis", 0)) % rank
+    joined: list[Dim] = []
+    for i in range(rank):
+        dims = [shape[i] for shape in shapes]
+        if i == axis:
+            joined.append(sum(d for d in dims if isinstance(d, int)) if all(isinstance(d, int) for d in dims)
+                          else None)
+        else:
+            joined.append(next((d for d in dims if d is not None), None))
+    elem = zero[0] if zero is not None else xs[0][0]  # type: ignore[index]
+    return [(elem, tuple(joined))]
+
+
 def _reorder_input(inputs: Sequence[Type | None], attrs: dict[str, Any]) -> list[Type | None]:
     # NCHW (or NHWC with channels_last) -> NCHWc: channels padded to the block
     x = inputs[0] if inputs else None
@@ -321,6 +350,8 @@ SHAPE_RULES: dict[str, Rule] = {
     f"{_MS}::QLinearMul": _qlinear_binary,
     f"{_MS}::QLinearGlobalAveragePool": _global_pool(quantized=True),
     f"{_MS}::QLinearConv": _conv(channels_last_attr=True, weight=3),
+    f"{_MS}::QLinearConcat": _qlinear_concat,
+    f"{_MS}::QLinearAveragePool": _qlinear_pool,
     f"{_MS}::NhwcMaxPool": _pool(nhwc=True),
     f"{_MS}::FusedConv": _conv(channels_last_attr=False, weight=1),
     f"{_MS}::Attention": _attention,
