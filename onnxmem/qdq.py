@@ -31,8 +31,12 @@ def unique_dequantize(loaded: LoadedModel) -> LoadedModel | None:
     original and each other edge gets a duplicate; where the original's output is a graph output or a subgraph
     reads it, every same-graph edge gets a duplicate and the original stays for those. A duplicate is placed just
     before its reader (the file stays in topological order)."""
+    if loaded.data is not None and b"DequantizeLinear" not in loaded.data:
+        return None  # (the file as read names no such operator: a search of its bytes, not a walk of its nodes)
     graph = loaded.proto.graph
     nodes = list(graph.node)
+    if not any(node.op_type == "DequantizeLinear" for node in nodes):
+        return None
     shared = _shared_dequantize(nodes, {v.name for v in graph.output}, _subgraph_reads(nodes))
     if not shared:
         return None
