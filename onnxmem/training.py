@@ -494,6 +494,8 @@ def _held_by_calls(nodes: list[_Node], values: list[_Value], roots: list[int]) -
     the last node of the call: the caller's frame holds the argument until the module's forward returns. A call is
     a run of nodes in the module's scope in the file's order (PyTorch's: the schedule may interleave calls), so a
     module called twice (ResNet's shared ReLU) makes two calls."""
+    if not any(":" in node.layer for node in nodes):
+        return {}  # no module classes in the scopes (not a dynamo export): no calls to hold arguments
     file_order = sorted(range(len(nodes)), key=lambda n: (nodes[n].graph_op is None, nodes[n].graph_op or 0, n))
     calls: list[list[int]] = [[] for _ in nodes]  # per node, the calls it is inside, as indices into `end`
     end: list[int] = []  # per call, its last node in `nodes`
@@ -1644,10 +1646,18 @@ def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, 
     gradients kept across micro-steps."""
     nodes, values = model.nodes, model.values
     grad_buffer: dict[int, int] = {}  # value -> index in `buffers` of its gradient
+    holders: dict[int, int] = {}  # index in `buffers` -> how many values' gradient it is (grad_buffer's inverse)
+
+    def hold(t: int, index: int) -> None:
+        previous = grad_buffer.get(t)
+        if previous is not None:
+            holders[previous] -= 1
+        grad_buffer[t] = index
+        holders[index] = holders.get(index, 0) + 1
     trainable = set(model.params)
     if model.loss_value >= 0 and model.needs_grad[model.loss_value]:
         buffers.append(_Buffer("loss gradient", "activation gradients", 4, step.seed, step.seed))
-        grad_buffer[model.loss_value] = len(buffers) - 1
+        hold(model.loss_value, len(buffers) - 1)
     grad_of_output_size = _grad_bytes_per_value(model, options)
     param_first_grad: dict[int, int] = {}
     param_grad_views: dict[int, int] = {}  # parameter -> the gradient buffer it took over
@@ -1671,9 +1681,9 @@ def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, 
                 old = buffers[grad_buffer[t]]
                 old.end = max(old.end, e)
                 buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", old.nbytes, e, e))
-                grad_buffer[t] = len(buffers) - 1
+                hold(t, len(buffers) - 1)
                 continue
-            grad_buffer[t] = out_grad
+            hold(t, out_grad)
         for t in model.new_grads.get(n, []):
             size = grad_of_output_size[t]
             if t in trainable:
@@ -1688,11 +1698,11 @@ def _backward_buffers(model: _Model, options: TrainingOptions, step: _Schedule, 
                 old_index = grad_buffer[t]
                 old = buffers[old_index]
                 old.end = max(old.end, e)
-                if not any(u != t and i == old_index for u, i in grad_buffer.items()):
+                if holders.get(old_index, 0) <= 1:  # (t is its only holder)
                     buffers.add(f"grad {values[t].name} (incoming)", "temporaries", size, e, e)
                     continue
             buffers.append(_Buffer(f"grad {values[t].name}", "activation gradients", size, e, e))
-            grad_buffer[t] = len(buffers) - 1
+            hold(t, len(buffers) - 1)
         if n in model.backward_temporaries:
             buffers.add(f"{node.name} (backward temporaries)", "temporaries", model.backward_temporaries[n], e, e)
         if options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION:
