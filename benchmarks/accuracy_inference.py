@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import onnxmem  # noqa: E402
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 from onnxmem.runtime import make_feeds, measure_cpu  # noqa: E402
 
 
@@ -49,12 +50,8 @@ def main() -> None:
         rows.append((path.stem, f"{actual:,}", f"{in_model_order:,}", percent(in_model_order, actual),
                      f"{in_ort_order:,}", percent(in_ort_order, actual), explain(path)))
     headers = ("fixture", "measured B", "report B", "error", "report --order ort B", "error", "note")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     print(f"batch {args.batch}; onnxruntime CPU, opt level disable, 1 thread, first run")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(markdown_table(headers, rows))
     if errors_model:
         print(f"\nmean |error|: model order {100 * sum(errors_model) / len(errors_model):.2f}%, "
               f"ort order {100 * sum(errors_ort) / len(errors_ort):.2f}%; "

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import onnxmem  # noqa: E402
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 from onnxmem.analyze import analysis  # noqa: E402
 from onnxmem.graph import HOST  # noqa: E402
 
@@ -48,12 +49,8 @@ def main() -> None:
         rows.append((path.stem, f"{cpu.peak_activation_bytes:,}", f"{cuda.peak_activation_bytes:,}",
                      f"{change:+,}", f"{cuda.host_activation_bytes:,}", str(host_nodes), f"{copies[0]}/{copies[1]}",
                      fallback))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     print(f"fixtures at batch {args.batch}, zoo models at their zoo.json dims; plain report, model order")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(markdown_table(headers, rows))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.llm_graphs import SHAPES, LlamaShape, make_llama, make_wide_cnn  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 
 FLOOR = ("import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); "
          "onnx.shape_inference.infer_shapes(m)")
@@ -226,11 +227,7 @@ def print_table(rows: list[tuple[Case, int, Timing, Timing, Timing, Timing, Timi
                       fmt(fitted, report), fmt(other),
                       f"{floor.rss_mb:.0f} MB" if floor.rss_mb else "-",
                       f"{report.rss_mb:.0f} MB{rss_ratio}" if report.rss_mb else "-", per_node))
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in table:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(markdown_table(headers, table))
 
 
 if __name__ == "__main__":
