@@ -50,8 +50,8 @@ class Sizing:
     # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
     # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
     provider: str = DEFAULT_PROVIDER
-    # the model as given, where the CUDA provider's placement changed it (cuda_placement): a training step (PyTorch's,
-    # not onnxruntime's) reads this one
+    # the model as given, where onnxruntime's changes made another (its QDQ copies, the CPU provider's Casts, the CUDA
+    # provider's placement): a training step (PyTorch's, not onnxruntime's) reads this one
     given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
     schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
         default_factory=dict, compare=False, repr=False)
@@ -197,7 +197,7 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order, sized.provider)
     if training is not None:
         # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
-        # it reads the model as given, not as onnxruntime's CUDA provider places it, with the measured rules.
+        # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
         proto = (sized.given or sized.loaded).proto
         micro = micro_batch_dims(proto, dict(sized.dims), training)
         training_graph = graph
