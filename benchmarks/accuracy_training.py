@@ -46,12 +46,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import onnxmem  # noqa: E402
+from benchmarks.torch_memory import c10_peak  # noqa: E402
 from benchmarks.zoo import quiet  # noqa: E402
 from onnxmem.training import TrainingOptions  # noqa: E402
 
@@ -65,24 +65,11 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 # ---------------------------------------------------------------------------------------------------------------
 # Measuring live bytes
 
-def live_bytes_peak(work: Callable[[], None]) -> int:
-    """Give the peak of live CPU bytes above those live before `work`, from the profiler's memory events."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        work()
-    events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
-                    if e.name() == "[memory]")
-    live = peak = 0
-    for _, _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 def measure_steps(module: nn.Module, inputs: tuple[torch.Tensor, ...], loss: Callable[[Any], torch.Tensor],
                   optimizer: str, measure: Callable[[Callable[[], None]], int] | None = None) -> tuple[int, int]:
     """Give the peak above the pre-step baseline of the first and of the second training step (by `measure`: the
     profiler's c10 bytes unless given)."""
-    measure = measure or live_bytes_peak
+    measure = measure or c10_peak
     opt = OPTIMIZERS[optimizer](module.parameters())
 
     def step() -> None:
@@ -686,14 +673,14 @@ def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[R
     rows = []
     for optimizer in ("sgd", "adamw"):
         heap = first_step(case, state, optimizer, heap_peak)
-        c10 = first_step(case, state, optimizer, live_bytes_peak)
+        c10 = first_step(case, state, optimizer, c10_peak)
         default, warned = real_estimate(default_path, {}, case, optimizer)
         recommended, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer)
         rows.append(RealRow(case.name, case.batch, optimizer, heap, c10, default, recommended, warned))
     for variant in VARIANTS if case.name in HEADS else ():
         for optimizer in ("sgd", "adamw"):
             heap = first_step(case, state, optimizer, heap_peak, variant)
-            c10 = first_step(case, state, optimizer, live_bytes_peak, variant)
+            c10 = first_step(case, state, optimizer, c10_peak, variant)
             estimate, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer, variant)
             variants.append(VariantRow(case.name, case.batch, variant, optimizer, heap, c10, estimate))
     return rows

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.torch_memory import c10_peak  # noqa: E402
 from onnxmem.training import cpu_convolution_scratch  # noqa: E402
 
 
@@ -101,13 +101,7 @@ def measure(conv: Conv) -> dict[str, int]:
     x.grad = None
     out = module(x)
     gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out.backward(grad)
-    live = peak = 0
-    for _, _, nbytes in sorted((e.start_ns(), i, e.nbytes()) for i, e in
-                               enumerate(prof.profiler.kineto_results.events()) if e.name() == "[memory]"):
-        live += nbytes
-        peak = max(peak, live)
+    peak = c10_peak(lambda: out.backward(grad))
     returned = sum(t.numel() * t.element_size() for t in (x.grad, module.weight.grad,
                                                            None if module.bias is None else module.bias.grad)
                    if t is not None)

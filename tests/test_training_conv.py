@@ -219,7 +219,7 @@ def test_cpu_threads_must_be_positive() -> None:
 ])
 def test_rule_matches_pytorchs_backward(x: tuple[int, ...], w: tuple[int, ...], stride: int, groups: int) -> None:
     torch = pytest.importorskip("torch")
-    profiler = pytest.importorskip("torch.profiler")
+    from benchmarks.torch_memory import c10_peak
     if torch.backends.cpu.get_cpu_capability() != "AVX2":
         pytest.skip("the rule's kernels and channel block are those oneDNN picks on an AVX2 CPU")
     threads = torch.get_num_threads()
@@ -234,15 +234,7 @@ def test_rule_matches_pytorchs_backward(x: tuple[int, ...], w: tuple[int, ...], 
         inputs.grad = None
         out = conv(inputs)
         gc.collect()
-        with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-            out.backward(grad)
-        events = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
-                        if e.name() == "[memory]")
-        live = peak = 0
-        for _, _, size in events:
-            live += size
-            peak = max(peak, live)
-        measured = peak - nbytes(x) - nbytes(w)  # less the gradients it returns
+        measured = c10_peak(lambda: out.backward(grad)) - nbytes(x) - nbytes(w)  # less the gradients it returns
         # the profiler sees PyTorch's allocator: the rule's malloc-only gemm packing (none at 64 channels) aside
         assert scratch(x, w, tuple(out.shape)) == measured
     finally:

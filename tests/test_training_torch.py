@@ -45,20 +45,6 @@ def test_export_for_training_keeps_batchnorm_dropout_and_names_the_batch(tmp_pat
     assert saved["aten::silu"] == activation
 
 
-def _c10_peak(step: object) -> int:
-    """Give the peak of PyTorch's CPU allocator's live bytes above those before `step` (profiler memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()  # type: ignore[operator]
-    live = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                            if e.name() == "[memory]"):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 def test_p0_dropout_in_a_train_mode_export_keeps_nothing(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from torch import nn
@@ -126,7 +112,9 @@ def _head_only_step(model: object, tmp_path: Path) -> tuple[int, int]:
         nn.functional.cross_entropy(out, target).backward()
         opt.step()
 
-    measured = _c10_peak(step)
+    from benchmarks.torch_memory import c10_peak
+
+    measured = c10_peak(step)
     report = onnxmem.analyze(path, {"batch": 64}, training=TrainingOptions(optimizer="sgd", device="cpu",
                                                                            loss="cross_entropy", train=("head.*",)))
     training = report.training
