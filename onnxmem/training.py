@@ -820,7 +820,8 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
     extra += _attention_extra_bytes(n, rule, inputs, values, roots, options, needs)
     if rule.recurrent:
         recurrent = RECURRENT[rule.recurrent]
-        kept_bytes, scratch, forward = _recurrent_bytes(recurrent, node, values, options.device)
+        dims = _node_recurrent_dims(node, values)
+        kept_bytes, scratch, forward = _recurrent_bytes(recurrent, dims, options.device)
         extra += kept_bytes
         if recurrent.cpu_contiguous_input and options.device == "cpu" and inputs and inputs[0] >= 0 \
                 and _producer_op_type(graph, values[inputs[0]].name) == "Transpose":
@@ -832,14 +833,9 @@ def _extra_bytes(graph: ModelGraph, n: int, node: _Node, rule: Saves, values: li
             needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + scratch
         if forward:
             needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + forward
-        if recurrent.cpu_unrolled_nodes != (0, 0) and options.device == "cpu":
-            w, r = (values[node.inputs[i]].shape if len(node.inputs) > i and node.inputs[i] >= 0 else None
-                    for i in (1, 2))
-            dims = _recurrent_dims(w, r, values[inputs[0]] if inputs and inputs[0] >= 0 else None, None,
-                                   out0.shape if out0 is not None else None)
-            if dims is not None:
-                per_step, per_layer = recurrent.cpu_unrolled_nodes
-                needs.autograd_nodes[n] = dims[1] * (per_step * dims[0] + per_layer)
+        if recurrent.cpu_unrolled_nodes != (0, 0) and options.device == "cpu" and dims is not None:
+            per_step, per_layer = recurrent.cpu_unrolled_nodes
+            needs.autograd_nodes[n] = dims[1] * (per_step * dims[0] + per_layer)
     return extra
 
 
@@ -1284,21 +1280,24 @@ def _read_transposed(graph: ModelGraph, name: str) -> bool:
     return False
 
 
-def _recurrent_bytes(rule: Recurrent, node: _Node, values: list[_Value], device: str) -> tuple[int, int, int]:
-    """Give what a recurrent op keeps besides its tensors (workspace), its backward's scratch and its forward's,
-    in bytes.
-
-    Shapes from the ONNX node: W [D, gates x H, I], R [D, gates x H, H], X of T x B x I elements, Y_h or
-    initial_h of D x B x H (any layout).
-    """
+def _node_recurrent_dims(node: _Node, values: list[_Value]) -> tuple[int, int, int, int, int] | None:
+    """Give (T steps, D directions, B batch, I features, H hidden) of a recurrent node (_recurrent_dims), from the
+    ONNX node's shapes: W [D, gates x H, I], R [D, gates x H, H], X of T x B x I elements, Y_h or initial_h of
+    D x B x H (any layout)."""
 
     def shape(i: int, sources: tuple[int, ...]) -> tuple[int | str | None, ...] | None:
         t = sources[i] if i < len(sources) else -1
         return values[t].shape if t >= 0 else None
 
     x = values[node.inputs[0]] if node.inputs and node.inputs[0] >= 0 else None
-    dims = _recurrent_dims(shape(1, node.inputs), shape(2, node.inputs), x,
+    return _recurrent_dims(shape(1, node.inputs), shape(2, node.inputs), x,
                            shape(1, node.outputs) or shape(5, node.inputs), shape(0, node.outputs))
+
+
+def _recurrent_bytes(rule: Recurrent, dims: tuple[int, int, int, int, int] | None, device: str) -> \
+        tuple[int, int, int]:
+    """Give what a recurrent op of these dims (_node_recurrent_dims) keeps besides its tensors (workspace), its
+    backward's scratch and its forward's, in bytes."""
     if dims is None:
         return 0, 0, 0
     steps, directions, batch, features, hidden = dims
