@@ -74,11 +74,20 @@ def ort_order(graph: ModelGraph) -> list[int]:
     readers).
     """
     ops = graph.ops
-    constants = [op.index for op in ops if op.op_type == "Constant" and op.domain in ("", "ai.onnx")]
+    # one pass over the ops: the Constants, the nodes onnxruntime inserts and the DequantizeLinear duplicates
+    constants: list[int] = []
+    inserted: list[int] = []
+    duplicates: list[int] = []
+    for op in ops:
+        op_type = op.op_type
+        if op_type == "Constant" and op.domain in ("", "ai.onnx"):
+            constants.append(op.index)
+        elif (op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX)) or \
+                (op_type in MEMCPY_OPS and op.name.startswith(MEMCPY_PREFIX)):
+            inserted.append(op.index)
+        elif op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name:
+            duplicates.append(op.index)
     skip = set(constants)
-    inserted = [op.index for op in ops if (op.op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX))
-                or (op.op_type in MEMCPY_OPS and op.name.startswith(MEMCPY_PREFIX))]
-    duplicates = [op.index for op in ops if op.op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name]
     if duplicates:
         by_name = {op.name: op.index for op in ops}
         duplicates.sort(key=lambda i: (by_name.get(ops[i].name.split(DUPLICATED_SUFFIX)[0], i), i))
