@@ -139,9 +139,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     Sizing, and analysis for the parameters."""
     given = model if isinstance(model, LoadedModel) else load_model(model)
     rules = provider_rules(provider, rules)
-    # onnxruntime's own change to QDQ models (every level, every provider), made before it partitions the graph
-    runtime = unique_dequantize(given) or given
-    loaded, notes = for_provider(runtime, provider, rules)
+    loaded, notes = runtime_model(given, provider, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
@@ -150,6 +148,15 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                   (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
                   given if loaded is not given else None)
+
+
+def runtime_model(given: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
+        tuple[LoadedModel, list[Warning]]:
+    """Give the model as onnxruntime runs it on `provider`, and a note of what changed: its own change to QDQ
+    models (every level, every provider: qdq.unique_dequantize), made before it partitions the graph, then the
+    provider's (for_provider). The one place both are made, for every view (a report, fit's family)."""
+    runtime = unique_dequantize(given) or given
+    return for_provider(runtime, provider, rules)
 
 
 def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
