@@ -678,8 +678,9 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
 
     if search and value >= 2:
         try:
-            add_report(f"{search} {value} -> {value // 2}", report_of(at.loaded, {**at.dims, search: value // 2}),
-                       f"halve {search}")
+            # (the model as given: the analysis makes onnxruntime's changes again, and the training step reads it)
+            add_report(f"{search} {value} -> {value // 2}",
+                       report_of(at.given or at.loaded, {**at.dims, search: value // 2}), f"halve {search}")
         except (ValueError, DimError):  # half the batch is not a multiple of the micro-steps
             pass
     if order != "memory":
