@@ -171,3 +171,19 @@ def test_broadcast_keeps_a_symbolic_dim_against_one() -> None:
 def test_fp16_input_keeps_its_type() -> None:
     model = one_node("FastGelu", MS, [("x", F16, ["batch", 4])], 1)
     assert bind_and_infer(model, {"batch": 3}).types["y0"][:2] == (F16, (3, 4))
+
+
+def test_a_rule_gives_numbers_for_the_names_a_declared_output_made_up() -> None:
+    # A TorchScript export names the output dims it was not told are dynamic ('Convlogits_dim_2'), and an optimized
+    # graph ends in a fused operator: its rule's numbers take the place of those names (as ONNX's own inference
+    # merges a dim), where 'batch' stays the input's; the output is sized, and counted.
+    nodes = [helper.make_node("ReorderInput", ["x"], ["r"], domain=NCHWC),
+             helper.make_node("ReorderOutput", ["r"], ["logits"], domain=NCHWC, channels=4)]
+    graph = helper.make_graph(nodes, "declared", [helper.make_tensor_value_info("x", F, ["batch", 4, 16, 16])],
+                              [helper.make_tensor_value_info("logits", F, ["batch", 4, "Convlogits_dim_2",
+                                                                           "Convlogits_dim_3"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC, 1)])
+    assert bind_and_infer(model, {"batch": 3}).types["logits"][:2] == (F, (3, 4, 16, 16))
+    report = onnxmem.analyze(model, {"batch": 3}, order="model")
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 3 * 4 * 16 * 16 * 4
