@@ -223,8 +223,26 @@ def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, def
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
             progress: Callable[[str], None] | None = None) -> Report:
-    """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis
-    for the parameters). With `training`, the report also gives the memory of one training step."""
+    """Give the memory report of a model at the given binding of its dims: analysis(...).report.
+
+    Parameters
+    ----------
+    model, dims, default_dim, order, rules, training, provider, progress
+        As analysis's.
+
+    Returns
+    -------
+    Report
+        Inference (weights, inputs, the activation peak and where it is, by op type and by layer), and with
+        `training` the memory of one training step (report.training).
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a readable ONNX model.
+    DimError
+        A symbolic dim is unbound or bound to a bad value.
+    """
     return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
                     provider=provider, progress=progress).report
 

@@ -65,6 +65,21 @@ def parse_size(text: str | int) -> int:
     """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024' (GB = 10^9, GiB = 2^30).
 
     Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down.
+
+    Parameters
+    ----------
+    text
+        The size: a number and a unit (B, KB/KiB, MB/MiB, GB/GiB, TB/TiB, PB/PiB; any case), or bytes as an int.
+
+    Returns
+    -------
+    int
+        The bytes.
+
+    Raises
+    ------
+    TargetError
+        Not a size, an unknown unit, or a negative number.
     """
     if isinstance(text, int):
         if text < 0:
