@@ -7,8 +7,9 @@ The same machinery as benchmarks/zoo.py (small configs, random weights, torch.ma
 64x64 images; text models at 2 layers, hidden 64, vocab 1000; the dims `batch`, and `seq` for text) on other
 architectures: torchvision GoogLeNet, MobileNetV2, DeepLabV3 on MobileNetV3; timm GhostNet, RepVGG, LCNet,
 MLP-Mixer, EdgeNeXt, HRNet; transformers OPT, BLOOM (ALiBi), Gemma, ELECTRA, MPNet, DeBERTa-v2, SegFormer; and
-quantized, fp16 and onnxruntime-fused variants of some. Files go to DIR (default ~/.cache/onnxmem-zoo3), with
-DIR/zoo.json as zoo.py writes it (its "skipped" lists each model that failed to build, with the reason).
+quantized (int8 dynamic, QDQ, 4-bit MatMulNBits), fp16 and onnxruntime-fused variants of some. Files go to DIR
+(default ~/.cache/onnxmem-zoo3), with DIR/zoo.json as zoo.py writes it (its "skipped" lists each model that failed
+to build, with the reason).
 `benchmarks/accuracy_ort.py --set real3` and `benchmarks/arena.py --set real3` measure it.
 """
 
@@ -28,6 +29,7 @@ from benchmarks.zoo import (  # noqa: E402
     TEXT_DIMS,
     VISION_DIMS,
     VOCAB,
+    Builder,
     Exportable,
     ZooModel,
     export,
@@ -91,6 +93,24 @@ def segformer() -> Exportable:
                       ("logits",), ({0: "batch"},))
 
 
+def quantize_4bit(source: str) -> Builder:
+    """Give a builder of the 4-bit weight-only quantization of zoo model `source`'s MatMul weights (onnxruntime's
+    MatMulNBitsQuantizer: com.microsoft MatMulNBits, blocks of 32, symmetric)."""
+
+    def build(path: Path, out: Path) -> None:
+        import logging
+
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(out / f"{source}.onnx")), block_size=32, is_symmetric=True)
+        quantizer.process()
+        onnx.save(quantizer.model.model, str(path))
+
+    return build
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The zoo: (name, kind, exportable, exporters)
 
@@ -142,6 +162,9 @@ def zoo3_models() -> list[ZooModel]:
         ("hf-opt-ts-qdyn", "quantize-dynamic", "hf-opt-ts", quantize_dynamic("hf-opt-ts"), "quantize_dynamic"),
         ("hf-electra-dynamo-qdyn", "quantize-dynamic", "hf-electra-dynamo", quantize_dynamic("hf-electra-dynamo"),
          "quantize_dynamic"),
+        ("hf-gemma-dynamo-q4", "quantize-4bit", "hf-gemma-dynamo", quantize_4bit("hf-gemma-dynamo"),
+         "MatMulNBitsQuantizer 4-bit"),
+        ("hf-opt-ts-q4", "quantize-4bit", "hf-opt-ts", quantize_4bit("hf-opt-ts"), "MatMulNBitsQuantizer 4-bit"),
         ("tv-mobilenet-v2-ts-qdq", "quantize-qdq", "tv-mobilenet-v2-ts",
          quantize_qdq("tv-mobilenet-v2-ts", VISION_DIMS), "quantize_static QDQ"),
         ("tv-googlenet-ts-qdq", "quantize-qdq", "tv-googlenet-ts", quantize_qdq("tv-googlenet-ts", VISION_DIMS),
