@@ -268,6 +268,44 @@ def test_quantized_conv_weights_are_packed_into_the_arena() -> None:
     assert run.estimated.weights_bytes == run.measured.weights_bytes
 
 
+@pytest.mark.parametrize(("k", "n", "block", "bits", "level", "packed"), [
+    # float compute (levels 0-3): the blocks as they are, N x ceil(K / block) x block x bits / 8
+    (64, 1000, 32, 4, 0, 1000 * 2 * 16),
+    (100, 70, 32, 4, 1, 70 * 4 * 16),
+    # int8 compute (level 4): + a float scale per block and column, float block sums in columns padded to 16, 126 B
+    (100, 70, 32, 4, 4, 70 * 4 * 16 + 70 * 4 * 4 + 80 * 4 * 4 + 126),
+    (64, 64, 32, 8, 4, 64 * 2 * 32 + 64 * 2 * 4 + 64 * 2 * 4 + 126),
+    (64, 64, 32, 8, 0, 0),  # 8-bit at float compute: not packed
+])
+def test_matmul_nbits_weight_is_packed_into_the_arena(k: int, n: int, block: int, bits: int, level: int,
+                                                      packed: int) -> None:
+    import numpy as np
+
+    blocks = -(-k // block)
+    weights = [_initializer("w", np.ones((n, blocks, block * bits // 8)), np.uint8),
+               _initializer("scales", np.ones(n * blocks), np.float32)]
+    nodes = [graphs.node("MatMulNBits", ["x", "w", "scales"], ["y"], domain="com.microsoft", K=k, N=n,
+                         block_size=block, bits=bits, accuracy_level=level)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", k])], [graphs.value("y", ["batch", n])], weights)
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    run = validate(model, {"batch": 4}, runs=1).runs[0]
+    assert run.measured.weights_bytes == packed + _small_initializer_bytes(model, set())
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
+def test_a_fused_gemm_packs_its_weight_as_gemm_does() -> None:
+    # At level extended Gemm + Relu becomes com.microsoft FusedGemm, the same kernel: its [N=24, K=20] (transB)
+    # weight packed with 24 columns padded to 32: 20 x 32 x 4 = 2,560 B
+    import numpy as np
+
+    nodes = [graphs.node("Gemm", ["x", "w", "b"], ["g"], transB=1), graphs.node("Relu", ["g"], ["y"])]
+    weights = [_initializer("w", np.ones((24, 20)), np.float32), _initializer("b", np.ones(24), np.float32)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", 20])], [graphs.value("y", ["batch", 24])], weights)
+    run = validate(model, {"batch": 4}, runs=1, opt_level="extended").runs[0]
+    assert run.measured.weights_bytes == 20 * 32 * 4 + _small_initializer_bytes(model, {"w"})
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
 def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
     """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
     Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying
