@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy
@@ -15,7 +15,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_help
 from .dtypes import tensor_bytes
 from .load import LoadedModel
 from .rules.kernels import CPU_FLOAT16_KERNELS
-from .tensor_types import TensorType
+from .tensor_types import TensorType, decode_type
 
 if TYPE_CHECKING:
     from .analyze import Sizing
@@ -179,23 +179,36 @@ def has_float16(model: ModelProto) -> bool:
 
 def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> LoadedModel | None:
     """Give the model as onnxruntime's CPU provider runs it where float16 data meets an operator without a float16
-    kernel (rules.kernels.CPU_FLOAT16_KERNELS): that operator runs in float32, its float16 inputs cast to float32
-    (one Cast per tensor), its outputs cast back to float16 where a float16 reader or a graph output needs them
+    kernel (rules.kernels.CPU_FLOAT16_KERNELS).
+
+    An ONNX operator with a function body (Softmax, Gelu, ...: the schema's body at the model's opset, built for
+    the node's types where the body depends on them) is first replaced by that body, as the graph partitioner's
+    InlineNodes does (core/framework/graph_partitioner.cc; Graph::InlineFunction: the body's Constants become
+    initializers, its tensors are renamed '_inlfunc_<OpType>[_token_<n>]_<name>', its nodes are indexed after
+    every node of the model, a body's own function ops again after those): see _inline_functions.
+    Then every operator without a float16 kernel runs in float32, its float16 inputs cast to float32 (one Cast per
+    tensor), its outputs cast back to float16 where a float16 reader or a graph output needs them
     (core/optimizer/insert_cast_transformer.cc: InsertCastTransformer, then RemoveDuplicateCastTransformer, whose
     net effect this is; an operator with a float16 kernel between two converted ones is converted too, as its
-    ForceSingleNodeCPUFloat16ToFloat32 does). None where no operator needs a Cast. `types`: the model's tensor
+    ForceSingleNodeCPUFloat16ToFloat32 does; a Cast to float16 whose readers all cast back is dropped with their
+    Casts, as the duplicate remover drops it). None where no operator needs a Cast. `types`: the model's tensor
     types (planner.infer_symbolic). The main graph only: a subgraph's nodes are left as they are."""
     model = loaded.proto
     graph = model.graph
-    nodes = list(graph.node)
     versions = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    known = dict(types)
 
     def fp16(name: str) -> bool:
-        return bool(name) and types.get(name, (0, None, None))[0] == TensorProto.FLOAT16
+        return bool(name) and known.get(name, (0, None, None))[0] == TensorProto.FLOAT16
 
+    def no_kernel(node: onnx.NodeProto) -> bool:
+        return any(fp16(name) for name in node.input) and not _cpu_float16_kernel(node, versions)
+
+    inlined = _inline_functions(graph, versions, known, no_kernel)
+    nodes = list(graph.node) if inlined is None else inlined.nodes
     has_fp16_input = [any(fp16(name) for name in node.input) for node in nodes]
     unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
-    if not any(unassigned):
+    if not any(unassigned) and inlined is None:
         return None
     producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
     readers: dict[str, list[int]] = {}
@@ -208,7 +221,9 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
         return unassigned[i] and has_fp16_input[i]
 
     if len(nodes) > 1:  # ForceSingleNodeCPUFloat16ToFloat32, in node order as onnxruntime walks its nodes
-        for i, node in enumerate(nodes):
+        walk = range(len(nodes)) if inlined is None else sorted(range(len(nodes)), key=inlined.rank.__getitem__)
+        for i in walk:
+            node = nodes[i]
             # IsIsolatedFp16NodeOnCpu: a node with a float16 kernel, an input made by a node, no subgraph and no
             # graph output, whose float16 inputs made by nodes all come from nodes that need a Cast and whose
             # float16 outputs (one at least) all go to such nodes (float16 initializers and graph inputs are no
@@ -252,11 +267,256 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
                                                   to=TensorProto.FLOAT16))
         out_nodes.append(copy)
         out_nodes.extend(back)
+    out_nodes = _without_cast_round_trips(out_nodes, known, outputs)
     changed = ModelProto()
     changed.CopyFrom(_shell(model))
     changed.graph.CopyFrom(_without_nodes(graph))
+    if inlined is not None:
+        changed.graph.initializer.extend(inlined.initializers)
     changed.graph.node.extend(out_nodes)
     return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
+
+
+# The name the transform gives a node onnxruntime made from a function body (onnxruntime leaves it unnamed):
+# '<prefix><its index among such nodes>_<function op>_<body op>'. Onnxruntime indexes such nodes after the
+# model's nodes, in the order it inlined them: its execution order ranks them so (schedule.ort_order), before
+# the Casts it inserts later.
+INLINED_NODE_PREFIX = "InlinedFunctionNode_"
+# The prefix Graph::InlineFunction gives a body's tensors and Constants (then '<OpType>', and '_token_<n>' from
+# Graph::GenerateNodeName where the name is taken).
+INLINED_TENSOR_PREFIX = "_inlfunc_"
+
+
+def inlined_node_rank(name: str) -> int | None:
+    """Give the index among inlined nodes a node's name carries (INLINED_NODE_PREFIX), None for other names."""
+    if not name.startswith(INLINED_NODE_PREFIX):
+        return None
+    head = name[len(INLINED_NODE_PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def inlined_function_ops(model: ModelProto) -> list[str]:
+    """Give the function operators whose bodies the model's nodes come from (INLINED_NODE_PREFIX), sorted."""
+    return sorted({n.name[len(INLINED_NODE_PREFIX):].split("_")[1] for n in model.graph.node
+                   if inlined_node_rank(n.name) is not None and n.name.count("_") >= 2})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inlined:
+    nodes: list[onnx.NodeProto]  # the graph's nodes, each body in place of its node (a topological order)
+    rank: list[int]  # per node: onnxruntime's node index, up to order (the model's nodes, then the inlined ones)
+    initializers: list[TensorProto]  # the bodies' Constants
+
+
+def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dict[str, TensorType],
+                      no_kernel: Callable[[onnx.NodeProto], bool]) -> _Inlined | None:
+    """Replace every ONNX node the CPU provider has no kernel for (`no_kernel`) and whose operator has a function
+    body by that body, round after round (a body's own function ops, as CastLike in Gelu's, in the next round),
+    as onnxruntime's partitioner does. `known` gains the types of the bodies' tensors. None where no node is
+    replaced."""
+    nodes = list(graph.node)
+    rank = list(range(len(nodes)))
+    initializers: list[TensorProto] = []
+    taken = {n.name for n in nodes if n.name}
+    counter = [0]
+
+    def unique(base: str) -> str:  # Graph::GenerateNodeName
+        name = base
+        while name in taken:
+            name = f"{base}_token_{counter[0]}"
+            counter[0] += 1
+        taken.add(name)
+        return name
+
+    next_rank = len(nodes)
+    changed = False
+    while True:
+        calls = sorted((i for i, node in enumerate(nodes) if node.domain in ("", "ai.onnx") and no_kernel(node)),
+                       key=rank.__getitem__)
+        bodies = {i: body for i in calls if (body := _function_body(nodes[i], versions, known)) is not None}
+        if not bodies:
+            break
+        changed = True
+        new_nodes: list[onnx.NodeProto] = []
+        new_rank: list[int] = []
+        placed: dict[int, tuple[list[onnx.NodeProto], list[int]]] = {}
+        for i in calls:  # in index order: the ranks of the bodies' nodes follow it
+            if i not in bodies:
+                continue
+            call = nodes[i]
+            body_nodes, constants = _specialize(call, bodies[i], unique(INLINED_TENSOR_PREFIX + call.op_type))
+            initializers.extend(constants)
+            for tensor in constants:
+                known[tensor.name] = (tensor.data_type, tuple(tensor.dims), None)
+            _type_body(body_nodes, versions, known)
+            ranks = []
+            for k, body_node in enumerate(body_nodes):
+                body_node.name = f"{INLINED_NODE_PREFIX}{next_rank - len(graph.node)}_{call.op_type}_{body_node.op_type}"
+                ranks.append(next_rank)
+                next_rank += 1
+            placed[i] = (body_nodes, ranks)
+        for i, node in enumerate(nodes):
+            if i in placed:
+                new_nodes.extend(placed[i][0])
+                new_rank.extend(placed[i][1])
+            else:
+                new_nodes.append(node)
+                new_rank.append(rank[i])
+        nodes, rank = new_nodes, new_rank
+    return _Inlined(nodes, rank, initializers) if changed else None
+
+
+def _function_body(node: onnx.NodeProto, versions: Mapping[str, int],
+                   known: Mapping[str, TensorType]) -> onnx.FunctionProto | None:
+    """Give the ONNX function body of the node's operator at the model's opset (the newest body not newer than
+    it; for a context-dependent body, built for the node's input types, as Node::TryGetFunctionProto asks for
+    it); None where the operator has none, or a body holds a subgraph (not modelled: left to the Casts)."""
+    opset = versions.get("", 1)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    body = onnx.FunctionProto()
+    if schema.has_context_dependent_function:
+        usable = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+        if not usable:
+            return None
+        input_types = []
+        for name in node.input:
+            dtype, shape, _ = known.get(name, (0, None, None)) if name else (0, None, None)
+            input_types.append(onnx.helper.make_tensor_type_proto(dtype, shape).SerializeToString() if dtype
+                               else onnx.TypeProto().SerializeToString())
+        try:
+            built = schema.get_context_dependent_function_with_opset_version(max(usable), node.SerializeToString(),
+                                                                             input_types)
+        except Exception:  # noqa: BLE001 (the builder rejects what it cannot type: no body, the Casts then)
+            return None
+        body.ParseFromString(built)
+    elif schema.has_function:
+        usable = [v for v in schema.function_opset_versions if v <= opset]
+        if not usable:
+            return None
+        body.ParseFromString(schema.get_function_with_opset_version(max(usable)))
+    else:
+        return None
+    if not body.node or any(_holds_graph(n) for n in body.node):
+        return None
+    return body
+
+
+def _specialize(call: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) \
+        -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+    """Give the body's nodes wired to the call's inputs and outputs, its other tensors renamed '<prefix>_<name>',
+    attribute references resolved from the call's attributes (or the body's defaults), and its Constant nodes as
+    initializers (function_utils::Specialize, then Graph::InlineFunction)."""
+    rename = dict(zip(body.input, call.input, strict=False))
+    rename.update(dict(zip(body.input[len(call.input):], [""] * len(body.input), strict=False)))
+    rename.update(zip(body.output, call.output, strict=False))
+    given = {a.name: a for a in call.attribute}
+    defaults = {a.name: a for a in body.attribute_proto}
+
+    def renamed(name: str) -> str:
+        if not name:
+            return ""
+        return rename.setdefault(name, f"{prefix}_{name}")
+
+    nodes: list[onnx.NodeProto] = []
+    constants: list[TensorProto] = []
+    for source in body.node:
+        node = onnx.NodeProto()
+        node.op_type, node.domain = source.op_type, source.domain
+        node.input.extend(renamed(n) for n in source.input)
+        node.output.extend(renamed(n) for n in source.output)
+        for attr in source.attribute:
+            if attr.ref_attr_name:
+                value = given.get(attr.ref_attr_name) or defaults.get(attr.ref_attr_name)
+                if value is None:
+                    continue
+                resolved = node.attribute.add()
+                resolved.CopyFrom(value)
+                resolved.name = attr.name
+            else:
+                node.attribute.add().CopyFrom(attr)
+        tensor = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        if tensor is not None:
+            tensor.name = node.output[0]
+            constants.append(tensor)
+        else:
+            nodes.append(node)
+    return nodes, constants
+
+
+def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
+    """Give a Constant node's value as a tensor (None for a sparse value or a missing one)."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            tensor = TensorProto()
+            tensor.CopyFrom(attr.t)
+            return tensor
+        if attr.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            value = onnx.helper.get_attribute_value(attr)
+            dtype = numpy.float32 if attr.name.startswith("value_float") else numpy.int64
+            return numpy_helper.from_array(numpy.array(value, dtype=dtype))
+    return None
+
+
+def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], known: dict[str, TensorType]) -> None:
+    """Add the element types (and shapes, where ONNX infers them) of the body's outputs to `known`, node by node."""
+    for node in nodes:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
+            inputs = {}
+            for name in node.input:
+                if name and name in known and known[name][0]:
+                    dtype, shape, _ = known[name]
+                    inputs[name] = onnx.helper.make_tensor_type_proto(dtype, shape)
+            inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs)
+        except Exception:  # noqa: BLE001 (a node ONNX cannot type here: its outputs stay unknown to the transform)
+            continue
+        for name, type_proto in inferred.items():
+            known[name] = decode_type(type_proto)
+
+
+def _without_cast_round_trips(nodes: list[onnx.NodeProto], known: Mapping[str, TensorType],
+                              outputs: Container[str]) -> list[onnx.NodeProto]:
+    """Drop the Casts RemoveDuplicateCastTransformer drops where a Cast to float16 (the model's, or one a body
+    brought: Gelu's CastLike of its constants) is read by inserted Casts back to its input's type: those readers
+    read its input instead; the first Cast goes too where Casts are all its readers and its output is no graph
+    output (the rest of them then read its input)."""
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            if name:
+                readers.setdefault(name, []).append(i)
+    dropped: set[int] = set()
+    replace: dict[str, str] = {}
+    for node in nodes:
+        if node.op_type != "Cast" or node.name.startswith(INSERTED_CAST_PREFIX) or not node.input \
+                or known.get(node.output[0], (0, None, None))[0] != TensorProto.FLOAT16:
+            continue
+        source = node.input[0]
+        source_type = known.get(source, (0, None, None))[0]
+        children = readers.get(node.output[0], [])
+        back = [i for i in children if nodes[i].op_type == "Cast" and nodes[i].name.startswith(INSERTED_CAST_PREFIX)
+                and source_type == TensorProto.FLOAT and nodes[i].output[0] not in outputs]
+        if not back:
+            continue
+        for i in back:
+            dropped.add(i)
+            replace[nodes[i].output[0]] = source
+        if node.output[0] not in outputs and all(nodes[i].op_type == "Cast" for i in children):
+            dropped.add(nodes.index(node))
+            replace[node.output[0]] = source
+    if not dropped:
+        return nodes
+    kept = []
+    for i, node in enumerate(nodes):
+        if i in dropped:
+            continue
+        for j, name in enumerate(node.input):
+            node.input[j] = replace.get(name, name)
+        kept.append(node)
+    return kept
 
 
 def _cpu_float16_kernel(node: onnx.NodeProto, versions: Mapping[str, int]) -> bool:
