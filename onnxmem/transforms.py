@@ -14,8 +14,9 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_help
 
 from .dtypes import tensor_bytes
 from .load import LoadedModel
+from .planner import declared_dim_names, runtime_view
 from .rules.kernels import CPU_FLOAT16_KERNELS
-from .tensor_types import TensorType, decode_type
+from .tensor_types import Dim, TensorType, decode_type
 
 if TYPE_CHECKING:
     from .analyze import Sizing
@@ -40,6 +41,8 @@ DTYPE_ATTRIBUTES: dict[str, str] = {"Cast": "to", "RandomNormal": "dtype", "Rand
 # Initializers up to this many elements keep their values (converted): shape inference may read them. Larger
 # ones keep their type and dims only (no analysis reads a weight's values).
 _CONVERT_VALUES_UP_TO = 4096
+# Initializers up to this many elements are read by the provider transform's shape inference (axes, shapes).
+_INFERENCE_VALUES_UP_TO = 64
 
 
 def half_precision_sizing(sized: Sizing) -> Sizing | None:
@@ -204,7 +207,10 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     def no_kernel(node: onnx.NodeProto) -> bool:
         return any(fp16(name) for name in node.input) and not _cpu_float16_kernel(node, versions)
 
-    inlined = _inline_functions(graph, versions, known, no_kernel)
+    # values shape inference reads, as onnxruntime's reads its constant initializers (small ones: axes, shapes)
+    constants = {t.name: t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL
+                 and math.prod(t.dims) <= _INFERENCE_VALUES_UP_TO}
+    inlined = _inline_functions(graph, versions, known, no_kernel, constants)
     nodes = list(graph.node) if inlined is None else inlined.nodes
     has_fp16_input = [any(fp16(name) for name in node.input) for node in nodes]
     unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
@@ -239,6 +245,14 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
                 unassigned[i] = True
     as_fp32: dict[str, str] = {}  # a float16 tensor -> its float32 twin (a converted node's output, or a Cast's)
     out_nodes: list[onnx.NodeProto] = []
+    # A converted node's float32 output keeps the shape onnxruntime first inferred for it, while the node read the
+    # Casts of its float16 inputs (their shapes: the float16 tensors', declared or inferred); when the duplicate
+    # remover rewires it to the converted producer's output, inference runs again and the merge keeps the names
+    # found first (_first_output_shapes). Measured: an inlined Softmax's ReduceSum takes its ReduceMax's freed
+    # buffer, its Div the Sub's, where the float16 input's declared shape names every dim, and not where
+    # inference from the converted producers leaves a dim empty.
+    declared = declared_dim_names(model)
+    twins: list[onnx.ValueInfoProto] = []
     for i, node in enumerate(nodes):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
@@ -257,11 +271,17 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             if attr.name == "dtype" and attr.type == AttributeProto.INT and attr.i == TensorProto.FLOAT16:
                 attr.i = TensorProto.FLOAT
         back = []
+        first_shapes: dict[str, tuple[Dim, ...]] | None = None
         for j, name in enumerate(node.output):
             if not fp16(name):
                 continue
             twin = as_fp32[name] = f"{INSERTED_CAST_PREFIX}{name}"
             copy.output[j] = twin
+            if first_shapes is None:
+                first_shapes = _first_output_shapes(node, versions, known, declared, constants)
+            shape = first_shapes.get(name)
+            if shape is not None and any(d is not None for d in shape):
+                twins.append(onnx.helper.make_tensor_value_info(twin, TensorProto.FLOAT, shape))
             if name in outputs or any(not unassigned[r] for r in readers.get(name, [])):
                 back.append(onnx.helper.make_node("Cast", [twin], [name], name=twin,
                                                   to=TensorProto.FLOAT16))
@@ -273,6 +293,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     changed.graph.CopyFrom(_without_nodes(graph))
     if inlined is not None:
         changed.graph.initializer.extend(inlined.initializers)
+    changed.graph.value_info.extend(twins)
     changed.graph.node.extend(out_nodes)
     return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
 
@@ -309,11 +330,11 @@ class _Inlined:
 
 
 def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dict[str, TensorType],
-                      no_kernel: Callable[[onnx.NodeProto], bool]) -> _Inlined | None:
+                      no_kernel: Callable[[onnx.NodeProto], bool], constants: dict[str, TensorProto]) -> _Inlined | None:
     """Replace every ONNX node the CPU provider has no kernel for (`no_kernel`) and whose operator has a function
     body by that body, round after round (a body's own function ops, as CastLike in Gelu's, in the next round),
-    as onnxruntime's partitioner does. `known` gains the types of the bodies' tensors. None where no node is
-    replaced."""
+    as onnxruntime's partitioner does. `known` gains the types of the bodies' tensors, `constants` (the values
+    inference may read) the bodies' Constants. None where no node is replaced."""
     nodes = list(graph.node)
     rank = list(range(len(nodes)))
     initializers: list[TensorProto] = []
@@ -344,11 +365,12 @@ def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dic
             if i not in bodies:
                 continue
             call = nodes[i]
-            body_nodes, constants = _specialize(call, bodies[i], unique(INLINED_TENSOR_PREFIX + call.op_type))
-            initializers.extend(constants)
-            for tensor in constants:
+            body_nodes, body_constants = _specialize(call, bodies[i], unique(INLINED_TENSOR_PREFIX + call.op_type))
+            initializers.extend(body_constants)
+            for tensor in body_constants:
                 known[tensor.name] = (tensor.data_type, tuple(tensor.dims), None)
-            _type_body(body_nodes, versions, known)
+            constants.update((tensor.name, tensor) for tensor in body_constants)
+            _type_body(body_nodes, versions, known, constants)
             ranks = []
             for k, body_node in enumerate(body_nodes):
                 body_node.name = f"{INLINED_NODE_PREFIX}{next_rank - len(graph.node)}_{call.op_type}_{body_node.op_type}"
@@ -397,11 +419,32 @@ def _function_body(node: onnx.NodeProto, versions: Mapping[str, int],
         if not usable:
             return None
         body.ParseFromString(schema.get_function_with_opset_version(max(usable)))
+        if not _body_valid_at(body, max(usable), opset):
+            return None
     else:
         return None
     if not body.node or any(_holds_graph(n) for n in body.node):
         return None
     return body
+
+
+def _body_valid_at(body: onnx.FunctionProto, written_for: int, opset: int) -> bool:
+    """Say whether a static function body written for one opset serves the model's: every ONNX operator it calls
+    is the same version at both (ONNX's OpSchema::GetFunction with validation, as onnxruntime asks for a body;
+    measured on onnxruntime 1.32: Relu's opset-18 body, Max of a CastLike'd Constant, is inlined in an opset-18
+    model and not at opset 20, where Constant and CastLike are newer; a context-dependent body is built unchecked)."""
+    if written_for == opset:
+        return True
+    for node in body.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            if onnx.defs.get_schema(node.op_type, opset, "").since_version != \
+                    onnx.defs.get_schema(node.op_type, written_for, "").since_version:
+                return False
+        except onnx.defs.SchemaError:
+            return False
+    return True
 
 
 def _specialize(call: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) \
@@ -460,7 +503,8 @@ def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
     return None
 
 
-def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], known: dict[str, TensorType]) -> None:
+def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], known: dict[str, TensorType],
+               constants: Mapping[str, TensorProto]) -> None:
     """Add the element types (and shapes, where ONNX infers them) of the body's outputs to `known`, node by node."""
     for node in nodes:
         try:
@@ -470,11 +514,35 @@ def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], kno
                 if name and name in known and known[name][0]:
                     dtype, shape, _ = known[name]
                     inputs[name] = onnx.helper.make_tensor_type_proto(dtype, shape)
-            inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs)
+            data = {name: constants[name] for name in node.input if name in constants}
+            inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs, data)
         except Exception:  # noqa: BLE001 (a node ONNX cannot type here: its outputs stay unknown to the transform)
             continue
         for name, type_proto in inferred.items():
             known[name] = decode_type(type_proto)
+
+
+def _first_output_shapes(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
+                         declared: Container[str], constants: Mapping[str, TensorProto]) -> dict[str, tuple[Dim, ...]]:
+    """Give the output shapes ONNX's inference gives the node on its inputs' shapes as onnxruntime holds them
+    (planner.runtime_view: an undeclared 'unk__N' is an empty dim), by output name; {} where it cannot."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
+        inputs = {}
+        for name in node.input:
+            if name and name in known and known[name][0]:
+                dtype, shape, _ = known[name]
+                inputs[name] = onnx.helper.make_tensor_type_proto(dtype, runtime_view(shape, declared))
+        data = {name: constants[name] for name in node.input if name in constants}
+        inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs, data)
+    except Exception:  # noqa: BLE001 (a node ONNX cannot type here: no first shape, inference's later one stands)
+        return {}
+    shapes = {}
+    for name, type_proto in inferred.items():
+        shape = decode_type(type_proto)[1]
+        if shape is not None:
+            shapes[name] = shape
+    return shapes
 
 
 def _without_cast_round_trips(nodes: list[onnx.NodeProto], known: Mapping[str, TensorType],
