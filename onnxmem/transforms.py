@@ -216,7 +216,9 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
     if not any(unassigned) and inlined is None:
         return None
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    # the node making each tensor, but Constant nodes: onnxruntime makes them initializers first (no edges)
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out and not
+                (node.op_type == "Constant" and node.domain in ("", "ai.onnx"))}
     readers: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
         for name in node.input:
@@ -253,19 +255,29 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     # inference from the converted producers leaves a dim empty.
     declared = declared_dim_names(model)
     twins: list[onnx.ValueInfoProto] = []
+    out_rank: list[int] = []  # per node: onnxruntime's node index, up to order (the inserted Casts after all)
+    inserted_rank = len(nodes) if inlined is None else max(inlined.rank, default=0) + 1
+
+    def add(node: onnx.NodeProto, rank: int | None = None) -> None:
+        nonlocal inserted_rank
+        out_nodes.append(node)
+        if rank is None:
+            rank, inserted_rank = inserted_rank, inserted_rank + 1
+        out_rank.append(rank)
+
     for i, node in enumerate(nodes):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
+        rank = i if inlined is None else inlined.rank[i]
         if not unassigned[i]:
-            out_nodes.append(copy)
+            add(copy, rank)
             continue
         for j, name in enumerate(node.input):
             if not fp16(name):
                 continue
             if name not in as_fp32:
                 as_fp32[name] = f"{INSERTED_CAST_PREFIX}{name}"
-                out_nodes.append(onnx.helper.make_node("Cast", [name], [as_fp32[name]], name=as_fp32[name],
-                                                       to=TensorProto.FLOAT))
+                add(onnx.helper.make_node("Cast", [name], [as_fp32[name]], name=as_fp32[name], to=TensorProto.FLOAT))
             copy.input[j] = as_fp32[name]
         for attr in copy.attribute:
             if attr.name == "dtype" and attr.type == AttributeProto.INT and attr.i == TensorProto.FLOAT16:
@@ -285,9 +297,15 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             if name in outputs or any(not unassigned[r] for r in readers.get(name, [])):
                 back.append(onnx.helper.make_node("Cast", [twin], [name], name=twin,
                                                   to=TensorProto.FLOAT16))
-        out_nodes.append(copy)
-        out_nodes.extend(back)
-    out_nodes = _without_cast_round_trips(out_nodes, known, outputs)
+        add(copy, rank)
+        for cast in back:
+            add(cast)
+    as_float = set(as_fp32.values())
+
+    def dtype(name: str) -> int:
+        return TensorProto.FLOAT if name in as_float else known.get(name, (0, None, None))[0]
+
+    out_nodes = _without_duplicate_casts(out_nodes, out_rank, dtype, outputs)
     changed = ModelProto()
     changed.CopyFrom(_shell(model))
     changed.graph.CopyFrom(_without_nodes(graph))
@@ -545,46 +563,81 @@ def _first_output_shapes(node: onnx.NodeProto, versions: Mapping[str, int], know
     return shapes
 
 
-def _without_cast_round_trips(nodes: list[onnx.NodeProto], known: Mapping[str, TensorType],
-                              outputs: Container[str]) -> list[onnx.NodeProto]:
-    """Drop the Casts RemoveDuplicateCastTransformer drops where a Cast to float16 (the model's, or one a body
-    brought: Gelu's CastLike of its constants) is read by inserted Casts back to its input's type: those readers
-    read its input instead; the first Cast goes too where Casts are all its readers and its output is no graph
-    output (the rest of them then read its input)."""
+# The type groups RemoveDuplicateCastTransformer compares (GetTypeGroup): a Cast to a lower group loses precision.
+_CAST_TYPE_GROUP: dict[int, int] = {
+    TensorProto.BOOL: 0,
+    **{t: 1 for t in (TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
+                      TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64)},
+    **{t: 2 for t in (TensorProto.BFLOAT16, TensorProto.DOUBLE, TensorProto.FLOAT, TensorProto.FLOAT16)},
+}
+
+
+def _without_duplicate_casts(nodes: list[onnx.NodeProto], rank: Sequence[int], dtype: Callable[[str], int],
+                             outputs: Container[str]) -> list[onnx.NodeProto]:
+    """Give the nodes after onnxruntime's RemoveDuplicateCastTransformer (insert_cast_transformer.cc), which runs
+    after the Casts go in: walking the Casts in node index order (`rank`), a Cast's reader that is a Cast back to
+    its input's type (not making a graph output) goes, its readers reading the first Cast's input; the first Cast
+    goes too where Casts were all its readers and it makes no graph output (the Casts kept then read its input).
+    A Cast to a lower type group followed by one to a higher group is left alone (a real loss of precision). The
+    net effect on the inserted Casts is already in cpu_float16_casts; this drops the pairs a model's own Cast
+    makes with them (keep_io_types' input Casts, a body's CastLike of a constant, a Cast to a float32 output)."""
     readers: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
-        for name in node.input:
+        for name in (*node.input, *_subgraph_reads(node)):  # a subgraph's read is an edge of its node
             if name:
                 readers.setdefault(name, []).append(i)
-    dropped: set[int] = set()
-    replace: dict[str, str] = {}
-    for node in nodes:
-        if node.op_type != "Cast" or node.name.startswith(INSERTED_CAST_PREFIX) or not node.input \
-                or known.get(node.output[0], (0, None, None))[0] != TensorProto.FLOAT16:
+    gone: set[int] = set()
+    source: dict[str, str] = {}  # a tensor no longer made -> the one its readers read instead
+
+    def read(name: str) -> str:
+        while name in source:
+            name = source[name]
+        return name
+
+    for i in sorted(range(len(nodes)), key=rank.__getitem__):
+        node = nodes[i]
+        if i in gone or node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.input:
             continue
-        source = node.input[0]
-        source_type = known.get(source, (0, None, None))[0]
-        children = readers.get(node.output[0], [])
-        back = [i for i in children if nodes[i].op_type == "Cast" and nodes[i].name.startswith(INSERTED_CAST_PREFIX)
-                and source_type == TensorProto.FLOAT and nodes[i].output[0] not in outputs]
-        if not back:
+        first_in, first_out = read(node.input[0]), node.output[0]
+        src, dst = _CAST_TYPE_GROUP.get(dtype(first_in)), _CAST_TYPE_GROUP.get(dtype(first_out))
+        if src is None or dst is None:
             continue
-        for i in back:
-            dropped.add(i)
-            replace[nodes[i].output[0]] = source
-        if node.output[0] not in outputs and all(nodes[i].op_type == "Cast" for i in children):
-            dropped.add(nodes.index(node))
-            replace[node.output[0]] = source
-    if not dropped:
+        children = [r for r in readers.get(first_out, []) if r not in gone]
+        casts = [r for r in children if nodes[r].op_type == "Cast" and nodes[r].domain in ("", "ai.onnx")]
+        if any(_CAST_TYPE_GROUP.get(dtype(nodes[r].output[0])) is None or
+               (src > dst and _CAST_TYPE_GROUP[dtype(nodes[r].output[0])] > dst) for r in casts):
+            continue
+        removed = [r for r in casts if nodes[r].output[0] not in outputs and
+                   dtype(nodes[r].output[0]) == dtype(first_in)]
+        for r in removed:
+            gone.add(r)
+            source[nodes[r].output[0]] = first_in
+        if children and len(casts) == len(children) and first_out not in outputs:
+            gone.add(i)
+            source[first_out] = first_in
+    if not gone:
         return nodes
     kept = []
     for i, node in enumerate(nodes):
-        if i in dropped:
+        if i in gone:
             continue
         for j, name in enumerate(node.input):
-            node.input[j] = replace.get(name, name)
+            node.input[j] = read(name)
+        _rename_subgraph_reads(node, read)
         kept.append(node)
     return kept
+
+
+def _rename_subgraph_reads(node: onnx.NodeProto, read: Callable[[str], str]) -> None:
+    """Rename the outer tensors the node's subgraphs read, as `read` maps them."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs) \
+            if attr.type == AttributeProto.GRAPHS else []
+        for graph in graphs:
+            for inner in graph.node:
+                for j, name in enumerate(inner.input):
+                    inner.input[j] = read(name)
+                _rename_subgraph_reads(inner, read)
 
 
 def _cpu_float16_kernel(node: onnx.NodeProto, versions: Mapping[str, int]) -> bool:
@@ -599,6 +652,20 @@ def _cpu_float16_kernel(node: onnx.NodeProto, versions: Mapping[str, int]) -> bo
     except onnx.defs.SchemaError:
         since = opset
     return any(first <= since <= last for first, last in spans)
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Give the names the node's subgraphs read (every input of their nodes, at any depth; their own tensors too,
+    which name nothing of the outer graph in a valid model unless they shadow it)."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs) \
+            if attr.type == AttributeProto.GRAPHS else []
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(inner.input)
+                names.update(_subgraph_reads(inner))
+    return names
 
 
 def _holds_graph(node: onnx.NodeProto) -> bool:
