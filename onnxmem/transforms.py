@@ -540,6 +540,71 @@ def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], kno
             known[name] = decode_type(type_proto)
 
 
+def with_inserted_cast_shapes(ran: ModelProto, types: Mapping[str, TensorType]) -> ModelProto:
+    """Give onnxruntime's saved graph (`ran`: optimized_model_filepath, Casts inserted) with the float32 output of
+    each converted node declared as onnxruntime first inferred it (see cpu_float16_casts: from the float16 tensors
+    its inputs were cast from, a removed one's shape first inferred the same way), for the planner's shapes; the
+    graph as given where it holds no converted node. `types`: the graph's types (infer_symbolic, declared)."""
+    graph = ran.graph
+    if not any(out.startswith(INSERTED_CAST_PREFIX) for node in graph.node if node.op_type != "Cast"
+               for out in node.output):
+        return ran
+    versions = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in ran.opset_import}
+    declared = declared_dim_names(ran)
+    constants = {t.name: t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL
+                 and math.prod(t.dims) <= _INFERENCE_VALUES_UP_TO}
+    known: dict[str, TensorType] = dict(types)
+
+    def half(name: str) -> str:  # the float16 tensor a float32 twin stands for
+        return name[len(INSERTED_CAST_PREFIX):] if name.startswith(INSERTED_CAST_PREFIX) else name
+
+    twins = []
+    for node in _topological(graph):
+        if node.op_type == "Cast" or not any(out.startswith(INSERTED_CAST_PREFIX) for out in node.output):
+            continue
+        view = onnx.NodeProto()
+        view.CopyFrom(node)
+        for j, name in enumerate(node.input):
+            if name.startswith(INSERTED_CAST_PREFIX) and half(name) in known:
+                view.input[j] = half(name)
+        for j, name in enumerate(node.output):
+            view.output[j] = half(name)
+        shapes = _first_output_shapes(view, versions, known, declared, constants)
+        for name in node.output:
+            shape = shapes.get(half(name))
+            if shape is None or not name.startswith(INSERTED_CAST_PREFIX):
+                continue
+            if half(name) not in known:  # removed with its Casts: its shape is the one first inferred
+                known[half(name)] = (TensorProto.FLOAT16, shape, None)
+            if any(d is not None for d in shape):
+                twins.append(onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+    changed = ModelProto()
+    changed.CopyFrom(ran)
+    changed.graph.value_info.extend(twins)
+    return changed
+
+
+def _topological(graph: GraphProto) -> list[onnx.NodeProto]:
+    """Give the graph's nodes in a topological order (the file's, where it is one)."""
+    made = {name for name in (*(i.name for i in graph.input), *(t.name for t in graph.initializer))}
+    made.add("")
+    pending = list(graph.node)
+    order: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(name in made for name in node.input):
+                order.append(node)
+                made.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # inputs from nowhere (a subgraph's outer names): keep the file's order
+            order.extend(rest)
+            break
+        pending = rest
+    return order
+
+
 def _first_output_shapes(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
                          declared: Container[str], constants: Mapping[str, TensorProto]) -> dict[str, tuple[Dim, ...]]:
     """Give the output shapes ONNX's inference gives the node on its inputs' shapes as onnxruntime holds them
