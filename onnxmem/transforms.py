@@ -235,12 +235,13 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             # IsIsolatedFp16NodeOnCpu: a node with a float16 kernel, an input made by a node, no subgraph and no
             # graph output, whose float16 inputs made by nodes all come from nodes that need a Cast and whose
             # float16 outputs (one at least) all go to such nodes (float16 initializers and graph inputs are no
-            # edges: they get a Cast of their own)
+            # edges: they get a Cast of their own; of a variadic input, only the first tensor is looked at)
             if unassigned[i] or _holds_graph(node) or any(out in outputs for out in node.output) \
                     or not any(name in producer for name in node.input) \
                     or not any(fp16(name) for name in node.input):
                 continue
-            if any(fp16(name) and name in producer and not needs_cast(producer[name]) for name in node.input):
+            if any(fp16(node.input[k]) and node.input[k] in producer and not needs_cast(producer[node.input[k]])
+                   for k in _typed_inputs(node, versions)):
                 continue
             fp16_outputs = [out for out in node.output if fp16(out)]
             if fp16_outputs and all(needs_cast(r) for out in fp16_outputs for r in readers.get(out, [])):
@@ -383,7 +384,8 @@ def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dic
             if i not in bodies:
                 continue
             call = nodes[i]
-            body_nodes, body_constants = _specialize(call, bodies[i], unique(INLINED_TENSOR_PREFIX + call.op_type))
+            body_nodes, body_constants = _specialize(call, bodies[i], unique(INLINED_TENSOR_PREFIX + call.op_type),
+                                                     versions.get("", 1))
             initializers.extend(body_constants)
             for tensor in body_constants:
                 known[tensor.name] = (tensor.data_type, tuple(tensor.dims), None)
@@ -465,7 +467,7 @@ def _body_valid_at(body: onnx.FunctionProto, written_for: int, opset: int) -> bo
     return True
 
 
-def _specialize(call: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) \
+def _specialize(call: onnx.NodeProto, body: onnx.FunctionProto, prefix: str, opset: int) \
         -> tuple[list[onnx.NodeProto], list[TensorProto]]:
     """Give the body's nodes wired to the call's inputs and outputs, its other tensors renamed '<prefix>_<name>',
     attribute references resolved from the call's attributes (or the body's defaults), and its Constant nodes as
@@ -475,6 +477,13 @@ def _specialize(call: onnx.NodeProto, body: onnx.FunctionProto, prefix: str) \
     rename.update(zip(body.output, call.output, strict=False))
     given = {a.name: a for a in call.attribute}
     defaults = {a.name: a for a in body.attribute_proto}
+    try:  # the schema's defaults (a schema's body leaves them there: LeakyRelu's alpha)
+        schema = onnx.defs.get_schema(call.op_type, opset, "")
+        for name, attribute in schema.attributes.items():
+            if name not in defaults and attribute.default_value.type != AttributeProto.UNDEFINED:
+                defaults[name] = attribute.default_value
+    except onnx.defs.SchemaError:
+        pass
 
     def renamed(name: str) -> str:
         if not name:
@@ -731,6 +740,31 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
                 names.update(inner.input)
                 names.update(_subgraph_reads(inner))
     return names
+
+
+def _typed_inputs(node: onnx.NodeProto, versions: Mapping[str, int]) -> list[int]:
+    """Give the positions of the inputs IsIsolatedFp16NodeOnCpu looks at: per formal input of the node's schema
+    whose type is a constraint (T, T1, ...), its first present tensor (a variadic input's first only: measured,
+    Relu's opset-18 body Max(X, CastLike(0, X)) between converted nodes runs in float32 though its second input
+    comes from a Cast it does not look at); every input where the schema is unknown."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, versions.get(node.domain or "", 1), node.domain)
+    except onnx.defs.SchemaError:
+        return list(range(len(node.input)))
+    constrained = {c.type_param_str for c in schema.type_constraints}
+    positions = []
+    start = 0
+    formals = schema.inputs
+    for f, formal in enumerate(formals):
+        variadic = formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+        count = max(len(node.input) - start, 0) if variadic or f == len(formals) - 1 and variadic else \
+            (1 if start < len(node.input) else 0)
+        if formal.type_str in constrained:
+            first = next((k for k in range(start, start + count) if node.input[k]), None)
+            if first is not None:
+                positions.append(first)
+        start += count
+    return positions
 
 
 def _holds_graph(node: onnx.NodeProto) -> bool:
