@@ -172,8 +172,15 @@ def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEF
     if not has_float16(loaded.proto):
         return loaded, []
     changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
+    holds_graphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for n in loaded.proto.graph.node for a in n.attribute)
     if changed is None:
-        return loaded, []
+        if not holds_graphs:
+            return loaded, []
+        return loaded, [Warning("cpu-float16-casts",
+                                "onnxruntime's CPU provider casts float16 data to float32 around operators without "
+                                "a float16 kernel inside If/Loop/Scan bodies too: not modelled there (their nodes "
+                                "are counted as given); on a GPU pass --provider cuda")]
     casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
                 and n.name.startswith(INSERTED_CAST_PREFIX))
     readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
@@ -181,8 +188,7 @@ def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEF
     inlined = inlined_function_ops(changed.proto)
     bodies = f"; {', '.join(inlined)} run as their ONNX function bodies, which it inlines" if inlined else ""
     subgraphs = "; the nodes of If/Loop/Scan bodies are counted as given (it casts there too: not modelled)" \
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-               for n in changed.proto.graph.node for a in n.attribute) else ""
+        if holds_graphs else ""
     return changed, [Warning("cpu-float16-casts",
                              f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
                              f"them in float32 between {casts} Casts it inserts (counted here){bodies}{subgraphs}; "

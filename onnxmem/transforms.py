@@ -295,7 +295,10 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             shape = first_shapes.get(name)
             if shape is not None and any(d is not None for d in shape):
                 twins.append(onnx.helper.make_tensor_value_info(twin, TensorProto.FLOAT, shape))
-            if name in outputs or any(not unassigned[r] for r in readers.get(name, [])):
+            # a Cast back where a float16 reader or a graph output needs it, or where nothing reads the output
+            # (InsertCastTransformer casts every float16 output back; the duplicate remover drops only the Casts
+            # a converted reader makes redundant: an LSTM's unread Y_h keeps its Cast)
+            if name in outputs or not readers.get(name) or any(not unassigned[r] for r in readers[name]):
                 back.append(onnx.helper.make_node("Cast", [twin], [name], name=twin,
                                                   to=TensorProto.FLOAT16))
         add(copy, rank)
