@@ -66,8 +66,9 @@ def ort_order(graph: ModelGraph) -> list[int]:
     comparing node indices: the last leaf's inputs are explored first, the highest-index input first, and an op
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
-    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the Casts
-    onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
+    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the nodes of the
+    function bodies onnxruntime's partitioner inlines (transforms.INLINED_NODE_PREFIX: in the order it inlined
+    them), then the Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
     transforms.cpu_float16_casts does) and the Memcpy nodes its MemcpyTransformer inserts (cuda_placement) are
     indexed after every node of the model, in the order they were added (the duplicates: in the order of the
     DequantizeLinear they copy, file order standing for onnxruntime's topological order there, then of their

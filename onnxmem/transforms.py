@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Container, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy
 import onnx
@@ -352,7 +352,8 @@ class _Inlined:
 
 
 def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dict[str, TensorType],
-                      no_kernel: Callable[[onnx.NodeProto], bool], constants: dict[str, TensorProto]) -> _Inlined | None:
+                      no_kernel: Callable[[onnx.NodeProto], bool],
+                      constants: dict[str, TensorProto]) -> _Inlined | None:
     """Replace every ONNX node the CPU provider has no kernel for (`no_kernel`) and whose operator has a function
     body by that body, round after round (a body's own function ops, as CastLike in Gelu's, in the next round),
     as onnxruntime's partitioner does. `known` gains the types of the bodies' tensors, `constants` (the values
@@ -395,8 +396,9 @@ def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dic
             constants.update((tensor.name, tensor) for tensor in body_constants)
             _type_body(body_nodes, versions, known, constants)
             ranks = []
-            for k, body_node in enumerate(body_nodes):
-                body_node.name = f"{INLINED_NODE_PREFIX}{next_rank - len(graph.node)}_{call.op_type}_{body_node.op_type}"
+            for body_node in body_nodes:
+                seq = next_rank - len(graph.node)
+                body_node.name = f"{INLINED_NODE_PREFIX}{seq}_{call.op_type}_{body_node.op_type}"
                 ranks.append(next_rank)
                 next_rank += 1
             placed[i] = (body_nodes, ranks)
@@ -417,6 +419,7 @@ def _function_body(node: onnx.NodeProto, versions: Mapping[str, int],
     it; for a context-dependent body, built for the node's input types, as Node::TryGetFunctionProto asks for
     it); None where the operator has none, or a body holds a subgraph (not modelled: left to the Casts)."""
     opset = versions.get("", 1)
+    schema: Any  # (onnx's stubs lack the function-body methods)
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:

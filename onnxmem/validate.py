@@ -23,7 +23,6 @@ from .analyze import analysis, planner_shapes, size_warnings
 from .arena import arena_weight_bytes, session_held_bytes
 from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
-from .transforms import with_inserted_cast_shapes
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
 from .orders import execution_order
@@ -31,6 +30,7 @@ from .planner import infer_symbolic
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
 from .shapes import bind_and_infer
+from .transforms import with_inserted_cast_shapes
 
 SCHEMA = "onnxmem.validate/1"
 PROVIDERS = ("cpu", "cuda")
