@@ -761,10 +761,9 @@ def _typed_inputs(node: onnx.NodeProto, versions: Mapping[str, int]) -> list[int
     positions = []
     start = 0
     formals = schema.inputs
-    for f, formal in enumerate(formals):
+    for formal in formals:  # a variadic formal input is the last: it takes the rest
         variadic = formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
-        count = max(len(node.input) - start, 0) if variadic or f == len(formals) - 1 and variadic else \
-            (1 if start < len(node.input) else 0)
+        count = max(len(node.input) - start, 0) if variadic else (1 if start < len(node.input) else 0)
         if formal.type_str in constrained:
             first = next((k for k in range(start, start + count) if node.input[k]), None)
             if first is not None:
