@@ -191,11 +191,13 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     every node of the model, a body's own function ops again after those): see _inline_functions.
     Then every operator without a float16 kernel runs in float32, its float16 inputs cast to float32 (one Cast per
     tensor), its outputs cast back to float16 where a float16 reader or a graph output needs them
-    (core/optimizer/insert_cast_transformer.cc: InsertCastTransformer, then RemoveDuplicateCastTransformer, whose
-    net effect this is; an operator with a float16 kernel between two converted ones is converted too, as its
-    ForceSingleNodeCPUFloat16ToFloat32 does; a Cast to float16 whose readers all cast back is dropped with their
-    Casts, as the duplicate remover drops it). None where no operator needs a Cast. `types`: the model's tensor
-    types (planner.infer_symbolic). The main graph only: a subgraph's nodes are left as they are."""
+    (core/optimizer/insert_cast_transformer.cc: InsertCastTransformer, whose net effect after its
+    RemoveDuplicateCastTransformer this is; an operator with a float16 kernel between two converted ones is
+    converted too, as its ForceSingleNodeCPUFloat16ToFloat32 does), then the duplicate remover's work on the
+    model's own Casts (_without_duplicate_casts). A converted node's float32 output is declared with the shape
+    onnxruntime first infers for it (_first_output_shapes), which its planner compares. None where no operator
+    needs a Cast. `types`: the model's tensor types (planner.infer_symbolic). The main graph only: a subgraph's
+    nodes are left as they are (the caller says so)."""
     model = loaded.proto
     graph = model.graph
     versions = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
