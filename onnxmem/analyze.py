@@ -26,7 +26,14 @@ from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
-from .transforms import DEFAULT_PROVIDER, INSERTED_CAST_PREFIX, PROVIDERS, cpu_float16_casts, has_float16
+from .transforms import (
+    DEFAULT_PROVIDER,
+    INSERTED_CAST_PREFIX,
+    PROVIDERS,
+    cpu_float16_casts,
+    has_float16,
+    inlined_function_ops,
+)
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
@@ -172,16 +179,28 @@ def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEF
     if not has_float16(loaded.proto):
         return loaded, []
     changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
+    holds_graphs = (loaded.nodes is None or loaded.nodes.graphs) and any(  # (the bytes' search says "may")
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in loaded.proto.graph.node for a in n.attribute)
     if changed is None:
-        return loaded, []
+        if not holds_graphs:
+            return loaded, []
+        return loaded, [Warning("cpu-float16-casts",
+                                "onnxruntime's CPU provider casts float16 data to float32 around operators without "
+                                "a float16 kernel inside If/Loop/Scan bodies too: not modelled there (their nodes "
+                                "are counted as given); on a GPU pass --provider cuda")]
     casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
                 and n.name.startswith(INSERTED_CAST_PREFIX))
     readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
                       any(i.startswith(INSERTED_CAST_PREFIX) for i in n.input)})
+    inlined = inlined_function_ops(changed.proto)
+    bodies = f"; {', '.join(inlined)} run as their ONNX function bodies, which it inlines" if inlined else ""
+    subgraphs = "; the nodes of If/Loop/Scan bodies are counted as given (it casts there too: not modelled)" \
+        if holds_graphs else ""
     return changed, [Warning("cpu-float16-casts",
                              f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
-                             f"them in float32 between {casts} Casts it inserts (counted here); on a GPU pass "
-                             "--provider cuda")]
+                             f"them in float32 between {casts} Casts it inserts (counted here){bodies}{subgraphs}; "
+                             "on a GPU pass --provider cuda")]
 
 
 def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
