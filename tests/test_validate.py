@@ -336,3 +336,39 @@ def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
     result = validate(path, {"batch": 2}, opt_level="all", runs=2)
     for run in result.runs:
         assert run.activation_difference_bytes == 0, run
+
+
+def test_nchwc_upsample_output_has_no_batch_name_so_it_takes_no_freed_buffer(tmp_path: Path) -> None:
+    """At level all, onnxruntime turns a nearest Resize into an NCHWc Upsample, whose schema (nchwc_schema_defs.cc)
+    sets an output dim only where the input dim has a value: the symbolic batch comes out unknown, and so does the
+    batch of every tensor computed from it. onnxruntime's planner reuses no freed buffer for those (SameShape
+    needs equal values or equal names), so the Conv after the Upsample allocates its own buffer instead of taking
+    the stem's, freed two steps before. Keeping the name 'batch' there, the estimate held the stem's 65,536 bytes
+    (batch 2, 32 x 16 x 16 float32) from its last read until that Conv, and its peak came out 16,384 bytes high."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    channels = 32
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, kernel: int = 1) -> onnx.TensorProto:
+        array = rng.standard_normal((channels, channels, kernel, kernel)).astype(np.float32) * 0.1
+        return numpy_helper.from_array(array, name)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["stem"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["stem", "w1"], ["a"]),
+             helper.make_node("Conv", ["a", "w2"], ["p"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["p", "", "scales"], ["u"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Conv", ["u", "w3"], ["c"]),
+             helper.make_node("Conv", ["c", "w4"], ["y"])]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    graph = helper.make_graph(
+        nodes, "upsample", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[weight("w0", 3), weight("w1"), weight("w2", 3), weight("w3"), weight("w4"), scales])
+    path = tmp_path / "upsample.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = validate(path, {"batch": 2}, opt_level="all", runs=2)
+    for run in result.runs:
+        assert run.activation_difference_bytes == 0, run
