@@ -186,7 +186,7 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto, given: onnx.Mo
 def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> ArenaWeights:
     """Give the weights onnxruntime's CPU arena holds (see ArenaWeights and arena_weight_bytes)."""
     # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
-    transposed = {n.name for n in model.graph.node if n.op_type in ("Gemm", "FusedGemm")
+    transposed = {n.name for n in model.graph.node if n.op_type in ("Gemm", "FusedGemm", "FusedMatMul")
                   and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
     external = {t.name for t in (given or model).graph.initializer
                 if t.data_location == onnx.TensorProto.EXTERNAL}

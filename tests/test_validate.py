@@ -306,6 +306,20 @@ def test_a_fused_gemm_packs_its_weight_as_gemm_does() -> None:
     assert run.estimated.weights_bytes == run.measured.weights_bytes
 
 
+def test_a_fused_matmul_packs_its_weight_as_matmul_does() -> None:
+    # At level extended a MatMul reading a Transpose of its activation's last two dims becomes com.microsoft
+    # FusedMatMul (transA), the MatMul kernel: its [K=20, N=24] weight packed with 24 columns padded to 32: 2,560 B
+    import numpy as np
+
+    nodes = [graphs.node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), graphs.node("MatMul", ["t", "w"], ["y"])]
+    weights = [_initializer("w", np.ones((20, 24)), np.float32)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", 20, 8])], [graphs.value("y", ["batch", 8, 24])],
+                         weights)
+    run = validate(model, {"batch": 4}, runs=1, opt_level="extended").runs[0]
+    assert run.measured.weights_bytes == 20 * 32 * 4 + _small_initializer_bytes(model, {"w"})
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
 def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
     """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
     Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying

@@ -62,6 +62,7 @@ PREPACKED: dict[str, tuple[int, ...]] = {
     "MatMul": (1,),
     "Gemm": (1,),
     "com.microsoft::FusedGemm": (1,),  # (a Gemm with its activation fused at level extended: the same kernel)
+    "com.microsoft::FusedMatMul": (1,),  # (a MatMul with its inputs' Transposes fused at level extended: MatMul's)
     "LSTM": (1, 2),
     "ConvTranspose": (1,),
     "com.microsoft::Attention": (1,),
@@ -78,7 +79,8 @@ FLOAT16_WEIGHTS_AS_FLOAT32: dict[str, tuple[int, ...]] = {
 # their exact size outside the regions, as the others do (MakeUniquePtr with use_reserve): measured, a ConvTranspose
 # weight of 2,048 B or 147,456 B leaves the arena holding its 1 MiB first region and nothing more.
 PREPACKED_IN_REGIONS: frozenset[str] = frozenset({"ConvTranspose"})
-PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16, "com.microsoft::FusedGemm": 16}  # op -> columns
+PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16, "com.microsoft::FusedGemm": 16,  # op -> columns
+                                          "com.microsoft::FusedMatMul": 16}
 # Quantized weights the CPU kernels prepack into the arena at session creation (their PrePack allocates from the
 # kernel's allocator, the arena): op type -> (the weight's input slot, how it is packed). "gemm":
 # MatMulIntegerBase::PrePack (MatMulInteger, QLinearMatMul, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul)
