@@ -390,8 +390,13 @@ def main() -> None:
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--set", choices=("fixtures", "held-out", "real"), default="fixtures",
                         help="the fixtures' models, models the rules were never tuned on, or real architectures")
+    parser.add_argument("--fresh-heap", nargs=4, metavar=("MODEL", "OPTIMIZER", "VARIANT", "STATE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     under_malloc_counter()
+    if args.fresh_heap:
+        fresh_heap(*args.fresh_heap)
+        return
     if args.set == "real":
         main_real(args.models)
         return
@@ -658,6 +663,42 @@ class VariantRow:
         return (self.estimate - self.heap) / self.heap
 
 
+def _real_imports() -> None:
+    """Import what the real architectures need (tvshim before torchvision, timm and transformers)."""
+    sys.path.insert(0, str(TOOLS))
+    importlib.import_module("tvshim")
+    import torchvision  # noqa: F401
+    import transformers  # noqa: F401
+
+
+def fresh_heap(model: str, optimizer: str, variant: str, state_path: str) -> None:
+    """Print the heap peak of the first training step of `model` in this fresh process (--fresh-heap): the same
+    warm-up as main_real (one thread, MKL's first GEMM), then the step."""
+    _real_imports()
+    torch.set_num_threads(1)
+    check_measurement()
+    case = next(c for c in REAL if c.name == model)
+    state = torch.load(state_path)
+    print("@@", first_step(case, state, optimizer, heap_peak, "" if variant == "-" else variant), flush=True)
+
+
+def heap_of_first_step(case: RealCase, state: dict[str, torch.Tensor], state_path: Path, optimizer: str,
+                       variant: str = "") -> int:
+    """Give the heap peak of a first training step as a process makes it: oneDNN keeps every convolution primitive
+    it creates for the process's life (its primitive cache), so a model with convolutions is measured in a fresh
+    process (else a row after the first finds them made); others here, in this process."""
+    reference = case.build()
+    convolutions = any(isinstance(m, nn.modules.conv._ConvNd) for m in reference.modules())
+    del reference
+    if not convolutions:
+        return first_step(case, state, optimizer, heap_peak, variant)
+    if not state_path.exists():
+        torch.save(state, state_path)
+    lines = subprocess.run([sys.executable, __file__, "--fresh-heap", case.name, optimizer, variant or "-",
+                            str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
+    return int(next(line for line in lines if line.startswith("@@")).split()[1])
+
+
 def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[RealRow]:
     from onnxmem.torch import export_for_training
 
@@ -666,20 +707,21 @@ def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[R
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     example = case.inputs(case.batch)
     default_path, recommended_path = folder / f"{case.name}.default.onnx", folder / f"{case.name}.train.onnx"
+    state_path = folder / f"{case.name}.state.pt"
     with quiet():
         torch.onnx.export(reference.eval(), example, str(default_path), dynamo=True)  # what a user writes
         export_for_training(reference, case.inputs(2), recommended_path, {"batch": 0})
     del reference
     rows = []
     for optimizer in ("sgd", "adamw"):
-        heap = first_step(case, state, optimizer, heap_peak)
+        heap = heap_of_first_step(case, state, state_path, optimizer)
         c10 = first_step(case, state, optimizer, c10_peak)
         default, warned = real_estimate(default_path, {}, case, optimizer)
         recommended, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer)
         rows.append(RealRow(case.name, case.batch, optimizer, heap, c10, default, recommended, warned))
     for variant in VARIANTS if case.name in HEADS else ():
         for optimizer in ("sgd", "adamw"):
-            heap = first_step(case, state, optimizer, heap_peak, variant)
+            heap = heap_of_first_step(case, state, state_path, optimizer, variant)
             c10 = first_step(case, state, optimizer, c10_peak, variant)
             estimate, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer, variant)
             variants.append(VariantRow(case.name, case.batch, variant, optimizer, heap, c10, estimate))
@@ -698,11 +740,7 @@ def under_malloc_counter() -> None:
 
 def main_real(models: str) -> None:
     """Run --set real (under the malloc counter) and print the table."""
-    sys.path.insert(0, str(TOOLS))
-    importlib.import_module("tvshim")  # before torchvision (and timm, transformers, which import it)
-    import torchvision  # noqa: F401
-    import transformers  # noqa: F401
-
+    _real_imports()
     torch.set_num_threads(1)
     started = time.perf_counter()
     # the measurement checked, and the process's first GEMM made before any model is measured: MKL keeps its pack
