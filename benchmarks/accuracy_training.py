@@ -353,6 +353,42 @@ class Row:
         return (self.estimate_later - self.measured_later) / self.measured_later
 
 
+def _has_convolution(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
+
+
+def steps_heap(case: Case, module: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int, optimizer: str,
+               folder: Path) -> tuple[int, int]:
+    """Give the heap peaks of the first and the second training step (measure_steps under the malloc counter): in
+    this process, or for a model with convolutions in a fresh one (--fresh-steps), as a process makes its first
+    step: oneDNN keeps every convolution primitive it creates for the process's life, so a row after the first of
+    a model would find them made."""
+    if not _has_convolution(module):
+        return measure_steps(module, inputs, lambda out: case.loss(out, batch), optimizer, heap_peak)
+    state_path = folder / f"{case.name}.steps.pt"
+    torch.save({"state": module.state_dict(), "inputs": inputs}, state_path)
+    lines = subprocess.run([sys.executable, __file__, "--fresh-steps", case.name, optimizer, str(batch),
+                            str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
+    first, later = next(line for line in lines if line.startswith("@@")).split()[1:]
+    return int(first), int(later)
+
+
+def fresh_steps(model: str, optimizer: str, batch: int, state_path: str) -> None:
+    """Print the heap peaks of the first and second steps of a fixture or held-out model in this fresh process
+    (--fresh-steps), after the same warm-up as main (one thread, MKL's first GEMM)."""
+    torch.set_num_threads(1)
+    check_measurement()
+    case = next(c for c in (fixture_cases() or []) + HELD_OUT + REFERENCE if c.name == model)
+    saved = torch.load(state_path)
+    torch.manual_seed(0)
+    module = case.build()
+    module.load_state_dict(saved["state"])
+    module.train()
+    first, later = measure_steps(module, tuple(saved["inputs"]), lambda out: case.loss(out, batch), optimizer,
+                                 heap_peak)
+    print("@@", first, later, flush=True)
+
+
 def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
     torch.manual_seed(0)
     reference = case.build()
@@ -365,7 +401,7 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module = case.build()
             module.load_state_dict(reference.state_dict())
             module.train()
-            first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer, heap_peak)
+            first, later = steps_heap(case, module, inputs, batch, optimizer, folder)
             torch.manual_seed(0)
             module = case.build()
             module.load_state_dict(reference.state_dict())
@@ -376,10 +412,12 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
+            assert training.timeline is not None
+            # a later step starts with what the first left: the optimizer state and oneDNN's cached primitives
+            later_baseline = training.timeline.later_live_bytes[0]
             rows.append(Row(
                 case.name, batch, optimizer, first, c10, training.first_step.peak_bytes - baseline,
-                training.hand_formula_bytes - baseline, later,
-                training.later_step.peak_bytes - baseline - training.optimizer_state_bytes,
+                training.hand_formula_bytes - baseline, later, training.later_step.peak_bytes - later_baseline,
                 training.first_step.peak_phase))
     return rows
 
@@ -392,10 +430,16 @@ def main() -> None:
                         help="the fixtures' models, models the rules were never tuned on, or real architectures")
     parser.add_argument("--fresh-heap", nargs=4, metavar=("MODEL", "OPTIMIZER", "VARIANT", "STATE"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--fresh-steps", nargs=4, metavar=("MODEL", "OPTIMIZER", "BATCH", "STATE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     under_malloc_counter()
     if args.fresh_heap:
         fresh_heap(*args.fresh_heap)
+        return
+    if args.fresh_steps:
+        model, optimizer, batch, state = args.fresh_steps
+        fresh_steps(model, optimizer, int(batch), state)
         return
     if args.set == "real":
         main_real(args.models)
@@ -687,10 +731,7 @@ def heap_of_first_step(case: RealCase, state: dict[str, torch.Tensor], state_pat
     """Give the heap peak of a first training step as a process makes it: oneDNN keeps every convolution primitive
     it creates for the process's life (its primitive cache), so a model with convolutions is measured in a fresh
     process (else a row after the first finds them made); others here, in this process."""
-    reference = case.build()
-    convolutions = any(isinstance(m, nn.modules.conv._ConvNd) for m in reference.modules())
-    del reference
-    if not convolutions:
+    if not _has_convolution(case.build()):
         return first_step(case, state, optimizer, heap_peak, variant)
     if not state_path.exists():
         torch.save(state, state_path)
