@@ -1240,7 +1240,8 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     strided = any(o < s - k + 1 for o, s, k in zip(out_spatial, spatial, kernel, strict=True))
     one_by_one = all(k == 1 for k in kernel)
     kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
-    if not _runs_onednn(x, w, y, element_bytes, threads, isa):  # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
+    # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
+    if not _runs_onednn(x, w, y, element_bytes, threads, isa):
         unfolded = not (one_by_one and out_spatial == spatial)
         columns = element_bytes * batch * group_channels * kernel_elements * out_elements if unfolded else 0
         if groups == 1:
