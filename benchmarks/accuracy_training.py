@@ -11,7 +11,9 @@ the script re-runs itself under it, one thread): PyTorch's allocator and what by
 buffers). Beside it, for the first step, PyTorch's CPU allocator alone: it does not cache, and with
 profile_memory=True the profiler records every allocation and free of the c10 CPU allocator with its exact size;
 their running sum is the live bytes. The script first checks the profiler on a Linear layer whose step is worked
-out by hand (it must match to the byte).
+out by hand (it must match to the byte). A model with convolutions has its heap measured in a fresh process per row
+(after the same warm-up), as a process makes its first step: oneDNN keeps every convolution primitive it creates
+for the process's life (its primitive cache), so a row after the first would find them made.
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
 Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out|real]

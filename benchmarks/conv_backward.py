@@ -9,6 +9,10 @@ The path PyTorch took is named from oneDNN's verbose log (ONEDNN_VERBOSE=1, read
 child run) or as slow_conv2d where oneDNN ran nothing.
 
     python benchmarks/conv_backward.py [--threads N]
+
+--primitives: the oneDNN primitives each convolution's first forward and backward create (ONEDNN_VERBOSE=all) and
+the heap they keep (oneDNN caches them for the process's life), against onnxmem.training.cpu_convolution_primitives
+(rules.training.OnednnPrimitives).
 """
 
 from __future__ import annotations
