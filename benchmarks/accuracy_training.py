@@ -11,7 +11,9 @@ the script re-runs itself under it, one thread): PyTorch's allocator and what by
 buffers). Beside it, for the first step, PyTorch's CPU allocator alone: it does not cache, and with
 profile_memory=True the profiler records every allocation and free of the c10 CPU allocator with its exact size;
 their running sum is the live bytes. The script first checks the profiler on a Linear layer whose step is worked
-out by hand (it must match to the byte).
+out by hand (it must match to the byte). A model with convolutions has its heap measured in a fresh process per row
+(after the same warm-up), as a process makes its first step: oneDNN keeps every convolution primitive it creates
+for the process's life (its primitive cache), so a row after the first would find them made.
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
 Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out|real]
@@ -353,6 +355,42 @@ class Row:
         return (self.estimate_later - self.measured_later) / self.measured_later
 
 
+def _has_convolution(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
+
+
+def steps_heap(case: Case, module: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int, optimizer: str,
+               folder: Path) -> tuple[int, int]:
+    """Give the heap peaks of the first and the second training step (measure_steps under the malloc counter): in
+    this process, or for a model with convolutions in a fresh one (--fresh-steps), as a process makes its first
+    step: oneDNN keeps every convolution primitive it creates for the process's life, so a row after the first of
+    a model would find them made."""
+    if not _has_convolution(module):
+        return measure_steps(module, inputs, lambda out: case.loss(out, batch), optimizer, heap_peak)
+    state_path = folder / f"{case.name}.steps.pt"
+    torch.save({"state": module.state_dict(), "inputs": inputs}, state_path)
+    lines = subprocess.run([sys.executable, __file__, "--fresh-steps", case.name, optimizer, str(batch),
+                            str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
+    first, later = next(line for line in lines if line.startswith("@@")).split()[1:]
+    return int(first), int(later)
+
+
+def fresh_steps(model: str, optimizer: str, batch: int, state_path: str) -> None:
+    """Print the heap peaks of the first and second steps of a fixture or held-out model in this fresh process
+    (--fresh-steps), after the same warm-up as main (one thread, MKL's first GEMM)."""
+    torch.set_num_threads(1)
+    check_measurement()
+    case = next(c for c in (fixture_cases() or []) + HELD_OUT + REFERENCE if c.name == model)
+    saved = torch.load(state_path)
+    torch.manual_seed(0)
+    module = case.build()
+    module.load_state_dict(saved["state"])
+    module.train()
+    first, later = measure_steps(module, tuple(saved["inputs"]), lambda out: case.loss(out, batch), optimizer,
+                                 heap_peak)
+    print("@@", first, later, flush=True)
+
+
 def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
     torch.manual_seed(0)
     reference = case.build()
@@ -365,7 +403,7 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module = case.build()
             module.load_state_dict(reference.state_dict())
             module.train()
-            first, later = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer, heap_peak)
+            first, later = steps_heap(case, module, inputs, batch, optimizer, folder)
             torch.manual_seed(0)
             module = case.build()
             module.load_state_dict(reference.state_dict())
@@ -376,10 +414,12 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
+            assert training.timeline is not None
+            # a later step starts with what the first left: the optimizer state and oneDNN's cached primitives
+            later_baseline = training.timeline.later_live_bytes[0]
             rows.append(Row(
                 case.name, batch, optimizer, first, c10, training.first_step.peak_bytes - baseline,
-                training.hand_formula_bytes - baseline, later,
-                training.later_step.peak_bytes - baseline - training.optimizer_state_bytes,
+                training.hand_formula_bytes - baseline, later, training.later_step.peak_bytes - later_baseline,
                 training.first_step.peak_phase))
     return rows
 
@@ -390,8 +430,19 @@ def main() -> None:
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--set", choices=("fixtures", "held-out", "real"), default="fixtures",
                         help="the fixtures' models, models the rules were never tuned on, or real architectures")
+    parser.add_argument("--fresh-heap", nargs=4, metavar=("MODEL", "OPTIMIZER", "VARIANT", "STATE"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--fresh-steps", nargs=4, metavar=("MODEL", "OPTIMIZER", "BATCH", "STATE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     under_malloc_counter()
+    if args.fresh_heap:
+        fresh_heap(*args.fresh_heap)
+        return
+    if args.fresh_steps:
+        model, optimizer, batch, state = args.fresh_steps
+        fresh_steps(model, optimizer, int(batch), state)
+        return
     if args.set == "real":
         main_real(args.models)
         return
@@ -658,6 +709,39 @@ class VariantRow:
         return (self.estimate - self.heap) / self.heap
 
 
+def _real_imports() -> None:
+    """Import what the real architectures need (tvshim before torchvision, timm and transformers)."""
+    sys.path.insert(0, str(TOOLS))
+    importlib.import_module("tvshim")
+    import torchvision  # noqa: F401
+    import transformers  # noqa: F401
+
+
+def fresh_heap(model: str, optimizer: str, variant: str, state_path: str) -> None:
+    """Print the heap peak of the first training step of `model` in this fresh process (--fresh-heap): the same
+    warm-up as main_real (one thread, MKL's first GEMM), then the step."""
+    _real_imports()
+    torch.set_num_threads(1)
+    check_measurement()
+    case = next(c for c in REAL if c.name == model)
+    state = torch.load(state_path)
+    print("@@", first_step(case, state, optimizer, heap_peak, "" if variant == "-" else variant), flush=True)
+
+
+def heap_of_first_step(case: RealCase, state: dict[str, torch.Tensor], state_path: Path, optimizer: str,
+                       variant: str = "") -> int:
+    """Give the heap peak of a first training step as a process makes it: oneDNN keeps every convolution primitive
+    it creates for the process's life (its primitive cache), so a model with convolutions is measured in a fresh
+    process (else a row after the first finds them made); others here, in this process."""
+    if not _has_convolution(case.build()):
+        return first_step(case, state, optimizer, heap_peak, variant)
+    if not state_path.exists():
+        torch.save(state, state_path)
+    lines = subprocess.run([sys.executable, __file__, "--fresh-heap", case.name, optimizer, variant or "-",
+                            str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
+    return int(next(line for line in lines if line.startswith("@@")).split()[1])
+
+
 def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[RealRow]:
     from onnxmem.torch import export_for_training
 
@@ -666,20 +750,21 @@ def run_real(case: RealCase, folder: Path, variants: list[VariantRow]) -> list[R
     state = {k: v.clone() for k, v in reference.state_dict().items()}
     example = case.inputs(case.batch)
     default_path, recommended_path = folder / f"{case.name}.default.onnx", folder / f"{case.name}.train.onnx"
+    state_path = folder / f"{case.name}.state.pt"
     with quiet():
         torch.onnx.export(reference.eval(), example, str(default_path), dynamo=True)  # what a user writes
         export_for_training(reference, case.inputs(2), recommended_path, {"batch": 0})
     del reference
     rows = []
     for optimizer in ("sgd", "adamw"):
-        heap = first_step(case, state, optimizer, heap_peak)
+        heap = heap_of_first_step(case, state, state_path, optimizer)
         c10 = first_step(case, state, optimizer, c10_peak)
         default, warned = real_estimate(default_path, {}, case, optimizer)
         recommended, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer)
         rows.append(RealRow(case.name, case.batch, optimizer, heap, c10, default, recommended, warned))
     for variant in VARIANTS if case.name in HEADS else ():
         for optimizer in ("sgd", "adamw"):
-            heap = first_step(case, state, optimizer, heap_peak, variant)
+            heap = heap_of_first_step(case, state, state_path, optimizer, variant)
             c10 = first_step(case, state, optimizer, c10_peak, variant)
             estimate, _ = real_estimate(recommended_path, {"batch": case.batch}, case, optimizer, variant)
             variants.append(VariantRow(case.name, case.batch, variant, optimizer, heap, c10, estimate))
@@ -698,11 +783,7 @@ def under_malloc_counter() -> None:
 
 def main_real(models: str) -> None:
     """Run --set real (under the malloc counter) and print the table."""
-    sys.path.insert(0, str(TOOLS))
-    importlib.import_module("tvshim")  # before torchvision (and timm, transformers, which import it)
-    import torchvision  # noqa: F401
-    import transformers  # noqa: F401
-
+    _real_imports()
     torch.set_num_threads(1)
     started = time.perf_counter()
     # the measurement checked, and the process's first GEMM made before any model is measured: MKL keeps its pack

@@ -9,6 +9,10 @@ The path PyTorch took is named from oneDNN's verbose log (ONEDNN_VERBOSE=1, read
 child run) or as slow_conv2d where oneDNN ran nothing.
 
     python benchmarks/conv_backward.py [--threads N]
+
+--primitives: the oneDNN primitives each convolution's first forward and backward create (ONEDNN_VERBOSE=all) and
+the heap they keep (oneDNN caches them for the process's life), against onnxmem.training.cpu_convolution_primitives
+(rules.training.OnednnPrimitives).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.torch_memory import c10_peak  # noqa: E402
-from onnxmem.training import cpu_convolution_scratch  # noqa: E402
+from onnxmem.training import cpu_convolution_primitives, cpu_convolution_scratch  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,146 @@ def measure(conv: Conv) -> dict[str, int]:
             "scratch": peak - returned, "heap": heap}
 
 
+def _live_bytes(tensors: list[torch.Tensor | None]) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
+
+
+def measure_primitives(conv: Conv, counter: ctypes.CDLL) -> dict[str, int]:
+    """Give the heap the conv's first forward and first backward keep (oneDNN's primitives, cached for the
+    process's life: the bytes live after each, less the tensors it returns) and what the first pass holds for a
+    moment beyond the second (transient)."""
+    torch.manual_seed(0)
+    padding = conv.kernel // 2 if conv.padding is None else conv.padding
+    cls = nn.Conv2d if conv.dims == 2 else nn.Conv1d
+    module = cls(conv.cin, conv.cout, conv.kernel, stride=conv.stride, padding=padding, groups=conv.groups,
+                 bias=conv.bias)
+    module.weight.requires_grad_(conv.weight_grad)
+    if module.bias is not None:
+        module.bias.requires_grad_(conv.weight_grad)
+    x = torch.randn((conv.batch, conv.cin) + (conv.size,) * conv.dims, requires_grad=conv.input_grad)
+    libc = ctypes.CDLL(None)
+    peaks, held = [], {}
+    for attempt in range(2):
+        gc.collect()
+        start = counter.mc_current()
+        counter.mc_reset_peak()
+        out = module(x)
+        forward = counter.mc_current() - start - _live_bytes([out])
+        libc.fflush(None)
+        print("@@ forward", flush=True)  # oneDNN's log lines of the forward before this one
+        grad = torch.ones_like(out)
+        before = counter.mc_current()
+        out.backward(grad)
+        grads = [x.grad, module.weight.grad, None if module.bias is None else module.bias.grad]
+        backward = counter.mc_current() - before - _live_bytes(grads)
+        peaks.append(counter.mc_peak() - start)
+        if attempt == 0:
+            held = {"forward": forward, "backward": backward}
+        del out, grad, grads
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+    return {**held, "transient": peaks[0] - peaks[1] - held["forward"] - held["backward"]}
+
+
+def child_primitives() -> None:
+    """Measure each conv's primitives in one process, after a convolution of other shapes (the process's first
+    one also pays oneDNN's and the autograd engine's one-time set-up)."""
+    torch.set_num_threads(1)
+    counter = ctypes.CDLL(None)
+    counter.mc_peak.restype = counter.mc_current.restype = ctypes.c_int64
+    measure_primitives(WARM_UP, counter)
+    ctypes.CDLL(None).fflush(None)
+    print("@@", json.dumps({}), flush=True)
+    for conv in CONVS:
+        result = measure_primitives(conv, counter)
+        ctypes.CDLL(None).fflush(None)
+        print("@@", json.dumps(result), flush=True)
+
+
+WARM_UP = Conv("warm-up", 5, 24, 3, 7, 3)
+
+
+def created(log: list[str]) -> list[str]:
+    """Give the primitives that oneDNN's log (ONEDNN_VERBOSE=all) says were created, not found in its cache."""
+    made = []
+    for line in log:
+        fields = line.split(",")
+        if len(fields) > 7 and fields[2] == "primitive" and fields[3] == "create:cache_miss":
+            made.append(fields[6] if fields[5] == "reorder" else f"{fields[7].replace('_training', '')} {fields[6]}")
+    return made
+
+
+def main_primitives() -> None:
+    """Print, per convolution, the oneDNN primitives its first forward and backward create and the heap they keep,
+    against the rule (cpu_convolution_primitives: the primitives not made by an earlier convolution here)."""
+    environment = {**os.environ, "ONEDNN_VERBOSE": "all", "OMP_NUM_THREADS": "1"}
+    _preload_counter(environment)
+    lines = subprocess.run([sys.executable, __file__, "--child-primitives"], env=environment, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    print(f"torch {torch.__version__}, CPU ({torch.backends.cpu.get_cpu_capability()}), one thread, fp32; kept = "
+          "heap bytes live after the convolution's first forward and first backward, less the tensors they return "
+          "(oneDNN's cache keeps every primitive it creates); transient = what the first pass held beyond the "
+          "second at its peak, less what it kept; rule = cpu_convolution_primitives' primitives not made earlier "
+          "in this process")
+    print()
+    print("| convolution | created (forward) | created (backward) | kept | transient | rule | rule - kept |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    seen: set[tuple[object, ...]] = set()
+    log: list[str] = []
+    logs: list[list[str]] = []
+    results = iter([WARM_UP, *CONVS])
+    gaps, kept_total, rule_total = [], 0, 0
+    for line in lines:
+        if line == "@@ forward":
+            logs.append(log)
+            log = []
+            continue
+        if not line.startswith("@@"):
+            log.append(line)
+            continue
+        conv, measured = next(results), json.loads(line[3:])
+        forward_log, backward_log = logs[0], logs[1] + log  # the first pass's forward; its backward and the second
+        logs, log = [], []
+        padding = conv.kernel // 2 if conv.padding is None else conv.padding
+        out = (conv.size + 2 * padding - conv.kernel) // conv.stride + 1
+        x = (conv.batch, conv.cin) + (conv.size,) * conv.dims
+        w = (conv.cout, conv.cin // conv.groups) + (conv.kernel,) * conv.dims
+        y = (conv.batch, conv.cout) + (out,) * conv.dims
+        new = [(key, size) for key, size, _ in cpu_convolution_primitives(x, w, y, 4, conv.input_grad,
+                                                                           conv.weight_grad, 1)
+               if key not in seen]
+        seen.update(key for key, _ in new)
+        rule = sum(size for _, size in dict(new).items())
+        if conv is WARM_UP:
+            continue
+        kept = measured["forward"] + measured["backward"]
+        gaps.append(rule - kept)
+        kept_total += kept
+        rule_total += rule
+
+        def summary(made: list[str]) -> str:
+            convolutions = [m for m in made if " " in m]
+            reorders = len(made) - len(convolutions)
+            return ", ".join(convolutions + ([f"{reorders} reorders"] if reorders else [])) or "-"
+
+        print(f"| {conv.name} | {summary(created(forward_log))} | {summary(created(backward_log))} | {kept:,} "
+              f"| {measured['transient']:+,} | {rule:,} | {rule - kept:+,} |")
+    print()
+    gaps.sort()
+    print(f"rule - kept: median {gaps[len(gaps) // 2]:+,} B, from {gaps[0]:+,} to {gaps[-1]:+,} B; in all "
+          f"{rule_total:,} B by the rule, {kept_total:,} B kept ({100 * (rule_total - kept_total) / kept_total:+.1f}%)")
+
+
+def _preload_counter(environment: dict[str, str]) -> None:
+    """Preload the malloc counter into a child's environment (built from ../shared/tools or $ONNXMEM_TOOLS), unless
+    it is there."""
+    counter_source = Path(os.environ.get("ONNXMEM_TOOLS", ROOT.parent / "shared" / "tools")) / "malloc_counter.c"
+    if "malloc_counter" not in environment.get("LD_PRELOAD", "") and counter_source.exists():
+        library = Path(tempfile.mkdtemp()) / "libmalloc_counter.so"
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(counter_source)], check=True)
+        environment["LD_PRELOAD"] = str(library)
+
+
 def child(threads: int) -> None:
     """Measure each conv (the parent reads oneDNN's log between the lines)."""
     torch.set_num_threads(threads)
@@ -145,17 +289,22 @@ def paths(log: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
+    parser.add_argument("--primitives", action="store_true",
+                        help="oneDNN's primitives each convolution creates and the heap they keep, against the rule")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-primitives", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.threads)
         return
+    if args.child_primitives:
+        child_primitives()
+        return
+    if args.primitives:
+        main_primitives()
+        return
     environment = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": str(args.threads)}
-    counter_source = ROOT.parent / "shared" / "tools" / "malloc_counter.c"
-    if "malloc_counter" not in environment.get("LD_PRELOAD", "") and counter_source.exists():
-        library = Path(tempfile.mkdtemp()) / "libmalloc_counter.so"
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(counter_source)], check=True)
-        environment["LD_PRELOAD"] = str(library)
+    _preload_counter(environment)
     lines = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads)], env=environment,
                            capture_output=True, text=True, check=True).stdout.splitlines()
     print(f"torch {torch.__version__}, CPU ({torch.backends.cpu.get_cpu_capability()}), {args.threads} thread(s), "

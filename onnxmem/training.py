@@ -227,6 +227,8 @@ class _Model:
     forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
     # node -> the autograd nodes PyTorch makes for it on CPU where not one (an unrolled recurrent op's cells)
     autograd_nodes: dict[int, int] = field(default_factory=dict)
+    # node -> the oneDNN primitives it creates on CPU: (cache key, bytes, made by its backward)
+    primitives: dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -479,7 +481,8 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
                   n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
-                  needs.forward_temporaries, needs.autograd_nodes)
+                  needs.forward_temporaries, needs.autograd_nodes,
+                  _cpu_primitives(nodes, values, needs_grad, differentiable, options))
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -1151,6 +1154,27 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
     """Give the bytes a Conv's backward and its forward allocate on CPU besides what they return
     (cpu_convolution_scratch), or None where its shapes are not all known (then the op's generic temporaries
     apply). Under autocast it runs in 16 bits."""
+    known = _convolution_shapes(node, values, options)
+    if known is None:
+        return None
+    shapes, element = known
+    inputs = node.inputs
+    bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
+    bias_bytes = (bias.numel or 0) * element if bias is not None else 0
+    isa = options.isa
+    backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
+                                       needs_grad[inputs[1]], options.cpu_threads, isa=isa)
+    forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
+                                      options.cpu_threads, forward=True, isa=isa)
+    if backward is None or forward is None:
+        return None
+    return backward, forward
+
+
+def _convolution_shapes(node: _Node, values: list[_Value], options: TrainingOptions) \
+        -> tuple[list[tuple[int, ...]], int] | None:
+    """Give a Conv's input, weight and output shapes and the element size it runs at (16 bits under autocast), or
+    None where a shape is not known."""
     inputs = node.inputs
     if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0 or not node.outputs or node.outputs[0] < 0:
         return None
@@ -1162,18 +1186,32 @@ def _cpu_convolution_scratch(node: _Node, values: list[_Value], needs_grad: list
         shapes.append(tuple(int(d) for d in value.shape))  # type: ignore[arg-type]
     if not x.numel or not x.nbytes:
         return None
-    bias = values[inputs[2]] if len(inputs) > 2 and inputs[2] >= 0 else None
     low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
-    element = 2 if low else x.nbytes // x.numel
-    bias_bytes = (bias.numel or 0) * element if bias is not None else 0
-    isa = options.isa
-    backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
-                                       needs_grad[inputs[1]], options.cpu_threads, isa=isa)
-    forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
-                                      options.cpu_threads, forward=True, isa=isa)
-    if backward is None or forward is None:
-        return None
-    return backward, forward
+    return shapes, 2 if low else x.nbytes // x.numel
+
+
+def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[bool], differentiable: list[bool],
+                    options: TrainingOptions) -> dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]]:
+    """Give, per Conv node on CPU, the oneDNN primitives its forward and backward create
+    (cpu_convolution_primitives): cached by oneDNN, they are counted once per distinct key (_primitive_buffers)."""
+    if options.device != "cpu":
+        return {}
+    made = {}
+    for n, node in enumerate(nodes):
+        rule = _rule(node.op_type, node.domain)
+        if rule is None or not rule.cpu_convolution:
+            continue
+        known = _convolution_shapes(node, values, options)
+        if known is None:
+            continue
+        (x, w, y), element = known
+        inputs = node.inputs
+        backward = differentiable[n]
+        primitives = cpu_convolution_primitives(x, w, y, element, backward and needs_grad[inputs[0]],
+                                                backward and needs_grad[inputs[1]], options.cpu_threads, options.isa)
+        if primitives:
+            made[n] = primitives
+    return made
 
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
@@ -1202,12 +1240,8 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     strided = any(o < s - k + 1 for o, s, k in zip(out_spatial, spatial, kernel, strict=True))
     one_by_one = all(k == 1 for k in kernel)
     kernel_elements, out_elements = math.prod(kernel), math.prod(out_spatial)
-    # ATen's ConvParams::use_mkldnn for a float CPU tensor (a 1-D convolution runs as a 2-D one of height 1)
-    mkldnn = element_bytes in isa.mkldnn_element_bytes and (
-        strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
-        groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
-        or math.prod(x) >= rule.mkldnn_min_batch1_numel)
-    if not mkldnn:  # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
+    # slow_conv2d, one group at a time: an im2col buffer (none for a 1x1 unstrided convolution)
+    if not _runs_onednn(x, w, y, element_bytes, threads, isa):
         unfolded = not (one_by_one and out_spatial == spatial)
         columns = element_bytes * batch * group_channels * kernel_elements * out_elements if unfolded else 0
         if groups == 1:
@@ -1251,6 +1285,78 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
             moments.append(made + weight_blocked + weight_bytes)
     returned = (in_bytes if input_grad else 0) + (weight_bytes + bias_bytes if weight_grad else 0)
     return max(0, max(moments) - returned)
+
+
+def _runs_onednn(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int, threads: int,
+                 isa: CpuIsa) -> bool:
+    """Say whether PyTorch runs this 1-D or 2-D convolution in oneDNN (ATen's ConvParams::use_mkldnn for a float CPU
+    tensor; a 1-D convolution runs as a 2-D one of height 1), else in slow_conv2d (rules.training.CPU_CONVOLUTION)."""
+    rule = CPU_CONVOLUTION
+    batch, groups, kernel = x[0], x[1] // w[1], w[2:]
+    strided = any(o < s - k + 1 for o, s, k in zip(y[2:], x[2:], kernel, strict=True))
+    one_by_one = all(k == 1 for k in kernel)
+    return element_bytes in isa.mkldnn_element_bytes and (
+        strided or batch >= rule.mkldnn_min_batch_1x1 or not one_by_one or threads > 1) and (
+        groups > 1 or (len(kernel) == 2 and min(kernel) > 3) or batch > 1
+        or math.prod(x) >= rule.mkldnn_min_batch1_numel)
+
+
+def cpu_convolution_primitives(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
+                               input_grad: bool, weight_grad: bool, threads: int = 1,
+                               isa: CpuIsa | None = None) -> tuple[tuple[tuple[object, ...], int, bool], ...]:
+    """Give the oneDNN primitives a 1-D or 2-D convolution's forward and backward create on CPU, each as (its cache
+    key, the heap bytes it keeps, whether its backward creates it), from its shapes (rules.training.OnednnPrimitives);
+    none where PyTorch runs slow_conv2d or for other ranks. Two convolutions give the same key exactly where oneDNN's
+    cache would hand the second the first's primitive (by shapes: the graph keeps no strides or pads, and a stride
+    or pad shows in the output's shape)."""
+    isa = CPU_ISAS[detect_cpu_isa()] if isa is None else isa
+    if not len(x) == len(w) == len(y) or len(x) not in (3, 4) or x[1] % w[1] \
+            or not _runs_onednn(x, w, y, element_bytes, threads, isa):
+        return ()
+    sizes, rule = isa.primitives, CPU_CONVOLUTION
+    channels, group_channels, kernel, spatial = x[1], w[1], w[2:], x[2:]
+    groups = channels // group_channels
+    depthwise = groups > 1 and group_channels == 1
+    flat = groups == 1 and channels == rule.flat_channels  # read as it is: no reorder
+    one_by_one = all(k == 1 for k in kernel)
+    strided = any(o < s - k + 1 for o, s, k in zip(y[2:], spatial, kernel, strict=True))
+    kind = "depthwise" if depthwise else "one_by_one" if one_by_one else "jit"
+    conv = (element_bytes, x, w, y)
+    made: list[tuple[tuple[object, ...], int, bool]] = []
+
+    def reorder(role: str, shape: tuple[int, ...], backward: bool) -> None:
+        made.append((("reorder", role, element_bytes, shape), sizes.reorder, backward))
+
+    forward_kind = "strided_one_by_one" if one_by_one and strided and not depthwise else kind
+    made.append((("forward", *conv), getattr(sizes, f"forward_{forward_kind}"), False))
+    if not flat:
+        reorder("to blocked", x, False)
+    reorder("weights" if depthwise else "weights forward", w, False)
+    reorder("from blocked", y, False)
+    if input_grad:
+        if strided and not depthwise:  # brgconv_strided, in the channels-last layout
+            data_kind = "strided_one_by_one" if one_by_one else "strided"
+            reorder("to channels-last", y, True)
+            reorder("weights strided", w, True)
+            reorder("channels-last copy", x, True)
+        else:
+            data_kind = kind
+            reorder("to blocked", y, True)
+            reorder("weights" if depthwise else "weights backward", w, True)
+            reorder("from blocked", x, True)
+        made.append((("backward data", *conv), getattr(sizes, f"backward_data_{data_kind}"), True))
+    if weight_grad:
+        larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
+        gemm = larger_kernel or (max(kernel) > rule.depthwise_jit_max_kernel if depthwise
+                                 else kernel[-1] >= rule.jit_max_kernel_width)
+        made.append((("backward weights", *conv), getattr(sizes, f"backward_weights_{'gemm' if gemm else kind}"),
+                     True))
+        if not gemm:
+            if not flat:
+                reorder("to blocked", x, True)
+            reorder("to blocked", y, True)
+            reorder("weights gradient", w, True)
+    return tuple(made)
 
 
 def _onednn_ld(n: int) -> int:
@@ -1459,6 +1565,7 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     _backward_buffers(model, options, step, buffers)
     _optimizer_buffers(model, options, rule, step, buffers, first_step)
     _autograd_graph_buffers(model, options, step, buffers)
+    _primitive_buffers(model, step, buffers, first_step)
     live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
     peak_event = max(range(len(live)), key=live.__getitem__)
     saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)
@@ -1591,6 +1698,22 @@ def _autograd_graph_buffers(model: _Model, options: TrainingOptions, step: _Sche
         users = [step.fwd[c] for c in model.values[t].consumers]
         buffers.add(f"{model.values[t].name} (gradient accumulator)", "autograd graph", each,
                     min(users, default=step.data), step.end)
+
+
+def _primitive_buffers(model: _Model, step: _Schedule, buffers: _Buffers, first_step: bool) -> None:
+    """Add oneDNN's cached primitives (rules.training.OnednnPrimitives): each distinct one from the event that
+    first creates it (a Conv's forward, or its backward) to the step's end; in a later step, held from its start."""
+    created: dict[tuple[object, ...], tuple[int, int]] = {}
+    for n, primitives in model.primitives.items():
+        for key, nbytes, backward in primitives:
+            event = step.bwd[n] if backward else step.rec[n] if step.fwd[n] < 0 else step.fwd[n]
+            if event < 0:
+                continue
+            if key not in created or event < created[key][1]:
+                created[key] = (nbytes, event)
+    for key, (nbytes, event) in created.items():
+        buffers.add(f"{' '.join(map(str, key))} (oneDNN primitive)", "oneDNN primitives", nbytes,
+                    event if first_step else step.data, step.end)
 
 
 def _recompute_buffers(model: _Model, step: _Schedule, buffers: _Buffers) -> None:

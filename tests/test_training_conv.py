@@ -5,6 +5,7 @@ against PyTorch itself where torch is installed. Sizes are float32."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS
-from onnxmem.training import TrainingOptions, cpu_convolution_scratch, detect_cpu_isa
+from onnxmem.report import TrainingReport
+from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS, OnednnPrimitives
+from onnxmem.training import TrainingOptions, cpu_convolution_primitives, cpu_convolution_scratch, detect_cpu_isa
 
 from . import graphs
 
@@ -179,7 +181,114 @@ def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     cuda = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cuda", loss="mean")).training
     assert cpu is not None and cuda is not None
     assert cpu.peak_event == "backward of Conv b"
-    assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE
+    # and oneDNN's primitives of the two convolutions, which share one descriptor (see the tests below)
+    assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE + SAME_SHAPE_3X3_PRIMITIVES
+
+
+# oneDNN's cached primitives (rules.training.OnednnPrimitives) of a 3x3 convolution whose input and output have one
+# shape, made by its forward and a backward with both gradients: the forward, backward-data and backward-weights
+# convolutions and five reorders (the activation's shape to and from the blocked layout, the weight's for the
+# forward, for the input's gradient and from the blocked weight gradient)
+PRIMITIVES = AVX2.primitives
+SAME_SHAPE_3X3_PRIMITIVES = PRIMITIVES.forward_jit + PRIMITIVES.backward_data_jit + PRIMITIVES.backward_weights_jit \
+    + 5 * PRIMITIVES.reorder
+
+
+def _without_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every primitive of the AVX2 table cost nothing (the rest of the CPU rules as they are)."""
+    zero = OnednnPrimitives(**{f.name: 0 for f in dataclasses.fields(OnednnPrimitives)})
+    monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, primitives=zero))
+
+
+def _cpu_step(model: onnx.ModelProto, **options: object) -> TrainingReport:
+    training = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
+                                                               cpu_isa="avx2", **options)).training  # type: ignore
+    assert training is not None
+    return training
+
+
+def test_identical_convolutions_share_their_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Conv a (an image input: no input gradient) and Conv b, both 64 -> 64 3x3 on 16x16 at batch 8: one forward,
+    # one backward-weights primitive for both (oneDNN's cache hands b a's), b's backward-data one, five reorders;
+    # all made by the time b's backward, the peak, runs
+    with_primitives = _cpu_step(conv_chain())
+    _without_primitives(monkeypatch)
+    without = _cpu_step(conv_chain())
+    assert with_primitives.peak_event == without.peak_event == "backward of Conv b"
+    assert with_primitives.peak_bytes - without.peak_bytes == SAME_SHAPE_3X3_PRIMITIVES == 162_400
+
+
+def test_a_later_step_starts_with_the_primitives_the_first_made() -> None:
+    # sgd keeps no state: what a later step has live before its data beyond the first's is the cached primitives
+    training = _cpu_step(conv_chain())
+    assert training.timeline is not None
+    assert training.timeline.later_live_bytes[0] - training.timeline.first_live_bytes[0] == SAME_SHAPE_3X3_PRIMITIVES
+
+
+def _two_convs(second_channels: int, stride: int = 1) -> onnx.ModelProto:
+    """x [4,32,16,16] (needs no gradient) -> Conv a (32->32, 3x3, pad 1) -> Relu -> Conv b (32->C, 3x3, pad 1,
+    stride s) -> y."""
+    weight = graphs.external_header
+    side = 16 // stride
+    return graphs.model(
+        [oh.make_node("Conv", ["x", "Wa"], ["a"], name="a", pads=[1, 1, 1, 1]),
+         oh.make_node("Relu", ["a"], ["r"], name="relu"),
+         oh.make_node("Conv", ["r", "Wb"], ["y"], name="b", pads=[1, 1, 1, 1], strides=[stride, stride])],
+        [graphs.value("x", [4, 32, 16, 16])], [graphs.value("y", [4, second_channels, side, side])],
+        [weight("Wa", TensorProto.FLOAT, [32, 32, 3, 3]),
+         weight("Wb", TensorProto.FLOAT, [second_channels, 32, 3, 3])])
+
+
+def test_each_distinct_convolution_adds_its_own_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    same, wider, strided = _cpu_step(_two_convs(32)), _cpu_step(_two_convs(48)), _cpu_step(_two_convs(32, 2))
+    _without_primitives(monkeypatch)
+    same_0, wider_0, strided_0 = _cpu_step(_two_convs(32)), _cpu_step(_two_convs(48)), _cpu_step(_two_convs(32, 2))
+    p = PRIMITIVES
+    assert same.peak_bytes - same_0.peak_bytes == SAME_SHAPE_3X3_PRIMITIVES
+    # b 32 -> 48: its own forward, backward-data and backward-weights primitives besides a's forward and
+    # backward-weights; reorders: the 32-channel map to and from blocked, a's weight forward and gradient, b's weight
+    # forward, backward and gradient, the 48-channel map from and to blocked
+    assert wider.peak_bytes - wider_0.peak_bytes == 2 * p.forward_jit + p.backward_data_jit \
+        + 2 * p.backward_weights_jit + 9 * p.reorder
+    # b with stride 2: its input gradient by the strided (brgconv) kernel, in the channels-last layout (the output
+    # gradient to channels-last, the weight for it, the input gradient copied out); the 8x8 map to and from blocked
+    assert strided.peak_bytes - strided_0.peak_bytes == 2 * p.forward_jit + p.backward_data_strided \
+        + 2 * p.backward_weights_jit + 3 * p.reorder + 3 * p.reorder + 2 * p.reorder + p.reorder
+
+
+def test_no_primitives_where_pytorch_does_not_run_onednn() -> None:
+    # a 1x1 unstrided convolution at batch 4 on one thread runs slow_conv2d; bf16 runs it on an AVX2 CPU; CUDA has
+    # no oneDNN; a 3-D convolution is outside the rule
+    x, w, y = (4, 64, 8, 8), (128, 64, 1, 1), (4, 128, 8, 8)
+    assert cpu_convolution_primitives(x, w, y, 4, True, True, 1, AVX2) == ()
+    assert cpu_convolution_primitives(x, w, y, 4, True, True, 2, AVX2) != ()  # more threads: oneDNN
+    x, w, y = (4, 64, 8, 8), (64, 64, 3, 3), (4, 64, 8, 8)
+    assert cpu_convolution_primitives(x, w, y, 2, True, True, 1, AVX2) == ()
+    assert cpu_convolution_primitives((2, 8, 4, 4, 4), (8, 8, 3, 3, 3), (2, 8, 4, 4, 4), 4, True, True) == ()
+    cuda = onnxmem.analyze(conv_chain(), training=TrainingOptions(optimizer="sgd", device="cuda")).training
+    assert cuda is not None and cuda.timeline is not None
+    assert cuda.timeline.later_live_bytes[0] == cuda.timeline.first_live_bytes[0]
+
+
+def test_depthwise_and_1x1_convolutions_take_their_kernels_primitives() -> None:
+    p = PRIMITIVES
+
+    def made(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool = True) -> list[int]:
+        return [size for key, size, _ in cpu_convolution_primitives(x, w, y, 4, input_grad, True, 1, AVX2)
+                if key[0] != "reorder"]
+
+    # depthwise 3x3: jit_dw throughout; 5x5: the weights' gradient by oneDNN's gemm convolution
+    assert made((4, 32, 8, 8), (32, 1, 3, 3), (4, 32, 8, 8)) == [
+        p.forward_depthwise, p.backward_data_depthwise, p.backward_weights_depthwise]
+    assert made((4, 32, 8, 8), (32, 1, 5, 5), (4, 32, 8, 8))[-1] == p.backward_weights_gemm
+    # 1x1 at batch 16, and strided at batch 4 (its input gradient by the strided kernel)
+    assert made((16, 32, 8, 8), (64, 32, 1, 1), (16, 64, 8, 8)) == [
+        p.forward_one_by_one, p.backward_data_one_by_one, p.backward_weights_one_by_one]
+    assert made((4, 32, 8, 8), (64, 32, 1, 1), (4, 64, 4, 4)) == [
+        p.forward_strided_one_by_one, p.backward_data_strided_one_by_one, p.backward_weights_one_by_one]
+    # an image input (3 channels) needs no gradient: no backward-data primitive
+    assert made((4, 3, 32, 32), (16, 3, 3, 3), (4, 16, 32, 32), input_grad=False) == [
+        p.forward_jit, p.backward_weights_jit]
 
 
 def test_the_cpu_instruction_set_is_read_from_the_cpu_flags(tmp_path: Path) -> None:

@@ -171,12 +171,49 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
 # holds the output, which holds the graph.
 CPU_AUTOGRAD_BYTES_PER_NODE = 1200
 
+
+@dataclass(frozen=True)
+class OnednnPrimitives:
+    """The heap oneDNN keeps for each convolution primitive it creates (PyTorch 2.13's mkldnn convolution, fp32),
+    in bytes: measured with the malloc counter in one process, primitive by primitive, the kinds and
+    implementations named by ONEDNN_VERBOSE=all's create:cache_miss lines (benchmarks/conv_backward.py
+    --primitives). oneDNN keeps every primitive it creates in its primitive cache (1024 entries by default), keyed
+    by its descriptor (shapes, strides, padding, data type, propagation kind, attributes): a second convolution of
+    the same shapes creates nothing, so the bytes are counted once per distinct descriptor, held from the step that
+    creates it to the process's end (nearly all of it: the first forward and backward free within 20 KB of what
+    they keep). Besides the convolutions, the reorders to and from oneDNN's blocked layout are cached primitives
+    too, one per (tensor shape, layout pair), shared by every convolution that reorders a tensor of that shape.
+
+    By implementation (AVX2): `jit` (jit:avx2, any kernel but 1x1 and depthwise), `depthwise` (jit_dw),
+    `one_by_one` (jit_1x1, a 1x1 convolution on the oneDNN path), `gemm` (the weights' gradient by oneDNN's gemm
+    convolution, where CPU_CONVOLUTION says), `strided` (brgconv_strided: the input's gradient of a strided
+    convolution that is not depthwise; 1x1: `strided_one_by_one`). The strided kernel's size varies with the shapes
+    (109-183 KB for 3x3/2 on 4x4-32x32 inputs, 328 KB on a 2x2 input): the constant is its usual size.
+    """
+
+    forward_jit: int = 42_200
+    forward_depthwise: int = 43_100
+    forward_one_by_one: int = 53_400
+    forward_strided_one_by_one: int = 59_200
+    backward_data_jit: int = 43_300
+    backward_data_depthwise: int = 45_200
+    backward_data_one_by_one: int = 41_350
+    backward_data_strided: int = 109_400
+    backward_data_strided_one_by_one: int = 73_500
+    backward_weights_jit: int = 20_400
+    backward_weights_depthwise: int = 18_100
+    backward_weights_one_by_one: int = 41_350
+    backward_weights_gemm: int = 12_500
+    reorder: int = 11_300  # a blocked reorder (jit:uni, jit:blk); a plain copy is 10,216
+
+
 @dataclass(frozen=True)
 class CpuIsa:
     """What a CPU's instruction set changes in PyTorch's CPU kernels (oneDNN picks its kernels by it)."""
 
     channel_block: int  # oneDNN's blocked layout pads channels (axis 1) to this multiple
     mkldnn_element_bytes: tuple[int, ...]  # element sizes whose convolutions run in oneDNN (others: slow_conv2d)
+    primitives: OnednnPrimitives = OnednnPrimitives()  # the heap each cached oneDNN primitive keeps
 
 
 # By the CPU the training runs on (TrainingOptions.cpu_isa; detect_cpu_isa for the machine onnxmem runs on):
@@ -188,6 +225,8 @@ CPU_ISAS: dict[str, CpuIsa] = {
     # nChw16c with AVX-512 kernels (measured on an AVX-512 CPU: the fixtures' training table of 2026-11-23 is exact
     # with it); bf16 convolutions run in oneDNN where AVX-512 BW/VL/DQ are present (ATen's
     # mkldnn_bf16_device_check), taken from the source, not measured here.
+    # Its primitives' sizes are not measured: taken as AVX2's (its JIT kernels differ; the descriptors and
+    # primitive objects that make most of the bytes do not).
     "avx512": CpuIsa(channel_block=16, mkldnn_element_bytes=(4, 2)),
 }
 
