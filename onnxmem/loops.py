@@ -1,0 +1,184 @@
+"""A Loop node's run on onnxruntime's CPU provider, simulated allocation by allocation: what its body allocates in
+the arena on every iteration, and the most bytes it holds at a profile sample.
+
+Read from onnxruntime's loop.cc (LoopImpl) and execution_frame.cc, and measured (fixtures/loop_subgraph.onnx and
+the onnx.helper Loops of tests/test_loops.py): the Loop first allocates two scalars from the CPU arena, its
+iteration number (int64) and its condition (bool). Each iteration runs the body in an execution frame of its own
+(utils::ExecuteSubgraph): the body's outputs (the condition, the loop-carried values, the scan outputs) are
+allocated in the arena like any node's, its intermediates too on an iteration that traces the body's memory
+pattern, and in one block of the pattern's size (allocated when the frame is made, freed when it ends) on an
+iteration whose feed shapes the body's session state has already traced. The pattern is cached per feed shapes
+(the loop-carried values' shapes among them) for the session's life: from the second iteration on where the
+loop-carried shapes do not change, and from the first in every later run. Before an iteration the previous
+iteration's outputs become its feeds, which drops the outputs of the iteration before that. After the last
+iteration the Loop allocates its own outputs and copies the last loop-carried values (and the concatenated scan
+outputs) into them, then frees everything it held. The profile samples the arena after every body kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from .graph import ACTIVATION, OUTPUT, ModelGraph, Op
+from .liveness import Timeline, liveness, pattern_block_bytes
+from .rules import InferenceRules
+
+ITERATION_SCALARS = (8, 1)  # LoopImpl::Initialize: the iteration number (int64) and the condition (bool)
+
+Event = tuple[str, int, int]  # ("alloc", buffer id, bytes) or ("free", buffer id, 0); ("sample", 0, 0): a sample
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    """One run of a Loop node: its arena events, and its most requested bytes live at a profile sample."""
+
+    events: tuple[Event, ...]  # the node's outputs among them (buffer id: the output tensor's index)
+    sampled_peak: int  # the most bytes it holds at a sample (after each body kernel), its own outputs apart
+
+
+def loop_trip_counts(graph: ModelGraph, model: onnx.ModelProto) -> dict[int, int]:
+    """Give, per Loop op of the graph, how many iterations it runs where the model says so: its trip count `M`
+    is a constant (an initializer or a Constant node) and its condition is absent or a constant true; a body that
+    computes its condition may stop earlier (the count is then the most it runs)."""
+    constants: dict[str, onnx.TensorProto] = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                constants[node.output[0]] = value
+    found: dict[int, int] = {}
+    for op in graph.ops:
+        if op.op_type != "Loop" or op.domain not in ("", "ai.onnx") or not op.inputs or op.inputs[0] < 0:
+            continue
+        trips = _scalar(constants.get(graph.tensors[op.inputs[0]].name))
+        if len(op.inputs) > 1 and op.inputs[1] >= 0:
+            condition = _scalar(constants.get(graph.tensors[op.inputs[1]].name))
+            if condition is None:
+                continue
+            if not condition:
+                trips = 0
+        if trips is not None and trips >= 0:
+            found[op.index] = trips
+    return found
+
+
+def _scalar(tensor: onnx.TensorProto | None) -> int | None:
+    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(tensor).reshape(-1)
+    return int(values[0]) if values.size == 1 else None
+
+
+def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, traced: set[tuple[object, ...]],
+             mem_pattern: bool = True, ids: Iterator[int] | None = None,
+             own_outputs: Sequence[int] | None = None) -> LoopRun:
+    """Give the events of one run of the Loop `op` of `graph` for `trips` iterations (see the module's docstring).
+
+    `traced`: the feed shapes whose body pattern the session holds, updated with those this run traces (the same
+    set across runs); `mem_pattern`: whether the session's memory pattern is on; `ids`: fresh buffer ids (negative,
+    unique across everything replayed on one arena); `own_outputs`: the Loop's outputs allocated in the arena
+    (default: all; a later run places an intermediate output in the outer graph's pattern block instead).
+    """
+    fresh = ids if ids is not None else itertools.count(-(1 << 59), -1)
+    body = op.subgraphs[0]
+    from .orders import execution_order
+
+    order = execution_order(body, "ort")
+    timeline = liveness(body, order, rules, count_graph_outputs=True, loop_body=True)
+    block = pattern_block_bytes(body, timeline)
+    nbytes = [t.nbytes or 0 for t in body.tensors]
+    carried_in = tuple(graph.tensors[t].shape for t in op.inputs[2:] if t >= 0)
+    carried_out = tuple(body.tensors[t].shape for t in body.outputs[1:1 + len(op.inputs[2:])])
+    outputs = [t for t in op.outputs if t >= 0] if own_outputs is None else list(own_outputs)
+
+    events: list[Event] = []
+    scalars = [next(fresh) for _ in ITERATION_SCALARS]
+    events.extend(("alloc", i, n) for i, n in zip(scalars, ITERATION_SCALARS, strict=True))
+    before: list[int] = []  # the outputs of the iteration before the last
+    last: list[int] = []  # the outputs of the last iteration
+    kept: list[int] = []  # scan outputs, kept to be concatenated
+    carried = len(op.inputs[2:])
+    for iteration in range(trips):
+        events.extend(("free", i, 0) for i in before)  # the feeds they were are replaced
+        key = carried_in if iteration == 0 else carried_out
+        frame, made = _frame(body, timeline, block if mem_pattern and key in traced else None, nbytes, fresh)
+        events.extend(frame)
+        if mem_pattern:
+            traced.add(key)
+        before, last = last, _distinct(made[:1 + carried])
+        kept.extend(_distinct(made[1 + carried:]))
+    sizes = {t: graph.tensors[t].nbytes or 0 for t in outputs}
+    events.extend(("alloc", t, sizes[t]) for t in op.outputs if t in sizes)
+    events.extend(("free", i, 0) for i in (*before, *last, *kept, *scalars))
+    return LoopRun(tuple(events), _sampled_peak(events))
+
+
+def _frame(body: ModelGraph, timeline: Timeline, block: int | None, nbytes: Sequence[int],
+           fresh: Iterator[int]) -> tuple[list[Event], list[int | None]]:
+    """Give one iteration's events (`block`: the pattern's size where the frame uses it, None where it traces)
+    and the buffer ids of the body's outputs, in the body's output order (their buffers outlive the frame; None:
+    an output passed through from a feed, no buffer of its own)."""
+    ids: dict[int, int] = {}
+    ending: dict[int, list[int]] = {}
+    for t, first in enumerate(timeline.first_step):
+        if first >= 0 and body.tensors[t].kind == ACTIVATION:
+            ending.setdefault(timeline.last_step[t], []).append(t)
+    events: list[Event] = []
+    block_id = next(fresh) if block else None
+    if block_id is not None:
+        events.append(("alloc", block_id, block or 0))
+    for step, op_index in enumerate(timeline.order):
+        for t in body.ops[op_index].outputs:
+            if t < 0 or timeline.first_step[t] != step:
+                continue
+            if body.tensors[t].kind == OUTPUT or block is None:
+                ids[t] = next(fresh)
+                events.append(("alloc", ids[t], nbytes[t]))
+        events.append(("sample", 0, 0))
+        if block is None:
+            events.extend(("free", ids[t], 0) for t in ending.get(step, ()) if t in ids)
+    if block_id is not None:
+        events.append(("free", block_id, 0))
+    made = [ids.get(timeline.buffer_of[t]) for t in body.outputs]
+    return events, made
+
+
+def _distinct(ids: Sequence[int | None]) -> list[int]:
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def _sampled_peak(events: Sequence[Event]) -> int:
+    """Give the most bytes live at a sample of `events`."""
+    live: dict[int, int] = {}
+    total = peak = 0
+    for kind, buffer, size in events:
+        if kind == "alloc":
+            live[buffer] = size
+            total += size
+        elif kind == "free":
+            total -= live.pop(buffer, 0)
+        else:
+            peak = max(peak, total)
+    return peak
+
+
+def replayed(events: Sequence[Event]) -> list[Event]:
+    """Give the events an arena replays (samples dropped)."""
+    return [e for e in events if e[0] != "sample"]
+
+
+def loop_runs_by_op(graph: ModelGraph, trips: Mapping[int, int], rules: InferenceRules,
+                    traced: dict[int, set[tuple[object, ...]]], mem_pattern: bool = True,
+                    ids: Iterator[int] | None = None,
+                    own_outputs: Mapping[int, Sequence[int]] | None = None) -> dict[int, LoopRun]:
+    """Give one run of every Loop whose trip count is known (`trips`: loop_trip_counts), keyed by op index;
+    `traced`: per op, the feed shapes its body's pattern was traced for (kept across runs)."""
+    return {index: loop_run(graph, graph.ops[index], count, rules, traced.setdefault(index, set()), mem_pattern,
+                            ids, None if own_outputs is None else own_outputs.get(index, ()))
+            for index, count in trips.items() if graph.ops[index].subgraphs}
