@@ -98,24 +98,35 @@ def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, trace
     outputs = [t for t in op.outputs if t >= 0] if own_outputs is None else list(own_outputs)
 
     events: list[Event] = []
-    scalars = [next(fresh) for _ in ITERATION_SCALARS]
-    events.extend(("alloc", i, n) for i, n in zip(scalars, ITERATION_SCALARS, strict=True))
-    before: list[int] = []  # the outputs of the iteration before the last
-    last: list[int] = []  # the outputs of the last iteration
-    kept: list[int] = []  # scan outputs, kept to be concatenated
+    number, condition = next(fresh), next(fresh)
+    events.extend((("alloc", number, ITERATION_SCALARS[0]), ("alloc", condition, ITERATION_SCALARS[1])))
+    # The values LoopImpl holds (buffer ids; None: a value outside the arena, an outer tensor): its feeds from
+    # the condition on (the iteration number is its own), the last iteration's fetches, its condition, the scan
+    # outputs it keeps. A buffer is freed when none of them holds it any more.
+    feeds: list[int | None] = [condition, *(None for _ in op.inputs[2:])]
+    fetches: list[int | None] = []
+    held_condition: int | None = condition
+    kept: list[int | None] = []
     carried = len(op.inputs[2:])
+    passed = _passed_through(body, timeline)
     for iteration in range(trips):
-        events.extend(("free", i, 0) for i in before)  # the feeds they were are replaced
+        before = [*feeds, held_condition]
+        if iteration:
+            feeds, kept = fetches[:1 + carried], [*kept, *fetches[1 + carried:]]  # SaveOutputsAndUpdateFeeds
+            fetches = []
+            events.extend(_released(before, [*feeds, held_condition, *kept]))
         key = carried_in if iteration == 0 else carried_out
         frame, made = _frame(body, timeline, block if mem_pattern and key in traced else None, nbytes, fresh)
         events.extend(frame)
         if mem_pattern:
             traced.add(key)
-        before, last = last, _distinct(made[:1 + carried])
-        kept.extend(_distinct(made[1 + carried:]))
+        # an output passed through from a feed (Identity of the condition) is that feed's value
+        fetches = [feeds[passed[k] - 1] if i is None and passed[k] >= 1 else i for k, i in enumerate(made)]
+        before_condition, held_condition = held_condition, fetches[0] if fetches else None
+        events.extend(_released([before_condition], [*feeds, *fetches, held_condition, *kept]))
     sizes = {t: graph.tensors[t].nbytes or 0 for t in outputs}
     events.extend(("alloc", t, sizes[t]) for t in op.outputs if t in sizes)
-    events.extend(("free", i, 0) for i in (*before, *last, *kept, *scalars))
+    events.extend(_released([*feeds, *fetches, held_condition, *kept, number], []))
     return LoopRun(tuple(events), _sampled_peak(events))
 
 
@@ -149,8 +160,17 @@ def _frame(body: ModelGraph, timeline: Timeline, block: int | None, nbytes: Sequ
     return events, made
 
 
-def _distinct(ids: Sequence[int | None]) -> list[int]:
-    return list(dict.fromkeys(i for i in ids if i is not None))
+def _released(before: Sequence[int | None], after: Sequence[int | None]) -> list[Event]:
+    """Give the frees of the buffers held `before` that nothing holds `after`."""
+    still = set(after)
+    return [("free", i, 0) for i in dict.fromkeys(before) if i is not None and i not in still]
+
+
+def _passed_through(body: ModelGraph, timeline: Timeline) -> list[int]:
+    """Give, per body output, the position among the body's inputs of the input it passes through (an Identity
+    sharing it: liveness.alias_roots), or -1."""
+    position = {t: k for k, t in enumerate(body.inputs)}
+    return [position.get(timeline.view_of[t], -1) for t in body.outputs]
 
 
 def _sampled_peak(events: Sequence[Event]) -> int:
