@@ -25,6 +25,7 @@ import onnx
 
 from .graph import ACTIVATION, OUTPUT, ModelGraph, Op
 from .liveness import Timeline, liveness, pattern_block_bytes
+from .report import Warning
 from .rules import InferenceRules
 
 ITERATION_SCALARS = (8, 1)  # LoopImpl::Initialize: the iteration number (int64) and the condition (bool)
@@ -44,6 +45,8 @@ def loop_trip_counts(graph: ModelGraph, model: onnx.ModelProto) -> dict[int, int
     """Give, per Loop op of the graph, how many iterations it runs where the model says so: its trip count `M`
     is a constant (an initializer or a Constant node) and its condition is absent or a constant true; a body that
     computes its condition may stop earlier (the count is then the most it runs)."""
+    if not any(op.op_type == "Loop" for op in graph.ops):
+        return {}
     constants: dict[str, onnx.TensorProto] = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
@@ -202,3 +205,36 @@ def loop_runs_by_op(graph: ModelGraph, trips: Mapping[int, int], rules: Inferenc
     return {index: loop_run(graph, graph.ops[index], count, rules, traced.setdefault(index, set()), mem_pattern,
                             ids, None if own_outputs is None else own_outputs.get(index, ()))
             for index, count in trips.items() if graph.ops[index].subgraphs}
+
+
+def loop_warnings(graph: ModelGraph, trips: Mapping[int, int]) -> list[Warning]:
+    """Give the warnings for the Loops whose run the estimate cannot simulate: its trip count or its condition not
+    a constant (the estimate counts the body once: what onnxruntime holds besides is bounded in the message), or
+    a body that computes its condition (the estimate runs every iteration the trip count allows: an upper bound)."""
+    warnings = []
+    for op in graph.ops:
+        if op.op_type != "Loop" or op.domain not in ("", "ai.onnx") or not op.subgraphs:
+            continue
+        body = op.subgraphs[0]
+        if op.index not in trips:
+            carried = sum(graph.tensors[t].nbytes or 0 for t in op.inputs[2:] if t >= 0)
+            scans = sum(body.tensors[t].nbytes or 0 for t in body.outputs[1 + len(op.inputs[2:]):])
+            warnings.append(Warning("loop-iterations-unknown", (
+                f"Loop node '{op.name}': its trip count or condition is not a constant, so the estimate counts its "
+                f"body once; onnxruntime also holds the loop-carried values of the iteration before ({carried:,} "
+                f"bytes) and keeps each iteration's scan outputs ({scans:,} bytes an iteration) until it ends")))
+        elif trips[op.index] > 0 and body.outputs and not _condition_passed(body):
+            warnings.append(Warning("loop-may-stop-early", (
+                f"Loop node '{op.name}': its body computes its condition, so it may stop before its trip count "
+                f"({trips[op.index]}); the estimate runs every iteration, an upper bound")))
+    return warnings
+
+
+def _condition_passed(body: ModelGraph) -> bool:
+    """Say whether a Loop body's condition output is its condition input (an Identity of it, or the input)."""
+    condition = body.outputs[0]
+    producer = body.tensors[condition].producer
+    if producer is None:
+        return body.inputs[1:2] == [condition]
+    op = body.ops[producer]
+    return op.op_type == "Identity" and list(op.inputs[:1]) == body.inputs[1:2]

@@ -25,7 +25,7 @@ from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
-from .loops import loop_runs_by_op, loop_trip_counts
+from .loops import loop_runs_by_op, loop_trip_counts, loop_warnings
 from .orders import execution_order
 from .planner import infer_symbolic
 from .report import Warning, plain
@@ -191,7 +191,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*notes, *_control_flow_notes(graph, taken)),
-        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
+        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline),
+                  *loop_warnings(graph, trips)))
 
 
 def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
