@@ -17,6 +17,7 @@ from .infer import (
     _inferred,
     _ort_symbolic_inference,
     _prepared,
+    _shape_only_copy,
     has_rule,
     inference_ir_version,
     inferred_declared_types,
@@ -24,7 +25,7 @@ from .infer import (
 )
 from .load import initializer_type
 from .report import Warning
-from .rules.inference import PLANNER_MERGES_DIMS
+from .rules.inference import ORT_DATA_PROPAGATION_OPS, PLANNER_MERGES_DIMS, SHAPE_INPUT_SLOTS
 from .rules.shapes import ONNX_DOMAIN_RULE_OPS
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
 
@@ -35,6 +36,53 @@ if TYPE_CHECKING:
 
 def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+    """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
+    any input arrives (see _symbolic_types), with the integer shape values onnxruntime's own data propagation
+    carries to the nodes that read a shape (see ort_shape_inputs)."""
+    free = input_dims(model) if free is None else free
+    types = _symbolic_types(model, loaded, free, wiring)
+    shape_inputs = ort_shape_inputs(model, types)
+    if not shape_inputs:
+        return types
+    rewired = _shape_only_copy(model)
+    for node in rewired.graph.node:
+        slot = SHAPE_INPUT_SLOTS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if slot is not None and slot < len(node.input) and node.input[slot] in shape_inputs:
+            value = shape_inputs[node.input[slot]]
+            name = f"onnxmem_shape_value::{value.name}"
+            if not any(t.name == name for t in rewired.graph.initializer):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(value)
+                copy.name = name
+                rewired.graph.initializer.append(copy)
+            node.input[slot] = name
+    found = _symbolic_types(rewired, None, free, None)
+    return {name: found.get(name, found_type) for name, found_type in types.items()}
+
+
+def ort_shape_inputs(model: ModelProto, types: Mapping[str, TensorType]) -> dict[str, onnx.TensorProto]:
+    """Give the integer values onnxruntime's graph resolution knows of the shape inputs of the nodes whose
+    inference reads one (rules.inference.SHAPE_INPUT_SLOTS: ONNX's getShapeInput), where the node's output type
+    is not already known: the values its data propagation computes (ONNX's partial data propagation functions and
+    its own data_propagation/ rules: rules.inference.ORT_DATA_PROPAGATION_OPS) from constants and the static
+    sizes of known tensors. A symbolic dim stops it (its scalar rules keep integers only)."""
+    nodes = model.graph.node
+    reading = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in SHAPE_INPUT_SLOTS
+               and SHAPE_INPUT_SLOTS[n.op_type] < len(n.input) and n.output
+               and not _known(types.get(n.output[0], UNKNOWN_TYPE))]
+    if not reading:
+        return {}
+    from .shape_values import _shape_values
+
+    initializers = {t.name: t for t in model.graph.initializer}
+    propagating = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in ORT_DATA_PROPAGATION_OPS]
+    values = _shape_values(propagating, initializers, types)
+    wanted = {n.input[SHAPE_INPUT_SLOTS[n.op_type]] for n in reading}
+    return {name: values[name] for name in wanted if name in values and name not in initializers}
+
+
+def _symbolic_types(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
+                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes).
 

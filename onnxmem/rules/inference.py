@@ -357,3 +357,16 @@ SCRATCH_ELEMENT_INPUT: dict[str, int] = {"Where": 1}
 SCRATCH_BEFORE_OUTPUTS: frozenset[str] = frozenset({"Where"})
 # Scratch rules that are given a known scalar input as (1,) (to the others, () is a shape not known).
 SCRATCH_KNOWN_SCALARS: frozenset[str] = frozenset({"Where"})
+
+# The operators whose inference reads a shape from an input (ONNX's getShapeInput: an initializer, else the values
+# data propagation found), and that input's slot (onnx/defs: Reshape, Expand, ConstantOfShape, Resize's sizes,
+# AffineGrid's size).
+SHAPE_INPUT_SLOTS: dict[str, int] = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Resize": 3, "AffineGrid": 1}
+# The operators through which onnxruntime's graph resolution carries integer shape values to those inputs: those
+# with ONNX's PartialDataPropagationFunction (onnx/defs: Cast, Shape, Size, Concat, Slice, Gather, Squeeze,
+# Unsqueeze, Add, Sub, Mul) and onnxruntime's own (core/graph/data_propagation: Size, Squeeze, Unsqueeze and
+# Gather, Add, Sub, Mul, Div of scalars, which keep integers only), and Constant. Measured (BART exported by
+# TorchScript, level disable): a ConstantOfShape of Shape(Shape(x)) is sized [2] and takes a freed [2] buffer.
+ORT_DATA_PROPAGATION_OPS: frozenset[str] = frozenset({
+    "Constant", "Cast", "Shape", "Size", "Concat", "Slice", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
+    "Div"})
