@@ -548,10 +548,10 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
 def _loop_events(graph: ModelGraph, model: onnx.ModelProto, mem_pattern: bool) -> tuple[
         dict[int, Callable[[Sequence[int]], list[tuple[str, int, int]]]],
         dict[int, Callable[[Sequence[int]], list[tuple[str, int, int]]]]]:
-    """Give, per Loop whose trip count the model states, its first run's and its later run's events given the
-    outputs it allocates in the arena (loops.loop_run; the body's pattern, traced in the first run, serves the
-    second)."""
-    from .loops import loop_run, loop_trip_counts, replayed
+    """Give, per Loop whose trip count the model states and per If, its first run's and its later run's events
+    given the outputs it allocates in the arena (loops.loop_run, loops.branch_run; the body's pattern, traced in
+    the first run, serves the second)."""
+    from .loops import branch_run, loop_run, loop_trip_counts, replayed
     from .rules import DEFAULT_INFERENCE_RULES
 
     trips = loop_trip_counts(graph, model)
@@ -562,7 +562,13 @@ def _loop_events(graph: ModelGraph, model: onnx.ModelProto, mem_pattern: bool) -
         return lambda own: replayed(loop_run(graph, graph.ops[index], trips[index], DEFAULT_INFERENCE_RULES,
                                              traced[index], mem_pattern, ids, own).events)
 
+    def branch(index: int) -> Callable[[Sequence[int]], list[tuple[str, int, int]]]:
+        return lambda own: replayed(branch_run(graph, graph.ops[index], DEFAULT_INFERENCE_RULES,
+                                               traced.setdefault(index, set()), mem_pattern, ids, own).events)
+
     first = {index: run(index) for index in trips if graph.ops[index].subgraphs}
+    first.update((op.index, branch(op.index)) for op in graph.ops
+                 if op.op_type == "If" and op.domain in ("", "ai.onnx") and op.subgraphs)
     return first, dict(first)
 
 

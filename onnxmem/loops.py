@@ -163,6 +163,33 @@ def _frame(body: ModelGraph, timeline: Timeline, block: int | None, nbytes: Sequ
     return events, made
 
 
+def branch_run(graph: ModelGraph, op: Op, rules: InferenceRules, traced: set[tuple[object, ...]],
+               mem_pattern: bool = True, ids: Iterator[int] | None = None,
+               own_outputs: Sequence[int] | None = None) -> LoopRun:
+    """Give the events of one run of the If `op` (if.cc): its branch runs once in a frame of its own, whose
+    outputs are the If's outputs (allocated through the If's fetch allocators, no copy) and whose intermediates
+    are in the arena while the branch's pattern is traced (the first run), in its block after. Of two branches,
+    the one with the larger pattern (validate keeps only the branch the profile shows ran)."""
+    from .orders import execution_order
+
+    fresh = ids if ids is not None else itertools.count(-(1 << 59), -1)
+    runs = []
+    for body in op.subgraphs:
+        timeline = liveness(body, execution_order(body, "ort"), rules, count_graph_outputs=True, loop_body=True)
+        runs.append((pattern_block_bytes(body, timeline), body, timeline))
+    block, body, timeline = max(runs, key=lambda run: run[0])
+    key = tuple(graph.tensors[t].shape for t in op.implicit_inputs)
+    frame, made = _frame(body, timeline, block if mem_pattern and key in traced else None,
+                         [t.nbytes or 0 for t in body.tensors], fresh)
+    if mem_pattern:
+        traced.add(key)
+    own = set(t for t in op.outputs if t >= 0) if own_outputs is None else set(own_outputs)
+    named = {i: t for i, t in zip(made, op.outputs, strict=False) if i is not None and t in own}
+    dropped = {i for i in made if i is not None and i not in named}  # outputs placed elsewhere
+    events = [(kind, named.get(buffer, buffer), size) for kind, buffer, size in frame if buffer not in dropped]
+    return LoopRun(tuple(events), _sampled_peak(events))
+
+
 def _released(before: Sequence[int | None], after: Sequence[int | None]) -> list[Event]:
     """Give the frees of the buffers held `before` that nothing holds `after`."""
     still = set(after)
@@ -208,11 +235,14 @@ def loop_runs_by_op(graph: ModelGraph, trips: Mapping[int, int], rules: Inferenc
 
 
 def loop_warnings(graph: ModelGraph, trips: Mapping[int, int]) -> list[Warning]:
-    """Give the warnings for the Loops whose run the estimate cannot simulate: its trip count or its condition not
+    """Give the warnings for the Scans (their iterations are not simulated: scan-not-simulated) and the Loops whose
+    run the estimate cannot simulate: its trip count or its condition not
     a constant (the estimate counts the body once: what onnxruntime holds besides is bounded in the message), or
     a body that computes its condition (the estimate runs every iteration the trip count allows: an upper bound)."""
     warnings = []
     for op in graph.ops:
+        if op.op_type == "Scan" and op.domain in ("", "ai.onnx") and op.subgraphs:
+            warnings.append(_scan_warning(graph, op))
         if op.op_type != "Loop" or op.domain not in ("", "ai.onnx") or not op.subgraphs:
             continue
         body = op.subgraphs[0]
@@ -238,3 +268,33 @@ def _condition_passed(body: ModelGraph) -> bool:
         return body.inputs[1:2] == [condition]
     op = body.ops[producer]
     return op.op_type == "Identity" and list(op.inputs[:1]) == body.inputs[1:2]
+
+
+def _scan_warning(graph: ModelGraph, op: Op) -> Warning:
+    """Give the warning for a Scan, whose iterations the estimate does not simulate (scan.cc's ScanImpl: two
+    alternating buffers per state variable, each iteration's outputs written into the Scan's outputs): the
+    estimate counts its body once; the message bounds what it misses (measured on onnx.helper Scans: within the
+    body's peak and two state buffers each way)."""
+    from .liveness import subgraph_peak
+    from .rules import DEFAULT_INFERENCE_RULES
+
+    states = sum(graph.tensors[t].nbytes or 0 for t in op.outputs[:_state_count(graph, op)] if t >= 0)
+    bound = subgraph_peak(op.subgraphs[0], DEFAULT_INFERENCE_RULES, True) + 2 * states
+    return Warning("scan-not-simulated", (
+        f"Scan node '{op.name}': its iterations are not simulated (the estimate counts its body once); "
+        f"onnxruntime keeps two buffers per state variable and writes each iteration into its outputs, so its "
+        f"peak and the arena's held bytes may differ by up to {bound:,} bytes either way"))
+
+
+def _state_count(graph: ModelGraph, op: Op) -> int:
+    """Give how many of a Scan's leading outputs are state variables: the body's first inputs and outputs are its
+    states (num_scan_inputs is not kept: a leading input and output of the same type are counted as a state, which
+    can only widen the bound)."""
+    body = op.subgraphs[0]
+    count = 0
+    for given, made in zip(body.inputs, body.outputs, strict=False):
+        if (body.tensors[given].dtype, body.tensors[given].shape) != (body.tensors[made].dtype,
+                                                                      body.tensors[made].shape):
+            break
+        count += 1
+    return count

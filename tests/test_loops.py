@@ -120,3 +120,61 @@ def test_validate_is_exact_on_loops_peak_and_arena(tmp_path, n: int, trips: int,
     # the plain report is onnxruntime's first run
     assert analysis(str(path), {}).report.inference.peak_activation_bytes == \
         result.runs[0].measured.peak_activation_bytes
+
+
+def _if_model(n: int, steps: int) -> onnx.ModelProto:
+    """y = If(c) over x = Relu(x0): each branch applies `steps` unary ops to the outer x, then a Neg (its output is
+    the If's output). Every tensor is [1, n] float32."""
+    def branch(name: str, op_type: str) -> onnx.GraphProto:
+        nodes, previous = [], "x"
+        for k in range(steps):
+            nodes.append(helper.make_node(op_type, [previous], [f"{name}{k}"]))
+            previous = f"{name}{k}"
+        nodes.append(helper.make_node("Neg", [previous], [f"{name}_out"]))
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT,
+                                                                                 [1, n])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x0"], ["x"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "Sigmoid"), else_branch=branch("e", "Tanh"))],
+        "if", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, n]),
+               helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_an_if_branch_allocates_in_the_arena(tmp_path, steps: int) -> None:
+    # x (4 MiB: a 4 MiB region), the branch's first intermediate (4 MiB: a second 4 MiB region), then the If's
+    # output: the next region is 8 MiB. 16 MiB held, where the If's output alone would leave 8 MiB.
+    pytest.importorskip("onnxruntime")
+    from onnxmem.validate import validate
+
+    path = tmp_path / f"if_{steps}.onnx"
+    onnx.save(_if_model(MiB, steps), str(path))
+    result = validate(path, {}, runs=2)
+    for run in result.runs:
+        assert run.measured.arena_held_bytes == 16 * MiB
+        assert run.estimated.arena_held_bytes == run.measured.arena_held_bytes
+        assert run.activation_difference_bytes == 0
+
+
+def test_a_scan_is_named_not_simulated() -> None:
+    body = helper.make_graph(
+        [helper.make_node("Add", ["state_in", "x_i"], ["sum"]), helper.make_node("Relu", ["sum"], ["state_out"]),
+         helper.make_node("Sigmoid", ["sum"], ["y_i"])], "body",
+        [helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, 256]),
+         helper.make_tensor_value_info("x_i", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, 256]),
+         helper.make_tensor_value_info("y_i", TensorProto.FLOAT, [1, 256])])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)], "scan",
+        [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [1, 256]),
+         helper.make_tensor_value_info("xs", TensorProto.FLOAT, [3, 1, 256])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 256]),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, [3, 1, 256])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    codes = [w.code for w in analysis(model, {}).report.warnings]
+    assert "scan-not-simulated" in codes
