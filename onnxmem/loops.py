@@ -253,7 +253,14 @@ def loop_warnings(graph: ModelGraph, trips: Mapping[int, int]) -> list[Warning]:
                 f"Loop node '{op.name}': its trip count or condition is not a constant, so the estimate counts its "
                 f"body once; onnxruntime also holds the loop-carried values of the iteration before ({carried:,} "
                 f"bytes) and keeps each iteration's scan outputs ({scans:,} bytes an iteration) until it ends")))
-        elif trips[op.index] > 0 and body.outputs and not _condition_passed(body):
+        elif any(t.nbytes is None for t in body.tensors if t.kind in (ACTIVATION, OUTPUT)):
+            unsized = [t.name for t in body.tensors if t.kind in (ACTIVATION, OUTPUT) and t.nbytes is None]
+            warnings.append(Warning("loop-body-unsized", (
+                f"Loop node '{op.name}': {len(unsized)} tensors of its body have no known size "
+                f"({', '.join(unsized[:5])}{' ...' if len(unsized) > 5 else ''}) and count 0 bytes in each of its "
+                f"{trips[op.index]} iterations, "
+                "so its bytes are a lower bound")))
+        if op.index in trips and trips[op.index] > 0 and body.outputs and not _condition_passed(body):
             warnings.append(Warning("loop-may-stop-early", (
                 f"Loop node '{op.name}': its body computes its condition, so it may stop before its trip count "
                 f"({trips[op.index]}); the estimate runs every iteration, an upper bound")))

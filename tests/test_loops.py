@@ -178,3 +178,24 @@ def test_a_scan_is_named_not_simulated() -> None:
     model.ir_version = 8
     codes = [w.code for w in analysis(model, {}).report.warnings]
     assert "scan-not-simulated" in codes
+
+
+def test_a_body_of_unknown_sizes_is_named_a_lower_bound() -> None:
+    # the loop-carried value grows by a Concat each iteration: its body tensors have no static size
+    body = helper.make_graph(
+        [helper.make_node("Concat", ["a_in", "x"], ["a_out"], axis=1),
+         helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("a_in", TensorProto.FLOAT, [1, "k"])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("a_out", TensorProto.FLOAT, [1, "k2"])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["y"], body=body)], "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None])],
+        initializer=[helper.make_tensor("M", TensorProto.INT64, [], [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    codes = [w.code for w in analysis(model, {}).report.warnings]
+    assert "loop-body-unsized" in codes
