@@ -1,7 +1,7 @@
 """`onnxmem validate` on every fixture: the estimate on onnxruntime's graph and order against its allocations.
 
     python benchmarks/accuracy_ort.py [--batches 1 8 32] [--levels disable basic extended]
-                                      [--set fixtures|held-out|real|real2] [--zoo DIR] [--models NAME ...]
+                                      [--set fixtures|held-out|real|real2|real3] [--zoo DIR] [--models NAME ...]
                                       [--provider cpu|cuda]
 
 For each fixture, batch and optimization level: onnxruntime CPU runs the model twice (first run: tensor by
@@ -13,7 +13,9 @@ differences in bytes, the count of exact agreements, and the weights the arena h
 zoo.json gives, the batch dim taking each --batches value. Every failure is a row (its exception type in the note)
 and the note also counts the warnings of the validation. A second table compares the plain estimate a user gets,
 onnxmem.analyze(file, dims, provider="cpu") on the file as exported, with onnxruntime's first run at level disable.
---set real2: the same on the second, held-out zoo benchmarks/zoo2.py built (default ~/.cache/onnxmem-zoo2).
+--set real2: the same on the second, held-out zoo benchmarks/zoo2.py built (default ~/.cache/onnxmem-zoo2); --set
+real3: on the third, benchmarks/zoo3.py (default ~/.cache/onnxmem-zoo3).
+--set fixtures-fp16: the same on the fixtures converted to float16 (keep_io_types), in a temporary folder.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 from benchmarks.zoo import DEFAULT_OUT as DEFAULT_ZOO  # noqa: E402
 from benchmarks.zoo import INDEX as ZOO_INDEX  # noqa: E402
 from benchmarks.zoo2 import DEFAULT_OUT as DEFAULT_ZOO2  # noqa: E402
+from benchmarks.zoo3 import DEFAULT_OUT as DEFAULT_ZOO3  # noqa: E402
 from onnxmem import MissingExtraError, OnnxMemError  # noqa: E402
 from onnxmem.validate import Validation, validate  # noqa: E402
 
@@ -46,21 +49,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--levels", nargs="+", default=["disable", "basic", "extended"])
-    parser.add_argument("--set", choices=("fixtures", "held-out", "real", "real2"), default="fixtures",
+    parser.add_argument("--set", choices=("fixtures", "held-out", "real", "real2", "real3", "fixtures-fp16"),
+                        default="fixtures",
                         help="the fixtures, models outside them exported here (needs torch 2.13.0), the zoo of "
-                             "real exported models benchmarks/zoo.py built, or the held-out second zoo "
-                             "benchmarks/zoo2.py built")
+                             "real exported models benchmarks/zoo.py built, the held-out second or third zoo "
+                             "benchmarks/zoo2.py or zoo3.py built, or the fixtures converted to float16 as the "
+                             "zoos' fp16 models are (onnxconverter-common's convert_float_to_float16, "
+                             "keep_io_types), run as --set real runs a zoo")
     parser.add_argument("--zoo", type=Path, default=None,
-                        help=f"--set real/real2: the folder benchmarks/zoo.py or zoo2.py built (default {DEFAULT_ZOO} "
-                             f"or {DEFAULT_ZOO2})")
+                        help=f"--set real/real2/real3: the folder benchmarks/zoo.py, zoo2.py or zoo3.py built "
+                             f"(default {DEFAULT_ZOO}, {DEFAULT_ZOO2} or {DEFAULT_ZOO3})")
     parser.add_argument("--models", nargs="+", default=None,
-                        help="--set real/real2: only the zoo models of these names (default: all)")
+                        help="--set real/real2/real3: only the zoo models of these names (default: all)")
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: onnxruntime-gpu on an NVIDIA GPU (pip install '.[gpu]')")
     args = parser.parse_args()
-    if args.set in ("real", "real2"):
+    if args.set == "fixtures-fp16":
+        with tempfile.TemporaryDirectory() as folder:
+            args.zoo = fp16_fixture_zoo(Path(folder))
+            run_real(args)
+        return
+    if args.set in ("real", "real2", "real3"):
         if args.zoo is None:
-            args.zoo = DEFAULT_ZOO if args.set == "real" else DEFAULT_ZOO2
+            args.zoo = {"real": DEFAULT_ZOO, "real2": DEFAULT_ZOO2, "real3": DEFAULT_ZOO3}[args.set]
         run_real(args)
         return
     rows: list[tuple[str, ...]] = []
@@ -108,6 +119,25 @@ def held_out_paths(folder: Path) -> list[Path]:
         module.eval()
         paths.append(export(case, module, folder))
     return paths
+
+
+def fp16_fixture_zoo(folder: Path) -> Path:
+    """Write every fixture converted to float16 (keep_io_types, as zoo.py converts its fp16 models) into `folder`,
+    with a zoo index binding the fixture's dims (batch taking --batches), and give the folder."""
+    import onnx
+
+    try:
+        from onnxconverter_common.float16 import convert_float_to_float16
+    except ImportError:
+        raise SystemExit("accuracy_ort: --set fixtures-fp16 needs onnxconverter-common "
+                         "(pip install onnxconverter-common)") from None
+    entries = []
+    for path in fixture_paths():
+        name = f"{path.stem}-fp16"
+        onnx.save(convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), str(folder / f"{name}.onnx"))
+        entries.append({"name": name, "file": f"{name}.onnx", "dims": dims_for(path, 1)})
+    (folder / ZOO_INDEX).write_text(json.dumps({"models": entries}))
+    return folder
 
 
 def run_model(path: Path, args: argparse.Namespace, rows: list[tuple[str, ...]], misses: list[str]) -> None:

@@ -27,7 +27,14 @@ from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
-from .transforms import DEFAULT_PROVIDER, INSERTED_CAST_PREFIX, PROVIDERS, cpu_float16_casts, has_float16
+from .transforms import (
+    DEFAULT_PROVIDER,
+    INSERTED_CAST_PREFIX,
+    PROVIDERS,
+    cpu_float16_casts,
+    has_float16,
+    inlined_function_ops,
+)
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
@@ -140,9 +147,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     Sizing, and analysis for the parameters."""
     given = model if isinstance(model, LoadedModel) else load_model(model)
     rules = provider_rules(provider, rules)
-    # onnxruntime's own change to QDQ models (every level, every provider), made before it partitions the graph
-    runtime = unique_dequantize(given) or given
-    loaded, notes = for_provider(runtime, provider, rules)
+    loaded, notes = runtime_model(given, provider, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
@@ -151,6 +156,15 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                   (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
                   given if loaded is not given else None)
+
+
+def runtime_model(given: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
+        tuple[LoadedModel, list[Warning]]:
+    """Give the model as onnxruntime runs it on `provider`, and a note of what changed: its own change to QDQ
+    models (every level, every provider: qdq.unique_dequantize), made before it partitions the graph, then the
+    provider's (for_provider). The one place both are made, for every view (a report, fit's family)."""
+    runtime = unique_dequantize(given) or given
+    return for_provider(runtime, provider, rules)
 
 
 def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
@@ -166,16 +180,28 @@ def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEF
     if not has_float16(loaded.proto):
         return loaded, []
     changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
+    holds_graphs = (loaded.nodes is None or loaded.nodes.graphs) and any(  # (the bytes' search says "may")
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in loaded.proto.graph.node for a in n.attribute)
     if changed is None:
-        return loaded, []
+        if not holds_graphs:
+            return loaded, []
+        return loaded, [Warning("cpu-float16-casts",
+                                "onnxruntime's CPU provider casts float16 data to float32 around operators without "
+                                "a float16 kernel inside If/Loop/Scan bodies too: not modelled there (their nodes "
+                                "are counted as given); on a GPU pass --provider cuda")]
     casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
                 and n.name.startswith(INSERTED_CAST_PREFIX))
     readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
                       any(i.startswith(INSERTED_CAST_PREFIX) for i in n.input)})
+    inlined = inlined_function_ops(changed.proto)
+    bodies = f"; {', '.join(inlined)} run as their ONNX function bodies, which it inlines" if inlined else ""
+    subgraphs = "; the nodes of If/Loop/Scan bodies are counted as given (it casts there too: not modelled)" \
+        if holds_graphs else ""
     return changed, [Warning("cpu-float16-casts",
                              f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
-                             f"them in float32 between {casts} Casts it inserts (counted here); on a GPU pass "
-                             "--provider cuda")]
+                             f"them in float32 between {casts} Casts it inserts (counted here){bodies}{subgraphs}; "
+                             "on a GPU pass --provider cuda")]
 
 
 def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
@@ -219,8 +245,26 @@ def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, def
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
             progress: Callable[[str], None] | None = None) -> Report:
-    """Give the memory report of a model at the given binding of its dims: analysis(...).report (see analysis
-    for the parameters). With `training`, the report also gives the memory of one training step."""
+    """Give the memory report of a model at the given binding of its dims: analysis(...).report.
+
+    Parameters
+    ----------
+    model, dims, default_dim, order, rules, training, provider, progress
+        As analysis's.
+
+    Returns
+    -------
+    Report
+        Inference (weights, inputs, the activation peak and where it is, by op type and by layer), and with
+        `training` the memory of one training step (report.training).
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a readable ONNX model.
+    DimError
+        A symbolic dim is unbound or bound to a bad value.
+    """
     return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
                     provider=provider, progress=progress).report
 

@@ -34,6 +34,9 @@ from .rules.inference import (
     CONV_SYM_OUTPUT_PACK,
     FLOAT16_WEIGHTS_AS_FLOAT32,
     KERNEL_SCRATCH,
+    NBITS_BLOCK_SUM_COLUMNS,
+    NBITS_COMPUTE,
+    NBITS_INT8_EXTRA_BYTES,
     PREPACK_PADDED_COLUMNS,
     PREPACKED,
     PREPACKED_IN_REGIONS,
@@ -184,7 +187,7 @@ def arena_weight_bytes(graph: ModelGraph, model: onnx.ModelProto, given: onnx.Mo
 def arena_weights(graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None) -> ArenaWeights:
     """Give the weights onnxruntime's CPU arena holds (see ArenaWeights and arena_weight_bytes)."""
     # The graph keeps no attributes; a Gemm's transB, which says which way its weight is packed, is read here.
-    transposed = {n.name for n in model.graph.node if n.op_type == "Gemm"
+    transposed = {n.name for n in model.graph.node if n.op_type in ("Gemm", "FusedGemm")
                   and any(a.name == "transB" and a.i == 1 for a in n.attribute)}
     external = {t.name for t in (given or model).graph.initializer
                 if t.data_location == onnx.TensorProto.EXTERNAL}
@@ -261,7 +264,12 @@ def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed
         shape = [d for d in weight.shape if isinstance(d, int)]  # (all ints: checked above)
         signed = weight.dtype == onnx.TensorProto.INT8
         size: int | None
-        if how == "gemm":
+        if how == "nbits":
+            nbits = _nbits_pack_bytes(attributes)
+            if nbits is None:
+                continue
+            size, in_region = nbits, False
+        elif how == "gemm":
             if len(shape) != 2:
                 continue
             rows, columns = (shape[1], shape[0]) if attributes.get("transB", 0) == 1 else (shape[0], shape[1])
@@ -278,6 +286,26 @@ def _quantized_prepacked_bytes(graph: ModelGraph, model: onnx.ModelProto, packed
         else:
             total += size
     return total
+
+
+def _nbits_pack_bytes(attributes: Mapping[str, object]) -> int | None:
+    """Give the bytes MatMulNBits::PrePack reserves for its weight (see NBITS_COMPUTE), from the node's K, N,
+    block_size, bits and accuracy_level; None where it packs nothing."""
+    try:
+        k, n, block = (int(attributes[name]) for name in ("K", "N", "block_size"))  # type: ignore[call-overload]
+        bits = int(attributes.get("bits", 4))  # type: ignore[call-overload]
+        level = int(attributes.get("accuracy_level", 0))  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        return None
+    compute = NBITS_COMPUTE.get(bits, {}).get(level == 4)
+    if compute is None or k <= 0 or n <= 0 or block <= 0:
+        return None
+    blocks = -(-k // block)
+    size = n * blocks * block * bits // 8
+    if compute == "int8":
+        size += n * blocks * 4 + -(-n // NBITS_BLOCK_SUM_COLUMNS) * NBITS_BLOCK_SUM_COLUMNS * blocks * 4 + \
+            NBITS_INT8_EXTRA_BYTES
+    return size
 
 
 def _qgemm_pack_bytes(columns: int, rows: int, signed: bool) -> int:

@@ -36,7 +36,8 @@ from .transforms import DEFAULT_PROVIDER, PROVIDERS
 
 EXIT_BAD_INPUT = 2
 # What the command made and no longer reads: kept until the exit, which frees it at once (run: os._exit), where
-# freeing a 100k-node analysis object by object costs 0.07 s (in-process callers, as tests, keep only the last).
+# freeing a 100k-node analysis object by object is a measurable part of a report (in-process callers, as tests,
+# keep only the last).
 _KEPT: list[object] = []
 REPORT_PROVIDERS = list(PROVIDERS)
 PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda (a GPU's question: device memory, "
@@ -48,8 +49,8 @@ EXIT_INTERNAL = 3
 
 def run() -> None:
     """The console command: main(), then an exit that skips freeing the analysis object by object (the
-    interpreter's teardown of a 100k-node graph takes 0.08 s; nothing is left to clean up, as every file was
-    written and closed by then).
+    interpreter's teardown of a large graph, which a short command need not pay: every file was written and
+    closed by then).
 
     SIGINT and SIGTERM end the command with one line and exit 130 or 143, after every `with` block on the way
     out has closed (validate's temporary folder is removed); a second signal ends it at once."""
@@ -256,7 +257,7 @@ Shell completion (bash, in ~/.bashrc; README: zsh and fish):
 def main() -> None:
     """Static memory analysis of ONNX models: will it fit, and at what batch size?"""
     # A command is one short run that builds hundreds of thousands of small objects and no garbage cycles worth
-    # collecting: the cyclic collector's scans cost 0.5 s of a 4.5 s report on a 100k-node graph (measured).
+    # collecting: the cyclic collector's scans were a tenth of a report on a 100k-node graph (BENCHMARKS.md).
     gc.disable()
 
 

@@ -15,6 +15,7 @@ falls back to full analysis at each value. `report(value, exact=True)` always do
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,13 +24,14 @@ from typing import Any
 import onnx
 
 from .analyze import (
+    Analysis,
     Sizing,
     after_sizing,
     analysis,
-    for_provider,
     model_name,
     planner_shapes,
     planner_types,
+    runtime_model,
     size_graph,
     size_warnings,
     sizing,
@@ -41,7 +43,7 @@ from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .report import Report, Warning
-from .rules import DEFAULT_INFERENCE_RULES, InferenceRules
+from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from .transforms import DEFAULT_PROVIDER
@@ -83,9 +85,14 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        # the model as the provider runs it (its float16 Casts, on the CPU provider), once for every value
-        self.loaded, self._provider_notes = for_provider(load_model(model), options.get("provider", DEFAULT_PROVIDER),
-                                                         options.get("rules", DEFAULT_INFERENCE_RULES))
+        # the model as onnxruntime runs it on the provider (analyze.runtime_model: its QDQ copies, the CPU
+        # provider's float16 Casts, the CUDA provider's placement), made once for every value; the model as given
+        # is kept for the training step, which reads it (see analyze.after_sizing)
+        given = load_model(model)
+        provider = options.get("provider", DEFAULT_PROVIDER)
+        self.loaded, self._provider_notes = runtime_model(
+            given, provider, provider_rules(provider, options.get("rules", DEFAULT_INFERENCE_RULES)))
+        self._given = given if self.loaded is not given else None
         self.search = search
         self.dims = dict(dims or {})
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
@@ -104,7 +111,7 @@ class ModelFamily:
         if key not in self._reports:
             template = None if exact else self._affine_template()
             if template is None or not template.plan_holds(value):
-                self._reports[key] = analysis(self.loaded, self._binding(value), **self.options).report
+                self._reports[key] = self._exact_analysis(value).report
             else:
                 self._reports[key] = self._fast_report(template, value)
         return self._reports[key]
@@ -151,7 +158,10 @@ class ModelFamily:
         """Give the template probed at three values, None where the family is not affine, False where two
         shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
-        rules = self.options.get("rules", DEFAULT_INFERENCE_RULES)
+        # the rules the reports use (analyze.after_sizing): the provider's, so the order and lifetimes made here
+        # serve them (the Sizings' memo compares the rules themselves)
+        rules = provider_rules(self.options.get("provider", DEFAULT_PROVIDER),
+                               self.options.get("rules", DEFAULT_INFERENCE_RULES))
         graph = build_graph(self.loaded.proto, metadata=self.loaded.nodes is None or self.loaded.nodes.metadata)
         if self._symbolic_types is False:  # the first template: the planner types found from its graph
             self._symbolic_types = planner_types(self.loaded, rules, wiring=graph)
@@ -214,7 +224,7 @@ class ModelFamily:
         for sizes), with the sizes at `value` (no graph is built); else the full analysis's."""
         template = self._affine_template()
         if template is None or not template.plan_holds(value):
-            analysed = analysis(self.loaded, self._binding(value), **self.options)
+            analysed = self._exact_analysis(value)
             return analysed.graph, analysed.timeline, None, None
         made: dict[tuple[Affine, int], int | None] = {}  # layers repeat their shapes
         sizes: list[int | None] = []
@@ -240,9 +250,7 @@ class ModelFamily:
         """Give the Sizing at `value` (analyze.sizing's): from the template where it serves, with no inference."""
         template = self._affine_template()
         if template is None or not template.plan_holds(value):
-            return sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
-                          rules=self.options.get("rules", DEFAULT_INFERENCE_RULES),
-                          provider=self.options.get("provider", DEFAULT_PROVIDER))
+            return self._exact_sizing(value)
         default_dim = self.options.get("default_dim")
         free = input_dims(self.loaded.proto)
         bound, _ = bind_dims(free, self._binding(value), default_dim)
@@ -250,6 +258,18 @@ class ModelFamily:
         return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
                       self._symbolic_types or None, tuple(free), default_dim,  # type: ignore[arg-type]
                       self.options.get("provider", DEFAULT_PROVIDER), schedules=template.schedules)
+
+    def _exact_sizing(self, value: int) -> Sizing:
+        """Give analyze.sizing's Sizing at `value` (its inference redone), of the model as given (see __init__)."""
+        sized = sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
+                       rules=self.options.get("rules", DEFAULT_INFERENCE_RULES),
+                       provider=self.options.get("provider", DEFAULT_PROVIDER))
+        return sized if self._given is None else dataclasses.replace(sized, given=self._given)
+
+    def _exact_analysis(self, value: int) -> Analysis:
+        """Give the full analysis at `value` (analyze.analysis's, its inference redone)."""
+        return analysis(self._exact_sizing(value), order=self.options.get("order", DEFAULT_ORDER),
+                        rules=self.options.get("rules", DEFAULT_INFERENCE_RULES), training=self.options.get("training"))
 
     def header(self, value: int) -> tuple[str, dict[str, int], tuple[Warning, ...]]:
         """Give the model's name, the bound dims and the warnings of the report at `value`, without making the

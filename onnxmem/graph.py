@@ -88,11 +88,11 @@ class ModelGraph:
     def nx(self) -> nx.DiGraph:
         """The networkx view: op i is node i, tensor j is node len(ops) + j; producer -> tensor -> consumer.
 
-        Built on first use, once: the liveness sweep reads the arrays above, and on a 100k-node graph
-        building this view costs 1.5 s of an 8 s report that never needs it.
+        Built on first use, once: the liveness sweep reads the arrays above, and building this view would cost
+        a large part of a report that never needs it.
         """
         if self._nx is None:
-            # Imported here: networkx costs 0.13 s of start-up that a report (which sweeps the arrays) never needs.
+            # Imported here: networkx's import is start-up that a report (which sweeps the arrays) never needs.
             import networkx
 
             graph = networkx.DiGraph()

@@ -184,7 +184,7 @@ def rule_value_infos(nodes: Iterable[onnx.NodeProto], types: dict[str, TensorTyp
     decode = TypeDecoder()
     for node in nodes:
         rule = SHAPE_RULES.get(rule_key(node.op_type, node.domain))
-        if rule is None or all(not out or _is_known(types.get(out)) for out in node.output):
+        if rule is None or all(not out or _all_numbers(types.get(out)) for out in node.output):
             continue
         inputs: list[tuple[int, tuple[Dim, ...]] | None] = []
         for name in node.input:
@@ -199,8 +199,15 @@ def rule_value_infos(nodes: Iterable[onnx.NodeProto], types: dict[str, TensorTyp
         except (ArithmeticError, TypeError, ValueError, IndexError):  # attributes a rule cannot read: no type
             continue
         for name, out in zip(node.output, outputs, strict=False):
-            if not name or out is None or _is_known(types.get(name)) or (skip is not None and name in skip):
+            if not name or out is None or (skip is not None and name in skip):
                 continue
+            before = types.get(name)
+            if _is_known(before):
+                # a declared name the rule computes a number for (a TorchScript export names the dims it was not
+                # told are dynamic 'Conv<output>_dim_2'): the number, as ONNX's inference merges a dim; else kept
+                out = _merged(before, out)  # type: ignore[arg-type]
+                if out is None:
+                    continue
             value = onnx.helper.make_tensor_value_info(name, out[0], list(out[1]))
             found = decode(value.type)
             if types.get(name) == found:
@@ -213,6 +220,22 @@ def rule_value_infos(nodes: Iterable[onnx.NodeProto], types: dict[str, TensorTyp
 def has_rule(node: onnx.NodeProto) -> bool:
     """Say whether a node's operator has a shape rule (rules.shapes.SHAPE_RULES)."""
     return rule_key(node.op_type, node.domain) in SHAPE_RULES
+
+
+def _all_numbers(t: TensorType | None) -> bool:
+    return t is not None and t[1] is not None and all(isinstance(d, int) for d in t[1])
+
+
+def _merged(declared: TensorType, ruled: tuple[int, tuple[Dim, ...]]) -> tuple[int, tuple[Dim, ...]] | None:
+    """Give the declared type with each named dim the rule gives a number for taking that number (ONNX's
+    mergeInDimensionInfo), or None where the rule adds nothing to it (or disagrees on its rank)."""
+    shape = declared[1]
+    assert shape is not None
+    if len(shape) != len(ruled[1]) or not any(isinstance(d, str) and isinstance(r, int)
+                                               for d, r in zip(shape, ruled[1], strict=True)):
+        return None
+    return declared[0], tuple(r if isinstance(d, str) and isinstance(r, int) else d
+                              for d, r in zip(shape, ruled[1], strict=True))
 
 
 def _is_known(t: TensorType | None) -> bool:
@@ -272,7 +295,7 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
         types[tensor.name] = initializer_type(tensor)
     for node in graph.node if subgraphs else ():
         if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
-            continue  # a standard operator holds no graph (reading every node's attributes costs 0.1 s per 100k)
+            continue  # a standard operator holds no graph (reading every node's attributes is costly)
         for attr in node.attribute:
             if attr.type == AttributeProto.GRAPH:
                 _collect_types(attr.g, decode, types)

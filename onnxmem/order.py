@@ -19,51 +19,57 @@ _OWNS_BUFFER = (ACTIVATION, OUTPUT)
 def memory_order(graph: ModelGraph, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> list[int]:
     """Give a topological order of the ops that greedily keeps live activation bytes low (least peak first)."""
     tensors = graph.tensors
+    ops = graph.ops
     owner = alias_roots(graph, rules)  # views share their input's buffer, as liveness decides
-
-    def find(t: int) -> int:
-        return owner[t]
-
-    def counted(root: int) -> bool:
-        return tensors[root].kind in _OWNS_BUFFER and tensors[root].producer is not None
-
     size = [t.nbytes or 0 for t in tensors]
-    allocates = [sum(size[t] for t in op.outputs if t >= 0 and find(t) == t and counted(t)) for op in graph.ops]
+    # per tensor: whether its buffer is an activation's (views are counted in their root's buffer)
+    counted = [t.kind in _OWNS_BUFFER and t.producer is not None for t in tensors]
+    owns = [counted[t] and owner[t] == t for t in range(len(tensors))]  # a buffer's root: its own bytes
     readers: dict[int, set[int]] = {}  # buffer root -> ops that read any tensor living in it
-    reads: list[set[int]] = []
-    waits_on = [0] * len(graph.ops)
-    unblocks: list[list[int]] = [[] for _ in graph.ops]
-    for op in graph.ops:
+    reads: list[list[int]] = []  # per op: the buffers it reads (no graph output's: those stay to the end)
+    waits_on = [0] * len(ops)
+    unblocks: list[list[int]] = [[] for _ in ops]
+    pinned = {owner[t] for t in graph.outputs}  # graph outputs stay to the end
+    for op in ops:
+        index = op.index
         roots: set[int] = set()
         producers: set[int] = set()
-        for t in (*op.inputs, *op.implicit_inputs):
+        for t in (*op.inputs, *op.implicit_inputs) if op.implicit_inputs else op.inputs:
             if t < 0:
                 continue
             producer = tensors[t].producer
             if producer is not None:
                 producers.add(producer)
-            root = find(t)
-            if counted(root):
+            root = owner[t]
+            if counted[root]:
                 roots.add(root)
-                readers.setdefault(root, set()).add(op.index)
-        reads.append(roots)
-        producers.discard(op.index)
-        waits_on[op.index] = len(producers)
+                found = readers.get(root)
+                if found is None:
+                    readers[root] = {index}
+                else:
+                    found.add(index)
+        reads.append([r for r in roots if r not in pinned])
+        producers.discard(index)
+        waits_on[index] = len(producers)
         for p in producers:
-            unblocks[p].append(op.index)
-    pinned = {find(t) for t in graph.outputs}  # graph outputs stay to the end
-    remaining = {root: len(ops) for root, ops in readers.items()}
+            unblocks[p].append(index)
+    allocates = [sum(size[t] for t in op.outputs if t >= 0 and owns[t]) for op in ops]
+    # what an op frees whatever runs before it: its own outputs that no op reads (and no graph output)
+    unread = [sum(size[t] for t in op.outputs if t >= 0 and owns[t] and t not in readers and t not in pinned)
+              for op in ops]
+    remaining = {root: len(found) for root, found in readers.items()}
 
-    ready = [op.index for op in graph.ops if waits_on[op.index] == 0]
+    ready = [op.index for op in ops if waits_on[op.index] == 0]
     order: list[int] = []
     live = 0
     while ready:
         best_key: tuple[int, int, int] | None = None
         best = -1
         for candidate in ready:
-            freed = sum(size[r] for r in reads[candidate] if remaining[r] == 1 and r not in pinned)
-            freed += sum(size[t] for t in graph.ops[candidate].outputs
-                         if t >= 0 and find(t) == t and counted(t) and t not in readers and t not in pinned)
+            freed = unread[candidate]
+            for r in reads[candidate]:
+                if remaining[r] == 1:
+                    freed += size[r]
             key = (live + allocates[candidate], allocates[candidate] - freed, candidate)
             if best_key is None or key < best_key:
                 best_key, best = key, candidate

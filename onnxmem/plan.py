@@ -65,6 +65,21 @@ def parse_size(text: str | int) -> int:
     """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024' (GB = 10^9, GiB = 2^30).
 
     Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down.
+
+    Parameters
+    ----------
+    text
+        The size: a number and a unit (B, KB/KiB, MB/MiB, GB/GiB, TB/TiB, PB/PiB; any case), or bytes as an int.
+
+    Returns
+    -------
+    int
+        The bytes.
+
+    Raises
+    ------
+    TargetError
+        Not a size, an unknown unit, or a negative number.
     """
     if isinstance(text, int):
         if text < 0:
@@ -678,8 +693,9 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
 
     if search and value >= 2:
         try:
-            add_report(f"{search} {value} -> {value // 2}", report_of(at.loaded, {**at.dims, search: value // 2}),
-                       f"halve {search}")
+            # (the model as given: the analysis makes onnxruntime's changes again, and the training step reads it)
+            add_report(f"{search} {value} -> {value // 2}",
+                       report_of(at.given or at.loaded, {**at.dims, search: value // 2}), f"halve {search}")
         except (ValueError, DimError):  # half the batch is not a multiple of the micro-steps
             pass
     if order != "memory":

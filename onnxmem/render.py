@@ -63,8 +63,8 @@ def render_json(report: Report) -> str:
 
 def json_text(value: object) -> str:
     """Give json.dumps(report.plain(value), indent=2): the same text, made faster (the standard library writes
-    indented JSON in pure Python, generator by generator: 0.09 s for the 13k layer rows of a 100k-node graph's
-    report, where this takes 0.05 s with the dataclasses read as they are written)."""
+    indented JSON in pure Python, generator by generator, after plain() has copied every dataclass into a dict;
+    this reads the dataclasses as it writes them)."""
     try:
         return _json(value, "\n")
     except _NotPlain:

@@ -9,7 +9,7 @@ from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .errors import ModelFileError
 from .graph import ModelGraph
 from .qdq import DUPLICATED_SUFFIX
-from .transforms import INSERTED_CAST_PREFIX
+from .transforms import INSERTED_CAST_PREFIX, inlined_node_rank
 
 
 def model_order(graph: ModelGraph) -> list[int]:
@@ -66,8 +66,9 @@ def ort_order(graph: ModelGraph) -> list[int]:
     comparing node indices: the last leaf's inputs are explored first, the highest-index input first, and an op
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
-    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the Casts
-    onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
+    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the nodes of the
+    function bodies onnxruntime's partitioner inlines (transforms.INLINED_NODE_PREFIX: in the order it inlined
+    them), then the Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
     transforms.cpu_float16_casts does) and the Memcpy nodes its MemcpyTransformer inserts (cuda_placement) are
     indexed after every node of the model, in the order they were added (the duplicates: in the order of the
     DequantizeLinear they copy, file order standing for onnxruntime's topological order there, then of their
@@ -78,6 +79,7 @@ def ort_order(graph: ModelGraph) -> list[int]:
     constants: list[int] = []
     inserted: list[int] = []
     duplicates: list[int] = []
+    inlined: list[tuple[int, int]] = []  # (its index among the inlined nodes, op)
     for op in ops:
         op_type = op.op_type
         if op_type == "Constant" and op.domain in ("", "ai.onnx"):
@@ -87,15 +89,19 @@ def ort_order(graph: ModelGraph) -> list[int]:
             inserted.append(op.index)
         elif op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name:
             duplicates.append(op.index)
+        elif (seq := inlined_node_rank(op.name)) is not None:
+            inlined.append((seq, op.index))
     skip = set(constants)
     if duplicates:
         by_name = {op.name: op.index for op in ops}
         duplicates.sort(key=lambda i: (by_name.get(ops[i].name.split(DUPLICATED_SUFFIX)[0], i), i))
-        inserted = duplicates + inserted
+    # onnxruntime's node indices, up to order: the model's nodes, then the DequantizeLinear duplicates, the nodes
+    # of inlined function bodies (in the order they were inlined) and the inserted nodes
+    added = duplicates + [op for _, op in sorted(inlined)] + inserted
     rank: list[int] | None = None  # onnxruntime's node index, where it is not the op's own
-    if inserted:
+    if added:
         rank = list(range(len(ops)))
-        for k, index in enumerate(inserted):
+        for k, index in enumerate(added):
             rank[index] = len(ops) + k
     # per tensor: the op that makes it, where the walk follows it (-1: none, or a Constant); index -1 (an omitted
     # input) reads the last entry, -1

@@ -31,6 +31,7 @@ from .planner import infer_symbolic
 from .report import Warning, plain
 from .rules import DEFAULT_INFERENCE_RULES
 from .shapes import bind_and_infer
+from .transforms import with_inserted_cast_shapes
 
 SCHEMA = "onnxmem.validate/1"
 PROVIDERS = ("cpu", "cuda")
@@ -148,6 +149,11 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
     # declares in value_info, which it loads and the saved graph carries.
     plan_types = {**infer_symbolic(ran), **declared_types(ran)}
+    # the CPU provider's converted float16 nodes: their float32 outputs as onnxruntime first inferred them
+    if provider == "cpu" and ran is not loaded.proto:
+        with_twins = with_inserted_cast_shapes(ran, plan_types)
+        if with_twins is not ran:
+            plan_types = {**infer_symbolic(with_twins), **declared_types(ran)}
     plan = planner_shapes(graph, plan_types, ran)
     trips = loop_trip_counts(graph, ran)
     timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan, loop_trips=trips,

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import onnx
 import onnx.helper as oh
 import pytest
 from onnx import TensorProto
 
 from benchmarks.llm_graphs import SHAPES, make_llama
+from onnxmem.analyze import analyze
 from onnxmem.family import ModelFamily
 
 from . import graphs
+from .test_qdq import shared_dq_model
 
 
 @pytest.mark.parametrize("value", [1, 2, 3, 100, 4097])
@@ -63,3 +68,37 @@ def test_if_subgraphs_take_the_full_path() -> None:
     for b in (1, 6):
         # z (b*16*4 bytes) and the else branch's own u while v is computed (v is the If's output): 2 tensors.
         assert family.peak_activation_bytes(b) == 2 * b * 16 * 4
+
+
+def _clip_chain() -> onnx.ModelProto:
+    """x -> Exp -> Clip -> ReduceSum: onnxruntime's CPU Clip runs in place, CUDA's does not (rules.cuda.CUDA_IN_PLACE),
+    so the peak (while Clip runs) is one buffer on the one and two on the other."""
+    nodes = [oh.make_node("Exp", ["x"], ["e"], name="exp"),
+             oh.make_node("Clip", ["e", "low", "high"], ["c"], name="clip"),
+             oh.make_node("ReduceSum", ["c"], ["y"], name="sum", keepdims=1)]
+    graph = oh.make_graph(nodes, "clip_chain", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+                          initializer=[oh.make_tensor("low", TensorProto.FLOAT, [], [0.0]),
+                                       oh.make_tensor("high", TensorProto.FLOAT, [], [6.0])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("provider", ["cuda", "cpu"])
+@pytest.mark.parametrize("make", [_clip_chain, shared_dq_model], ids=["provider-rules", "qdq-copies"])
+def test_fast_path_equals_the_report_a_user_gets(provider: str, make: Callable[[], onnx.ModelProto]) -> None:
+    # The family's model and rules are the report's: the provider's buffer rules (CUDA's Clip is not in place) and
+    # onnxruntime's change to QDQ models (a DequantizeLinear copied per reader), not the file's as given.
+    model = make()
+    family = ModelFamily(model, "batch", provider=provider)
+    assert family.affine
+    for value in (1, 3, 40):
+        report = analyze(model, {"batch": value}, provider=provider)
+        assert family.inference_peak_bytes(value) == (report.inference.peak_bytes, report.inference.weights_bytes)
+        assert family.report(value).to_dict() == report.to_dict()
+
+
+def test_the_providers_differ_on_the_clip_chain() -> None:
+    # (what makes the test above able to fail: the two rule sets give two peaks)
+    model = _clip_chain()
+    assert analyze(model, {"batch": 8}, provider="cuda").inference.peak_bytes != \
+        analyze(model, {"batch": 8}, provider="cpu").inference.peak_bytes

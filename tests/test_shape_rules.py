@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxmem
+from onnxmem.planner import infer_symbolic
 from onnxmem.rules.shapes import NCHWC_BLOCK, SHAPE_RULES, broadcast, matmul
 from onnxmem.shapes import bind_and_infer
 
@@ -171,3 +172,29 @@ def test_broadcast_keeps_a_symbolic_dim_against_one() -> None:
 def test_fp16_input_keeps_its_type() -> None:
     model = one_node("FastGelu", MS, [("x", F16, ["batch", 4])], 1)
     assert bind_and_infer(model, {"batch": 3}).types["y0"][:2] == (F16, (3, 4))
+
+
+def test_a_rule_gives_numbers_for_the_names_a_declared_output_made_up() -> None:
+    # A TorchScript export names the output dims it was not told are dynamic ('Convlogits_dim_2'), and an optimized
+    # graph ends in a fused operator: its rule's numbers take the place of those names (as ONNX's own inference
+    # merges a dim), where 'batch' stays the input's; the output is sized, and counted.
+    nodes = [helper.make_node("ReorderInput", ["x"], ["r"], domain=NCHWC),
+             helper.make_node("ReorderOutput", ["r"], ["logits"], domain=NCHWC, channels=4)]
+    graph = helper.make_graph(nodes, "declared", [helper.make_tensor_value_info("x", F, ["batch", 4, 16, 16])],
+                              [helper.make_tensor_value_info("logits", F, ["batch", 4, "Convlogits_dim_2",
+                                                                           "Convlogits_dim_3"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NCHWC, 1)])
+    assert bind_and_infer(model, {"batch": 3}).types["logits"][:2] == (F, (3, 4, 16, 16))
+    report = onnxmem.analyze(model, {"batch": 3}, order="model")
+    assert report.inference.unsized_tensors == 0
+    assert report.inference.output_bytes == 3 * 4 * 16 * 16 * 4
+
+
+def test_nchwc_upsample_leaves_a_symbolic_dim_unknown_to_the_planner() -> None:
+    # nchwc_schema_defs.cc sets an Upsample output dim only where the input dim has a value: the planner's type
+    # of the output has no batch name (not even at scale 1), while the bound dims still size it.
+    model = one_node("Upsample", NCHWC, [("x", F, ["batch", 16, 4, 4])], 1, scales=[1, 1, 2, 2])
+    planner = infer_symbolic(model)["y0"][1]
+    assert planner is not None and planner[1:] == (16, 8, 8)
+    assert planner[0] is None or (isinstance(planner[0], str) and planner[0].startswith("unk__"))
+    assert bind_and_infer(model, {"batch": 3}).types["y0"][:2] == (F, (3, 16, 8, 8))

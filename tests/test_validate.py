@@ -268,6 +268,44 @@ def test_quantized_conv_weights_are_packed_into_the_arena() -> None:
     assert run.estimated.weights_bytes == run.measured.weights_bytes
 
 
+@pytest.mark.parametrize(("k", "n", "block", "bits", "level", "packed"), [
+    # float compute (levels 0-3): the blocks as they are, N x ceil(K / block) x block x bits / 8
+    (64, 1000, 32, 4, 0, 1000 * 2 * 16),
+    (100, 70, 32, 4, 1, 70 * 4 * 16),
+    # int8 compute (level 4): + a float scale per block and column, float block sums in columns padded to 16, 126 B
+    (100, 70, 32, 4, 4, 70 * 4 * 16 + 70 * 4 * 4 + 80 * 4 * 4 + 126),
+    (64, 64, 32, 8, 4, 64 * 2 * 32 + 64 * 2 * 4 + 64 * 2 * 4 + 126),
+    (64, 64, 32, 8, 0, 0),  # 8-bit at float compute: not packed
+])
+def test_matmul_nbits_weight_is_packed_into_the_arena(k: int, n: int, block: int, bits: int, level: int,
+                                                      packed: int) -> None:
+    import numpy as np
+
+    blocks = -(-k // block)
+    weights = [_initializer("w", np.ones((n, blocks, block * bits // 8)), np.uint8),
+               _initializer("scales", np.ones(n * blocks), np.float32)]
+    nodes = [graphs.node("MatMulNBits", ["x", "w", "scales"], ["y"], domain="com.microsoft", K=k, N=n,
+                         block_size=block, bits=bits, accuracy_level=level)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", k])], [graphs.value("y", ["batch", n])], weights)
+    model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    run = validate(model, {"batch": 4}, runs=1).runs[0]
+    assert run.measured.weights_bytes == packed + _small_initializer_bytes(model, set())
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
+def test_a_fused_gemm_packs_its_weight_as_gemm_does() -> None:
+    # At level extended Gemm + Relu becomes com.microsoft FusedGemm, the same kernel: its [N=24, K=20] (transB)
+    # weight packed with 24 columns padded to 32: 20 x 32 x 4 = 2,560 B
+    import numpy as np
+
+    nodes = [graphs.node("Gemm", ["x", "w", "b"], ["g"], transB=1), graphs.node("Relu", ["g"], ["y"])]
+    weights = [_initializer("w", np.ones((24, 20)), np.float32), _initializer("b", np.ones(24), np.float32)]
+    model = graphs.model(nodes, [graphs.value("x", ["batch", 20])], [graphs.value("y", ["batch", 24])], weights)
+    run = validate(model, {"batch": 4}, runs=1, opt_level="extended").runs[0]
+    assert run.measured.weights_bytes == 20 * 32 * 4 + _small_initializer_bytes(model, {"w"})
+    assert run.estimated.weights_bytes == run.measured.weights_bytes
+
+
 def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
     """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
     Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying
@@ -294,6 +332,42 @@ def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[weight("w0", 3), weight("w1"), weight("w2"), weight("w3")])
     path = tmp_path / "sum_conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = validate(path, {"batch": 2}, opt_level="all", runs=2)
+    for run in result.runs:
+        assert run.activation_difference_bytes == 0, run
+
+
+def test_nchwc_upsample_output_has_no_batch_name_so_it_takes_no_freed_buffer(tmp_path: Path) -> None:
+    """At level all, onnxruntime turns a nearest Resize into an NCHWc Upsample, whose schema (nchwc_schema_defs.cc)
+    sets an output dim only where the input dim has a value: the symbolic batch comes out unknown, and so does the
+    batch of every tensor computed from it. onnxruntime's planner reuses no freed buffer for those (SameShape
+    needs equal values or equal names), so the Conv after the Upsample allocates its own buffer instead of taking
+    the stem's, freed two steps before. Keeping the name 'batch' there, the estimate held the stem's 65,536 bytes
+    (batch 2, 32 x 16 x 16 float32) from its last read until that Conv, and its peak came out 16,384 bytes high."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    channels = 32
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, kernel: int = 1) -> onnx.TensorProto:
+        array = rng.standard_normal((channels, channels, kernel, kernel)).astype(np.float32) * 0.1
+        return numpy_helper.from_array(array, name)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["stem"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["stem", "w1"], ["a"]),
+             helper.make_node("Conv", ["a", "w2"], ["p"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["p", "", "scales"], ["u"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Conv", ["u", "w3"], ["c"]),
+             helper.make_node("Conv", ["c", "w4"], ["y"])]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    graph = helper.make_graph(
+        nodes, "upsample", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[weight("w0", 3), weight("w1"), weight("w2", 3), weight("w3"), weight("w4"), scales])
+    path = tmp_path / "upsample.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     result = validate(path, {"batch": 2}, opt_level="all", runs=2)
     for run in result.runs:

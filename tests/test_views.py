@@ -177,3 +177,20 @@ def test_a_model_whose_weights_dominate_is_drawn_above_them() -> None:
     assert "weights + inputs" in page and f"peak {format_bytes(inference.peak_bytes)}" in page
     small = series_of(onnxmem.analyze(graphs.fanout()))
     assert small.axis_floor == 0  # activations dominate: the axis starts at 0
+
+
+def test_a_training_what_if_reads_the_model_as_given_as_the_report_does() -> None:
+    # On the CPU provider onnxruntime casts a float16 decoder's ops without a float16 kernel (another model); the
+    # training step reads the model as given, in the report and in the what-if at half the batch alike.
+    from onnxmem.training import TrainingOptions
+
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "gpt_decoder.onnx"
+    model = half_precision(load_model(path))
+    dims = dims_for(path, 8)
+    options = TrainingOptions(optimizer="adamw")
+    sized = onnxmem.analysis(model, dims, training=options, provider="cpu").sizing
+    assert sized.given is not None  # (what makes this test able to fail: the runtime's model is another)
+    result = onnxmem.check(model, dims, memory="1KiB", training=options, provider="cpu")
+    figures = {w.change: w.peak_bytes for w in result.what_ifs}
+    half = onnxmem.analyze(model, {**dims, "batch": 4}, training=options, provider="cpu").training
+    assert half is not None and figures["batch 8 -> 4"] == half.peak_bytes

@@ -61,6 +61,7 @@ IN_PLACE_FROM_INPUT: dict[str, int] = {
 PREPACKED: dict[str, tuple[int, ...]] = {
     "MatMul": (1,),
     "Gemm": (1,),
+    "com.microsoft::FusedGemm": (1,),  # (a Gemm with its activation fused at level extended: the same kernel)
     "LSTM": (1, 2),
     "ConvTranspose": (1,),
     "com.microsoft::Attention": (1,),
@@ -77,7 +78,7 @@ FLOAT16_WEIGHTS_AS_FLOAT32: dict[str, tuple[int, ...]] = {
 # their exact size outside the regions, as the others do (MakeUniquePtr with use_reserve): measured, a ConvTranspose
 # weight of 2,048 B or 147,456 B leaves the arena holding its 1 MiB first region and nothing more.
 PREPACKED_IN_REGIONS: frozenset[str] = frozenset({"ConvTranspose"})
-PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16}  # op type -> column alignment of the pack
+PREPACK_PADDED_COLUMNS: dict[str, int] = {"MatMul": 16, "Gemm": 16, "com.microsoft::FusedGemm": 16}  # op -> columns
 # Quantized weights the CPU kernels prepack into the arena at session creation (their PrePack allocates from the
 # kernel's allocator, the arena): op type -> (the weight's input slot, how it is packed). "gemm":
 # MatMulIntegerBase::PrePack (MatMulInteger, QLinearMatMul, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul)
@@ -96,7 +97,18 @@ QUANTIZED_PREPACKED: dict[str, tuple[int, str]] = {
     "com.microsoft::DynamicQuantizeMatMul": (1, "gemm"),
     "QLinearConv": (3, "conv"),
     "com.microsoft::QLinearConv": (3, "conv"),
+    "com.microsoft::MatMulNBits": (1, "nbits"),
 }
+# "nbits": MatMulNBits::PrePack packs its [N, K/block, block x bits/8] weight by MlasQNBitGemmPackQuantBDataSize for
+# the compute type its accuracy_level picks (measured on one-node graphs, onnxruntime 1.32 AVX2: 4-bit at levels
+# 0-3 and 4 and 8-bit at level 4 are packed; any other width is not): bits -> {is level 4: compute type}.
+NBITS_COMPUTE: dict[int, dict[bool, str]] = {4: {False: "fp32", True: "int8"}, 8: {True: "int8"}}
+# The fp32 pack is the weight's blocks as they are, N x ceil(K / block) x block x bits/8 bytes; the int8 pack adds a
+# float scale and NBITS_BLOCK_SUM_COLUMNS-column-padded float block sums per block and column, and a fixed
+# NBITS_INT8_EXTRA_BYTES (the buffers' alignment slack): measured exact on 12 shapes (K 64-512, N 33-1000, blocks
+# 16-128, with and without zero points).
+NBITS_BLOCK_SUM_COLUMNS = 16
+NBITS_INT8_EXTRA_BYTES = 126
 QGEMM_COLUMN_ALIGNMENT = 16  # MLAS_QGEMM_STRIDEN_THREAD_ALIGN
 QGEMM_PACKED_K: dict[bool, int] = {True: 4, False: 2}  # by whether the weight is int8: U8S8 and U8U8 AVX2 kernels
 QGEMM_BUFFER_ALIGNMENT = 64  # MlasGetPreferredBufferAlignment

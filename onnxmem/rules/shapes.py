@@ -284,8 +284,10 @@ def _nchwc_upsample(inputs: Sequence[Type | None], attrs: dict[str, Any]) -> lis
     scales = list(attrs.get("scales") or [])
     if x is None or len(scales) != len(x[1]):
         return []
-    return [(x[0], tuple(d * s if isinstance(d, int) else (d if s == 1 else None) for d, s in zip(x[1], scales,
-                                                                                                 strict=True)))]
+    # nchwc_schema_defs.cc sets an output dim only where the input dim has a value: a symbolic dim (the batch),
+    # even at scale 1, comes out unknown, and onnxruntime's planner then reuses no freed buffer for the outputs
+    # downstream of it (measured: a held-out HRNet at level all)
+    return [(x[0], tuple(d * s if isinstance(d, int) else None for d, s in zip(x[1], scales, strict=True)))]
 
 
 def _attention(inputs: Sequence[Type | None], attrs: dict[str, Any]) -> list[Type | None]:
