@@ -18,6 +18,7 @@ from .errors import OnnxMemError
 from .graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
 from .load import LoadedModel, load_model
+from .loops import loop_trip_counts, loop_warnings
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .planner import declared_dim_names, infer_symbolic, runtime_view
 from .qdq import unique_dequantize
@@ -219,8 +220,10 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
         scheduled = memo[1], memo[2]
     steps: Sequence[int]
     steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
-    timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared)
-    report = summarize(sized.loaded, graph, sized.dims, list(sized.warnings), timeline, order, sized.provider)
+    trips = loop_trip_counts(graph, sized.loaded.proto)
+    timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared, loop_trips=trips)
+    report = summarize(sized.loaded, graph, sized.dims, [*sized.warnings, *loop_warnings(graph, trips)], timeline,
+                       order, sized.provider)
     if training is not None:
         # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
         # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.

@@ -17,6 +17,7 @@ what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces) 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -455,11 +456,14 @@ def _scratch_first(graph: ModelGraph, op: int) -> bool:
 
 
 def first_run_events(graph: ModelGraph, timeline: Timeline, scratch: Mapping[int, Sequence[int]] | None = None,
-                     sizes: Sequence[int | None] | None = None) -> list[tuple[str, int, int]]:
+                     sizes: Sequence[int | None] | None = None,
+                     loops: Mapping[int, Callable[[Sequence[int]], Sequence[tuple[str, int, int]]]] | None = None,
+                     ) -> list[tuple[str, int, int]]:
     """Give the arena's allocations and frees of a first run (no memory pattern) in the timeline's order: at each
     step the op's output buffers in output order, then its kernel's scratch (`scratch`: kernel_scratch), allocated
     and freed, then the buffers whose last step it is (graph outputs and unread outputs stay to the end).
-    `sizes`: each tensor's bytes, where not the graph's own."""
+    `sizes`: each tensor's bytes, where not the graph's own; `loops`: per Loop op, its run's events given the
+    outputs it allocates (loops.loop_run: its body's iterations, then its outputs), in place of its outputs."""
     nbytes = sizes if sizes is not None else [t.nbytes for t in graph.tensors]
     ending: dict[int, list[int]] = {}
     for t, first in enumerate(timeline.first_step):
@@ -470,7 +474,9 @@ def first_run_events(graph: ModelGraph, timeline: Timeline, scratch: Mapping[int
     for step, op in enumerate(timeline.order):
         outputs = [("alloc", t, nbytes[t] or 0) for t in graph.ops[op].outputs
                    if t >= 0 and timeline.first_step[t] == step]
-        if scratch and op in scratch:
+        if loops and op in loops:
+            events.extend(loops[op]([t for _, t, _ in outputs]))
+        elif scratch and op in scratch:
             events.extend(_scratch_events(scratch[op], scratch_id, outputs, _scratch_first(graph, op)))
             scratch_id -= len(scratch[op])
         else:
@@ -491,9 +497,12 @@ def later_run_events(graph: ModelGraph, timeline: Timeline, pattern_bytes: int,
 
 def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratch: Mapping[int, Sequence[int]] | None,
                first: Sequence[tuple[str, int, int]], inputs: Sequence[int] = (),
-               sizes: Sequence[int | None] | None = None) -> list[tuple[str, int, int]]:
+               sizes: Sequence[int | None] | None = None,
+               loops: Mapping[int, Callable[[Sequence[int]], Sequence[tuple[str, int, int]]]] | None = None,
+               ) -> list[tuple[str, int, int]]:
     """The events of later_run_events after the first run's (`first`); `inputs`: the bytes of graph inputs each
-    run copies into the arena before it starts (the CUDA provider's feeds); `sizes` as first_run_events."""
+    run copies into the arena before it starts (the CUDA provider's feeds); `sizes`, `loops` as first_run_events
+    (a Loop's intermediate outputs are in the pattern's block)."""
     nbytes = sizes if sizes is not None else [t.nbytes for t in graph.tensors]
     held: set[int] = set()
     for kind, buffer, _ in first:
@@ -515,7 +524,11 @@ def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratc
     for op in timeline.order:
         outputs = [("alloc", -2 - t, nbytes[t] or 0) for t in made.get(op, ())]
         placed.update(made.get(op, ()))
-        if scratch and op in scratch:
+        if loops and op in loops:  # (its own outputs: graph outputs, ids -2 - tensor as above)
+            own = set(made.get(op, ()))
+            events.extend((kind, -2 - buffer if buffer in own and buffer >= 0 else buffer, size)
+                          for kind, buffer, size in loops[op](sorted(own)))
+        elif scratch and op in scratch:
             events.extend(_scratch_events(scratch[op], scratch_id, outputs, _scratch_first(graph, op)))
             scratch_id -= len(scratch[op])
         else:
@@ -544,9 +557,10 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
         weights = arena_weights(graph, model, given)
         reserved, in_regions, inputs = weights.reserved, weights.in_regions, []
     scratch = kernel_scratch(graph, model, shape_of)
+    first_loops, later_loops = _loop_events(graph, model, mem_pattern)
     creation = [("alloc", _CREATION_IDS - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)]
     copied = [("alloc", _INPUT_IDS - len(graph.tensors) - i, n) for i, n in enumerate(inputs)]
-    first = [*copied, *first_run_events(graph, timeline, scratch, sizes),
+    first = [*copied, *first_run_events(graph, timeline, scratch, sizes, first_loops),
              *(("free", buffer, 0) for _, buffer, _ in copied)]
     arena = BFCArena()
     arena.reserve(reserved)
@@ -555,8 +569,35 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
     if not mem_pattern:
         return after_first, after_first
     later = _later_run(graph, timeline, pattern_block_bytes(graph, timeline, sizes=sizes), scratch, first, inputs,
-                       sizes)
+                       sizes, later_loops)
     return after_first, _replay(arena, addresses, later)
+
+
+def _loop_events(graph: ModelGraph, model: onnx.ModelProto, mem_pattern: bool) -> tuple[
+        dict[int, Callable[[Sequence[int]], list[tuple[str, int, int]]]],
+        dict[int, Callable[[Sequence[int]], list[tuple[str, int, int]]]]]:
+    """Give, per Loop whose trip count the model states and per If, its first run's and its later run's events
+    given the outputs it allocates in the arena (loops.loop_run, loops.branch_run; the body's pattern, traced in
+    the first run, serves the second)."""
+    from .loops import branch_run, loop_run, loop_trip_counts, replayed
+    from .rules import DEFAULT_INFERENCE_RULES
+
+    trips = loop_trip_counts(graph, model)
+    ids = itertools.count(_LOOP_IDS - len(graph.tensors), -1)
+    traced: dict[int, set[tuple[object, ...]]] = {index: set() for index in trips}
+
+    def run(index: int) -> Callable[[Sequence[int]], list[tuple[str, int, int]]]:
+        return lambda own: replayed(loop_run(graph, graph.ops[index], trips[index], DEFAULT_INFERENCE_RULES,
+                                             traced[index], mem_pattern, ids, own).events)
+
+    def branch(index: int) -> Callable[[Sequence[int]], list[tuple[str, int, int]]]:
+        return lambda own: replayed(branch_run(graph, graph.ops[index], DEFAULT_INFERENCE_RULES,
+                                               traced.setdefault(index, set()), mem_pattern, ids, own).events)
+
+    first = {index: run(index) for index in trips if graph.ops[index].subgraphs}
+    first.update((op.index, branch(op.index)) for op in graph.ops
+                 if op.op_type == "If" and op.domain in ("", "ai.onnx") and op.subgraphs)
+    return first, dict(first)
 
 
 # buffer ids apart from tensors (>= 0), the pattern block (-1) and graph outputs (-2 - tensor): kernel scratch,
@@ -564,3 +605,4 @@ def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelP
 _SCRATCH_IDS = -(1 << 40)
 _CREATION_IDS = -(1 << 50)
 _INPUT_IDS = -(1 << 55)
+_LOOP_IDS = -(1 << 58)  # a Loop body's buffers, its scalars and pattern blocks

@@ -3,6 +3,7 @@ sees the model before any input arrives (it decides buffer reuse on these shapes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from .infer import (
     _inferred,
     _ort_symbolic_inference,
     _prepared,
+    _shape_only_copy,
     has_rule,
     inference_ir_version,
     inferred_declared_types,
@@ -24,7 +26,7 @@ from .infer import (
 )
 from .load import initializer_type
 from .report import Warning
-from .rules.inference import PLANNER_MERGES_DIMS
+from .rules.inference import ORT_DATA_PROPAGATION_OPS, PLANNER_MERGES_DIMS, SHAPE_INPUT_SLOTS
 from .rules.shapes import ONNX_DOMAIN_RULE_OPS
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
 
@@ -35,6 +37,133 @@ if TYPE_CHECKING:
 
 def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
+    """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
+    any input arrives (see _symbolic_types), with the integer shape values onnxruntime's own data propagation
+    carries to the nodes that read a shape (see ort_shape_inputs)."""
+    free = input_dims(model) if free is None else free
+    types = _symbolic_types(model, loaded, free, wiring)
+    shape_inputs = ort_shape_inputs(model, types)
+    if not shape_inputs:
+        return types
+    rewired = _shape_only_copy(model)
+    for node in rewired.graph.node:
+        slot = SHAPE_INPUT_SLOTS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if slot is not None and slot < len(node.input) and node.input[slot] in shape_inputs:
+            value = shape_inputs[node.input[slot]]
+            name = f"onnxmem_shape_value::{value.name}"
+            if not any(t.name == name for t in rewired.graph.initializer):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(value)
+                copy.name = name
+                rewired.graph.initializer.append(copy)
+            node.input[slot] = name
+    found = _symbolic_types(rewired, None, free, None)
+    return {name: found.get(name, found_type) for name, found_type in types.items()}
+
+
+def ort_shape_inputs(model: ModelProto, types: Mapping[str, TensorType]) -> dict[str, onnx.TensorProto]:
+    """Give the integer values onnxruntime's graph resolution knows of the shape inputs of the nodes whose
+    inference reads one (rules.inference.SHAPE_INPUT_SLOTS: ONNX's getShapeInput), where the node's output type is
+    not already known, as initializers (see ort_shape_values)."""
+    nodes = model.graph.node
+    reading = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in SHAPE_INPUT_SLOTS
+               and SHAPE_INPUT_SLOTS[n.op_type] < len(n.input) and n.output
+               and not _known(types.get(n.output[0], UNKNOWN_TYPE))]
+    if not reading:
+        return {}
+    values = ort_shape_values(model, types)
+    found = {}
+    for node in reading:
+        name = node.input[SHAPE_INPUT_SLOTS[node.op_type]]
+        value = values.get(name)
+        ints = [v for v in value[0] if isinstance(v, int)] if value is not None and not value[1] else []
+        if value is not None and len(ints) == len(value[0]):
+            found[name] = onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [len(ints)], ints)
+    return found
+
+
+def ort_shape_values(model: ModelProto, types: Mapping[str, TensorType]) -> dict[str, tuple[list[int | None], bool]]:
+    """Give the shape values onnxruntime's graph resolution propagates: per tensor, its integer elements (None: not
+    known) and whether it is a scalar. Two kinds of rule, from onnxruntime's graph.cc and data_propagation/:
+    ONNX's partial data propagation functions (rules.inference.ORT_DATA_PROPAGATION_OPS) for outputs of rank 1,
+    which read only the values propagated so far (not the initializers: measured on Swin's pad list, Sub(8,
+    Gather(Shape(...), [0])) stays unknown); onnxruntime's own rules for scalar outputs (Gather, Add, Sub, Mul, Div)
+    and for Size, Squeeze and Unsqueeze, which read initializers too and keep integers only."""
+    constants: dict[str, list[int]] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(tensor.dims) <= 1 and \
+                tensor.data_location != onnx.TensorProto.EXTERNAL and (not tensor.dims or tensor.dims[0] <= 64):
+            constants[tensor.name] = [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
+            tensor = node.attribute[0].t
+            if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(tensor.dims) <= 1:
+                constants[node.output[0]] = [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+    values: dict[str, tuple[list[int | None], bool]] = {}
+
+    def scalar(name: str) -> int | None:  # onnxruntime's own rules: a propagated scalar or a constant
+        found = values.get(name)
+        if found is not None and len(found[0]) == 1:
+            return found[0][0]
+        constant = constants.get(name)
+        return constant[0] if constant is not None and len(constant) == 1 else None
+
+    arithmetic = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+                  "Div": lambda a, b: int(a / b) if b else None}
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ORT_DATA_PROPAGATION_OPS or not node.output:
+            continue
+        op, out = node.op_type, node.output[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if op in ("Shape", "Size"):
+            shape = types.get(node.input[0], UNKNOWN_TYPE)[1]
+            if shape is None:
+                continue
+            dims = [d if isinstance(d, int) else None for d in shape]
+            if op == "Size":
+                if all(isinstance(d, int) for d in dims):
+                    values[out] = ([math.prod(d for d in dims if d is not None)], True)
+                continue
+            start, end = int(attrs.get("start", 0)), attrs.get("end")
+            values[out] = (dims[start:int(end)] if end is not None else dims[start:], False)
+        elif op == "Cast" and node.input[0] in values:
+            values[out] = values[node.input[0]]
+        elif op == "Gather" and node.input[0] in values and int(attrs.get("axis", 0)) == 0:
+            data = values[node.input[0]][0]
+            index = constants.get(node.input[1])
+            if index is not None and len(index) == 1 and _is_scalar(types, node.input[1]) \
+                    and -len(data) <= index[0] < len(data) and data[index[0]] is not None:
+                values[out] = ([data[index[0]]], True)
+        elif op == "Unsqueeze":
+            value = scalar(node.input[0])
+            if value is not None and _is_scalar(types, node.input[0]):
+                values[out] = ([value], False)
+        elif op == "Squeeze" and node.input[0] in values and len(values[node.input[0]][0]) == 1:
+            values[out] = (values[node.input[0]][0], True)
+        elif op == "Concat" and all(name in values and not values[name][1] for name in node.input):
+            values[out] = ([v for name in node.input for v in values[name][0]], False)
+        elif op in arithmetic and len(node.input) == 2:
+            if _is_scalar(types, out) or (node.input[0] in values and values[node.input[0]][1]):
+                a, b = scalar(node.input[0]), scalar(node.input[1])
+                if a is not None and b is not None and (result := arithmetic[op](a, b)) is not None:
+                    values[out] = ([result], True)
+            elif op != "Div" and node.input[0] in values and node.input[1] in values:
+                first, second = values[node.input[0]][0], values[node.input[1]][0]
+                if len(first) == len(second) or 1 in (len(first), len(second)):
+                    size = max(len(first), len(second))
+                    pairs = [(first[0 if len(first) == 1 else i], second[0 if len(second) == 1 else i])
+                             for i in range(size)]
+                    values[out] = ([arithmetic[op](a, b) if a is not None and b is not None else None
+                                    for a, b in pairs], False)
+    return values
+
+
+def _is_scalar(types: Mapping[str, TensorType], name: str) -> bool:
+    return types.get(name, UNKNOWN_TYPE)[1] == ()
+
+
+def _symbolic_types(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
+                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (onnxruntime decides buffer reuse on these shapes: equal names are equal sizes).
 

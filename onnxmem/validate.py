@@ -25,6 +25,7 @@ from .graph import WEIGHT, ModelGraph, build_graph
 from .infer import declared_types
 from .liveness import Timeline, liveness, pattern_block_bytes
 from .load import load_model
+from .loops import loop_runs_by_op, loop_trip_counts, loop_warnings
 from .orders import execution_order
 from .planner import infer_symbolic
 from .report import Warning, plain
@@ -154,9 +155,12 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         if with_twins is not ran:
             plan_types = {**infer_symbolic(with_twins), **declared_types(ran)}
     plan = planner_shapes(graph, plan_types, ran)
-    timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan)
+    trips = loop_trip_counts(graph, ran)
+    timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan, loop_trips=trips,
+                        mem_pattern=mem_pattern)
     first = timeline.peak_bytes
-    steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline)
+    steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline,
+                                                                          _later_loop_bytes(graph, timeline, trips))
     notes: tuple[str, ...]
     if provider == "cuda":
         # Device memory: every initializer is copied to the GPU when the session is created; each run copies
@@ -193,7 +197,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*notes, *_control_flow_notes(graph, taken)),
-        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline)))
+        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline),
+                  *loop_warnings(graph, trips)))
 
 
 def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
@@ -241,9 +246,22 @@ def _dims_of(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, int]:
     return {k: v for k, v in dims.items() if k in names}
 
 
-def _outside_pattern_peak(graph: ModelGraph, timeline: Timeline) -> int:
+def _later_loop_bytes(graph: ModelGraph, timeline: Timeline, trips: Mapping[int, int]) -> dict[int, int]:
+    """Give, per step of a Loop whose trip count is known, the most bytes its second run holds outside the outer
+    pattern's block (loops.loop_run, after a first run traced its body's pattern), its graph outputs apart."""
+    traced: dict[int, set[tuple[object, ...]]] = {}
+    loop_runs_by_op(graph, trips, DEFAULT_INFERENCE_RULES, traced)  # the first run traces the bodies' patterns
+    later = loop_runs_by_op(graph, trips, DEFAULT_INFERENCE_RULES, traced)
+    position = {op: step for step, op in enumerate(timeline.order)}
+    outputs = set(graph.outputs)
+    return {position[index]: max(0, run.sampled_peak - sum(graph.tensors[t].nbytes or 0
+                                                            for t in graph.ops[index].outputs if t in outputs))
+            for index, run in later.items() if index in position}
+
+
+def _outside_pattern_peak(graph: ModelGraph, timeline: Timeline, loops: Mapping[int, int] | None = None) -> int:
     """Give the most bytes allocated outside the memory-pattern block at once: graph outputs (from their producer
-    to the end) and, while their node runs, If/Loop bodies."""
+    to the end) and, while their node runs, If/Loop bodies (`loops`: per step, a Loop's own figure)."""
     produced_at = [0] * len(timeline.order)
     position = {op: step for step, op in enumerate(timeline.order)}
     for t in graph.outputs:
@@ -253,6 +271,8 @@ def _outside_pattern_peak(graph: ModelGraph, timeline: Timeline) -> int:
     peak = outputs = 0
     for step, body in enumerate(timeline.subgraph_bytes):
         outputs += produced_at[step]
+        if loops and step in loops:
+            body = loops[step]
         peak = max(peak, outputs + body)
     return peak
 

@@ -371,3 +371,18 @@ SCRATCH_ELEMENT_INPUT: dict[str, int] = {"Where": 1}
 SCRATCH_BEFORE_OUTPUTS: frozenset[str] = frozenset({"Where"})
 # Scratch rules that are given a known scalar input as (1,) (to the others, () is a shape not known).
 SCRATCH_KNOWN_SCALARS: frozenset[str] = frozenset({"Where"})
+
+# The operators whose inference reads a shape from an input (ONNX's getShapeInput: an initializer, else the values
+# data propagation found), and that input's slot (onnx/defs: Reshape, Expand, ConstantOfShape, Resize's sizes,
+# AffineGrid's size).
+SHAPE_INPUT_SLOTS: dict[str, int] = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Resize": 3, "AffineGrid": 1}
+# The operators through which onnxruntime's graph resolution carries integer shape values to those inputs
+# (planner.ort_shape_values): ONNX's PartialDataPropagationFunction (onnx/defs: Cast, Shape, Size, Concat, Slice,
+# Gather, Squeeze, Unsqueeze, Add, Sub, Mul), which in onnxruntime reads only the values propagated so far, and
+# onnxruntime's own (core/graph/data_propagation: Size, Squeeze, Unsqueeze, and Gather, Add, Sub, Mul, Div of
+# scalars, which read initializers too and keep integers only). Measured: BART (TorchScript, level disable) sizes a
+# ConstantOfShape of Shape(Shape(x)) [2], which then takes a freed [2] buffer; Swin's pad list, Sub(8,
+# Gather(Shape(Concat(...)), [0])), stays unknown (its Gather's indices and Sub's 8 are initializers).
+ORT_DATA_PROPAGATION_OPS: frozenset[str] = frozenset({
+    "Constant", "Cast", "Shape", "Size", "Concat", "Slice", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
+    "Div"})

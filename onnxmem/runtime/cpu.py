@@ -249,7 +249,11 @@ def _measure_run(index: int, events: list[dict[str, Any]], baseline: int) -> Run
         value = _stat(e, _IN_USE)
         if value is not None and (value > peak or (value == peak and not peak_node)):
             peak, peak_node = value, _node_name(e)
-    held = _stat(events[-1], _ARENA_HELD)
+    # What the arena holds at the run's end: the statistics of the event that ends last (the last by start time
+    # may be a Loop body's node, sampled before its Loop allocated its outputs; the events of a run can read
+    # different allocators, so the most any of them saw is not it).
+    last = max(enumerate(events), key=lambda pair: (int(pair[1]["ts"]) + int(pair[1].get("dur", 0)), pair[0]))[1]
+    held = _stat(last, _ARENA_HELD)
     return RunMeasurement(run_index=index, peak_activation_bytes=peak - baseline, baseline_bytes=baseline,
                           peak_node=peak_node, start_bytes=start - baseline,
                           arena_held_bytes=-1 if held is None else held)
