@@ -1,6 +1,6 @@
 """The bytes onnxruntime's CPU arena holds after each run, measured, against onnxmem.arena's BFC simulation.
 
-    python benchmarks/arena.py [--batches 1 8 32] [--set fixtures|real|real2] [--levels disable ...] [--zoo DIR]
+    python benchmarks/arena.py [--batches 1 8 32] [--set fixtures|real|real2|real3] [--levels disable ...] [--zoo DIR]
                                [--models NAME ...]
 
 For each fixture and batch, `onnxmem validate` (onnxruntime CPU, level disable, one thread, arena on, memory
@@ -12,7 +12,8 @@ graph outputs (arena.later_run_events). Prints one table; "exact" counts the run
 
 --set real: the zoo benchmarks/zoo.py built (default ~/.cache/onnxmem-zoo), at the dims its zoo.json gives with the
 batch dim taking each --batches value, at each --levels optimization level (default: disable). --set real2: the
-second, held-out zoo benchmarks/zoo2.py built (default ~/.cache/onnxmem-zoo2). --models: only these zoo models.
+second, held-out zoo benchmarks/zoo2.py built (default ~/.cache/onnxmem-zoo2); --set real3: the third, zoo3.py's
+(default ~/.cache/onnxmem-zoo3). --models: only these zoo models.
 """
 
 from __future__ import annotations
@@ -29,19 +30,20 @@ from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 from benchmarks.zoo import DEFAULT_OUT as DEFAULT_ZOO  # noqa: E402
 from benchmarks.zoo import INDEX as ZOO_INDEX  # noqa: E402
 from benchmarks.zoo2 import DEFAULT_OUT as DEFAULT_ZOO2  # noqa: E402
+from benchmarks.zoo3 import DEFAULT_OUT as DEFAULT_ZOO3  # noqa: E402
 from onnxmem.validate import validate  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--set", choices=("fixtures", "real", "real2"), default="fixtures")
+    parser.add_argument("--set", choices=("fixtures", "real", "real2", "real3"), default="fixtures")
     parser.add_argument("--levels", nargs="+", default=["disable"])
     parser.add_argument("--zoo", type=Path, default=None)
-    parser.add_argument("--models", nargs="+", default=None, help="--set real/real2: only these zoo models")
+    parser.add_argument("--models", nargs="+", default=None, help="--set real/real2/real3: only these zoo models")
     args = parser.parse_args()
     if args.zoo is None:
-        args.zoo = DEFAULT_ZOO2 if args.set == "real2" else DEFAULT_ZOO
+        args.zoo = {"real2": DEFAULT_ZOO2, "real3": DEFAULT_ZOO3}.get(args.set, DEFAULT_ZOO)
     rows = []
     exact = 0
     for name, path, batch, dims in cases(args):
