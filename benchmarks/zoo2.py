@@ -16,7 +16,7 @@ with the reason). `benchmarks/accuracy_ort.py --set real2` and `benchmarks/arena
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from benchmarks.zoo import (  # noqa: E402
     TEXT_DIMS,
     VISION_DIMS,
     VOCAB,
+    Builder,
     Exportable,
     ZooModel,
     export,
@@ -189,22 +190,38 @@ OTHER: list[tuple[str, str, Callable[[], Exportable], dict[str, int], tuple[str,
 ]
 
 
-def zoo2_models() -> list[ZooModel]:
-    """Give every model of the second zoo, sources before the models derived from them."""
+Derived = tuple[str, str, str, Builder, str]  # (name, kind, source model, builder, tool)
+
+
+def models_of(vision_models: Sequence[tuple[str, str, Callable[[], Any], tuple[str, ...]]],
+              text_models: Sequence[tuple[str, Callable[[], Any], tuple[str, ...]]],
+              other_models: Sequence[tuple[str, str, Callable[[], Exportable], dict[str, int], tuple[str, ...]]],
+              derived: Sequence[Derived]) -> list[ZooModel]:
+    """Give a zoo's models: each source once per exporter it lists, then the models derived from them (each with its
+    source's exporter and dims). The same for the second zoo and the third (benchmarks/zoo3.py)."""
     models: list[ZooModel] = []
-    for name, kind, module, exporters in VISION:
+    for name, kind, module, exporters in vision_models:
         for suffix in exporters:
             models.append(ZooModel(f"{name}-{suffix}", kind, exporter_name(EXPORTERS[suffix]), dict(VISION_DIMS),
                                    export(vision(module), EXPORTERS[suffix])))
-    for name, model, exporters in TEXT:
+    for name, model, exporters in text_models:
         for suffix in exporters:
             models.append(ZooModel(f"{name}-{suffix}", "transformers", exporter_name(EXPORTERS[suffix]),
                                    dict(TEXT_DIMS), export(text(model), EXPORTERS[suffix])))
-    for name, kind, make, dims, exporters in OTHER:
+    for name, kind, make, dims, exporters in other_models:
         for suffix in exporters:
             models.append(ZooModel(f"{name}-{suffix}", kind, exporter_name(EXPORTERS[suffix]), dict(dims),
                                    export(make, EXPORTERS[suffix])))
-    derived = [
+    exporter = {m.name: m.exporter for m in models}
+    for name, kind, source, build, tool in derived:
+        dims = next(m.dims for m in models if m.name == source)
+        models.append(ZooModel(name, kind, exporter[source], dict(dims), build, source=source, tool=tool))
+    return models
+
+
+def zoo2_models() -> list[ZooModel]:
+    """Give every model of the second zoo, sources before the models derived from them."""
+    derived: list[Derived] = [
         ("hf-distilbert-ts-qdyn", "quantize-dynamic", "hf-distilbert-ts", quantize_dynamic("hf-distilbert-ts"),
          "quantize_dynamic"),
         ("hf-qwen2-dynamo-qdyn", "quantize-dynamic", "hf-qwen2-dynamo", quantize_dynamic("hf-qwen2-dynamo"),
@@ -221,11 +238,7 @@ def zoo2_models() -> list[ZooModel]:
          "optimize_model bert"),
         ("hf-bart-ts-fused", "ort-fusion", "hf-bart-ts", ort_fusion("hf-bart-ts", "bart"), "optimize_model bart"),
     ]
-    exporter = {m.name: m.exporter for m in models}
-    for name, kind, source, build, tool in derived:
-        dims = next(m.dims for m in models if m.name == source)
-        models.append(ZooModel(name, kind, exporter[source], dict(dims), build, source=source, tool=tool))
-    return models
+    return models_of(VISION, TEXT, OTHER, derived)
 
 
 if __name__ == "__main__":

@@ -23,28 +23,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.zoo import (  # noqa: E402
-    EXPORTERS,
     IMAGE,
     MAX_POSITIONS,
-    TEXT_DIMS,
     VISION_DIMS,
     VOCAB,
     Builder,
     Exportable,
     ZooModel,
-    export,
-    exporter_name,
     fp16,
     import_torchvision,
     main,
     ort_fusion,
     quantize_dynamic,
     quantize_qdq,
-    text,
     timm_model,
-    vision,
 )
-from benchmarks.zoo2 import CAUSAL, SMALL, hf, loaded, tv  # noqa: E402
+from benchmarks.zoo2 import CAUSAL, SMALL, Derived, hf, loaded, models_of, tv  # noqa: E402
 
 DEFAULT_OUT = Path.home() / ".cache" / "onnxmem-zoo3"
 
@@ -145,20 +139,7 @@ OTHER: list[tuple[str, str, Callable[[], Exportable], dict[str, int], tuple[str,
 
 def zoo3_models() -> list[ZooModel]:
     """Give every model of the third zoo, sources before the models derived from them."""
-    models: list[ZooModel] = []
-    for name, kind, module, exporters in VISION:
-        for suffix in exporters:
-            models.append(ZooModel(f"{name}-{suffix}", kind, exporter_name(EXPORTERS[suffix]), dict(VISION_DIMS),
-                                   export(vision(module), EXPORTERS[suffix])))
-    for name, model, exporters in TEXT:
-        for suffix in exporters:
-            models.append(ZooModel(f"{name}-{suffix}", "transformers", exporter_name(EXPORTERS[suffix]),
-                                   dict(TEXT_DIMS), export(text(model), EXPORTERS[suffix])))
-    for name, kind, make, dims, exporters in OTHER:
-        for suffix in exporters:
-            models.append(ZooModel(f"{name}-{suffix}", kind, exporter_name(EXPORTERS[suffix]), dict(dims),
-                                   export(make, EXPORTERS[suffix])))
-    derived = [
+    derived: list[Derived] = [
         ("hf-opt-ts-qdyn", "quantize-dynamic", "hf-opt-ts", quantize_dynamic("hf-opt-ts"), "quantize_dynamic"),
         ("hf-electra-dynamo-qdyn", "quantize-dynamic", "hf-electra-dynamo", quantize_dynamic("hf-electra-dynamo"),
          "quantize_dynamic"),
@@ -178,11 +159,7 @@ def zoo3_models() -> list[ZooModel]:
         ("hf-mpnet-dynamo-fused", "ort-fusion", "hf-mpnet-dynamo", ort_fusion("hf-mpnet-dynamo", "bert"),
          "optimize_model bert"),
     ]
-    exporter = {m.name: m.exporter for m in models}
-    for name, kind, source, build, tool in derived:
-        dims = next(m.dims for m in models if m.name == source)
-        models.append(ZooModel(name, kind, exporter[source], dict(dims), build, source=source, tool=tool))
-    return models
+    return models_of(VISION, TEXT, OTHER, derived)
 
 
 if __name__ == "__main__":

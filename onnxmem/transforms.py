@@ -538,22 +538,31 @@ def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
     return None
 
 
+def _infer_node(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
+                constants: Mapping[str, TensorProto],
+                view: Callable[[tuple[Dim, ...] | None], tuple[Dim, ...] | None] = lambda shape: shape,
+                ) -> dict[str, onnx.TypeProto] | None:
+    """Give ONNX's inference of one node's output types, on its inputs' `known` types (each shape as `view` gives
+    it) and the values of its `constants` inputs; None where ONNX cannot type it here."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
+        inputs = {}
+        for name in node.input:
+            if name and name in known and known[name][0]:
+                dtype, shape, _ = known[name]
+                inputs[name] = onnx.helper.make_tensor_type_proto(dtype, view(shape))
+        data = {name: constants[name] for name in node.input if name in constants}
+        return dict(onnx.shape_inference.infer_node_outputs(schema, node, inputs, data))
+    except Exception:  # noqa: BLE001 - onnx raises several types here; any of them means "not typed"
+        return None
+
+
 def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], known: dict[str, TensorType],
                constants: Mapping[str, TensorProto]) -> None:
-    """Add the element types (and shapes, where ONNX infers them) of the body's outputs to `known`, node by node."""
+    """Add the element types (and shapes, where ONNX infers them) of the body's outputs to `known`, node by node
+    (a node ONNX cannot type here: its outputs stay unknown to the transform)."""
     for node in nodes:
-        try:
-            schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
-            inputs = {}
-            for name in node.input:
-                if name and name in known and known[name][0]:
-                    dtype, shape, _ = known[name]
-                    inputs[name] = onnx.helper.make_tensor_type_proto(dtype, shape)
-            data = {name: constants[name] for name in node.input if name in constants}
-            inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs, data)
-        except Exception:  # noqa: BLE001 (a node ONNX cannot type here: its outputs stay unknown to the transform)
-            continue
-        for name, type_proto in inferred.items():
+        for name, type_proto in (_infer_node(node, versions, known, constants) or {}).items():
             known[name] = decode_type(type_proto)
 
 
@@ -625,20 +634,11 @@ def _topological(graph: GraphProto) -> list[onnx.NodeProto]:
 def _first_output_shapes(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
                          declared: Container[str], constants: Mapping[str, TensorProto]) -> dict[str, tuple[Dim, ...]]:
     """Give the output shapes ONNX's inference gives the node on its inputs' shapes as onnxruntime holds them
-    (planner.runtime_view: an undeclared 'unk__N' is an empty dim), by output name; {} where it cannot."""
-    try:
-        schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
-        inputs = {}
-        for name in node.input:
-            if name and name in known and known[name][0]:
-                dtype, shape, _ = known[name]
-                inputs[name] = onnx.helper.make_tensor_type_proto(dtype, runtime_view(shape, declared))
-        data = {name: constants[name] for name in node.input if name in constants}
-        inferred = onnx.shape_inference.infer_node_outputs(schema, node, inputs, data)
-    except Exception:  # noqa: BLE001 (a node ONNX cannot type here: no first shape, inference's later one stands)
-        return {}
+    (planner.runtime_view: an undeclared 'unk__N' is an empty dim), by output name; {} where it cannot (no first
+    shape: inference's later one stands)."""
+    inferred = _infer_node(node, versions, known, constants, lambda shape: runtime_view(shape, declared))
     shapes = {}
-    for name, type_proto in inferred.items():
+    for name, type_proto in (inferred or {}).items():
         shape = decode_type(type_proto)[1]
         if shape is not None:
             shapes[name] = shape

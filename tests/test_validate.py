@@ -293,28 +293,23 @@ def test_matmul_nbits_weight_is_packed_into_the_arena(k: int, n: int, block: int
     assert run.estimated.weights_bytes == run.measured.weights_bytes
 
 
-def test_a_fused_gemm_packs_its_weight_as_gemm_does() -> None:
-    # At level extended Gemm + Relu becomes com.microsoft FusedGemm, the same kernel: its [N=24, K=20] (transB)
-    # weight packed with 24 columns padded to 32: 20 x 32 x 4 = 2,560 B
+@pytest.mark.parametrize(("nodes", "x_shape", "y_shape", "weights"), [
+    # Gemm + Relu becomes com.microsoft FusedGemm: its [N=24, K=20] (transB) weight, 24 columns padded to 32
+    ([graphs.node("Gemm", ["x", "w", "bias"], ["g"], transB=1), graphs.node("Relu", ["g"], ["y"])], ["batch", 20],
+     ["batch", 24], {"w": (24, 20), "bias": (24,)}),
+    # a MatMul reading a Transpose of its activation's last two dims becomes FusedMatMul (transA): its [K=20, N=24]
+    # weight, 24 columns padded to 32
+    ([graphs.node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), graphs.node("MatMul", ["t", "w"], ["y"])],
+     ["batch", 20, 8], ["batch", 8, 24], {"w": (20, 24)}),
+], ids=["FusedGemm", "FusedMatMul"])
+def test_a_fused_operator_packs_its_weight_as_its_kernel_does(nodes: list[onnx.NodeProto], x_shape: list[object],
+                                                              y_shape: list[object],
+                                                              weights: dict[str, tuple[int, ...]]) -> None:
+    # At level extended the fusion runs the same kernel, whose PrePack pads the weight's columns: 20 x 32 x 4 B
     import numpy as np
 
-    nodes = [graphs.node("Gemm", ["x", "w", "b"], ["g"], transB=1), graphs.node("Relu", ["g"], ["y"])]
-    weights = [_initializer("w", np.ones((24, 20)), np.float32), _initializer("b", np.ones(24), np.float32)]
-    model = graphs.model(nodes, [graphs.value("x", ["batch", 20])], [graphs.value("y", ["batch", 24])], weights)
-    run = validate(model, {"batch": 4}, runs=1, opt_level="extended").runs[0]
-    assert run.measured.weights_bytes == 20 * 32 * 4 + _small_initializer_bytes(model, {"w"})
-    assert run.estimated.weights_bytes == run.measured.weights_bytes
-
-
-def test_a_fused_matmul_packs_its_weight_as_matmul_does() -> None:
-    # At level extended a MatMul reading a Transpose of its activation's last two dims becomes com.microsoft
-    # FusedMatMul (transA), the MatMul kernel: its [K=20, N=24] weight packed with 24 columns padded to 32: 2,560 B
-    import numpy as np
-
-    nodes = [graphs.node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), graphs.node("MatMul", ["t", "w"], ["y"])]
-    weights = [_initializer("w", np.ones((20, 24)), np.float32)]
-    model = graphs.model(nodes, [graphs.value("x", ["batch", 20, 8])], [graphs.value("y", ["batch", 8, 24])],
-                         weights)
+    model = graphs.model(nodes, [graphs.value("x", x_shape)], [graphs.value("y", y_shape)],
+                         [_initializer(name, np.ones(shape), np.float32) for name, shape in weights.items()])
     run = validate(model, {"batch": 4}, runs=1, opt_level="extended").runs[0]
     assert run.measured.weights_bytes == 20 * 32 * 4 + _small_initializer_bytes(model, {"w"})
     assert run.estimated.weights_bytes == run.measured.weights_bytes
