@@ -12,7 +12,11 @@ layer's training step, its gradients and graph freed). Three tables:
 - a layer's forward and backward (Linear, bmm, a slow_conv2d 1x1 convolution at batch 4), the GEMMs from
   matmul_gemms / slow_conv2d_gemms, against mkl_gemm_held (the difference includes autograd's own first-time work).
 
-Run: python benchmarks/gemm_buffers.py [--threads N]
+--gelu: the exact GELU's oneDNN eltwise primitives (rules.training.OnednnPrimitives.eltwise_gelu_*): in one process
+(after a GELU of one shape, autograd's first-time work), per new shape, the heap its forward and its backward (dense
+output gradient) leave, less what a GELU of a shape already seen leaves.
+
+Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu]
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ SEQUENCES = [
     [(64, 4096, 1024), (4096, 64, 1024), (4096, 4096, 1024), (64, 16384, 4096), (64, 64, 64)],
     [(4096, 4096, 256), (256, 256, 256), (4096, 4096, 256)],
 ]
-LAYERS = ["linear 256x1024->4096", "linear 64x4096->256", "bmm 12x197x64", "conv1x1 4x256x28x28->1024"]
+GELU_SHAPES = [(2, 3), (6,), (16, 1000), (4, 160, 4, 4), (1000, 16), (8, 65, 768)]
 
 
 def _preload_counter(environment: dict[str, str]) -> None:
@@ -73,6 +77,27 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
     torch.set_num_threads(threads)
     counter = ctypes.CDLL(None)
     counter.mc_current.restype = ctypes.c_int64
+    if kind == "gelu":
+        import torch.nn.functional as F  # noqa: N812
+
+        def once(shape: tuple[int, ...]) -> tuple[int, int]:
+            x = torch.randn(*shape, requires_grad=True)
+            grad = torch.randn(*shape)
+            gc.collect()
+            base = counter.mc_current()
+            y = F.gelu(x)
+            forward = counter.mc_current() - base - y.numel() * 4
+            y.backward(grad)
+            del y
+            x.grad = None
+            gc.collect()
+            return forward, counter.mc_current() - base
+
+        once((5,))
+        for shape in spec:
+            (forward, kept), (forward_again, kept_again) = once(tuple(shape)), once(tuple(shape))
+            print("@@", forward - forward_again, kept - kept_again, flush=True)
+        return
     if kind == "gemms":
         operands = []
         for m, n, k, *trans in spec:
@@ -134,12 +159,28 @@ LAYER_SPECS = {"linear 256x1024->4096": [256, 1024, 4096], "linear 64x4096->256"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gelu", action="store_true")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "SPEC", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], json.loads(args.child[1]), int(args.child[2]))
         return
     threads = args.threads
+    if args.gelu:
+        environment = dict(os.environ)
+        _preload_counter(environment)
+        environment["OMP_NUM_THREADS"] = str(threads)
+        lines = subprocess.run([sys.executable, __file__, "--child", "gelu", json.dumps(GELU_SHAPES), str(threads)],
+                               env=environment, capture_output=True, text=True, check=True).stdout.splitlines()
+        sizes = ISA.primitives
+        print(f"exact GELU, fp32, {threads} thread(s): heap a new shape's primitives keep (malloc counter)\n")
+        print("| shape | forward | forward + backward | rule | rule - measured |")
+        print("|---|---:|---:|---:|---:|")
+        rule = sizes.eltwise_gelu_forward + sizes.eltwise_gelu_backward
+        for shape, line in zip(GELU_SHAPES, (x for x in lines if x.startswith("@@")), strict=True):
+            forward, kept = map(int, line.split()[1:])
+            print(f"| {'x'.join(map(str, shape))} | {forward:,} | {kept:,} | {rule:,} | {rule - kept:+,} |")
+        return
     first = ISA.gemm.first_use
     print(f"MKL sgemm packing buffers, torch fp32 on CPU, {threads} thread(s); heap left by the GEMMs "
           f"(malloc counter), fresh process per row; rule = mkl_gemm_block + first_use ({first:,} B)\n")

@@ -1200,7 +1200,12 @@ def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[b
     if options.device != "cpu":
         return {}
     made = {}
+    channels_last = _channels_last(nodes, values)
     for n, node in enumerate(nodes):
+        gelu = _gelu_primitives(node, nodes, values, needs_grad, differentiable[n], channels_last, options)
+        if gelu:
+            made[n] = gelu
+            continue
         rule = _rule(node.op_type, node.domain)
         if rule is None or not rule.cpu_convolution:
             continue
@@ -1288,6 +1293,40 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
             moments.append(made + weight_blocked + weight_bytes)
     returned = (in_bytes if input_grad else 0) + (weight_bytes + bias_bytes if weight_grad else 0)
     return max(0, max(moments) - returned)
+
+
+GELU_OPS = frozenset({"Gelu", "aten::gelu"})  # the ONNX op, the ATen op fused back (from its marks or erf chain)
+
+
+def _gelu_primitives(node: _Node, nodes: list[_Node], values: list[_Value], needs_grad: list[bool], backward: bool,
+                     channels_last: set[int], options: TrainingOptions) \
+        -> tuple[tuple[tuple[object, ...], int, bool], ...]:
+    """Give the oneDNN eltwise primitives an exact GELU creates on CPU (OnednnPrimitives.eltwise_gelu_*): one for
+    its forward and one for its backward, keyed by its shape; none where ATen does not call oneDNN (a channels-last
+    or one-element input, bf16, fp16). The graph keeps no attributes: a Gelu is taken as the exact (erf) one,
+    nn.GELU's default (a tanh one creates none: at most 32.8 KB over per shape)."""
+    if node.op_type not in GELU_OPS or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] < 0:
+        return ()
+    x = values[node.inputs[0]]
+    shape = _known_shape(x)
+    # under autocast a GELU runs in the dtype its input comes in: 16 bits from a matmul or convolution (through a
+    # bias Add, which autocast's linear makes 16-bit too)
+    low = False
+    if options.precision.startswith("amp-") and x.producer is not None:
+        producer = nodes[x.producer]
+        sources = [producer] + ([nodes[values[t].producer] for t in producer.inputs  # type: ignore[index]
+                                 if t >= 0 and values[t].producer is not None]
+                                if producer.op_type in ("Add", "Sub", "Mul", "Div") else [])
+        low = any(p.op_type in AUTOCAST_LOW_PRECISION for p in sources)
+    if shape is None or math.prod(shape) <= 1 or low or not x.numel or x.nbytes // x.numel != 4 \
+            or node.inputs[0] in channels_last:
+        return ()
+    sizes = options.isa.primitives
+    made: list[tuple[tuple[object, ...], int, bool]] = [(("eltwise gelu forward", shape), sizes.eltwise_gelu_forward,
+                                                         False)]
+    if backward and needs_grad[node.inputs[0]]:
+        made.append((("eltwise gelu backward", shape), sizes.eltwise_gelu_backward, True))
+    return tuple(made)
 
 
 def _runs_onednn(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int, threads: int,

@@ -1,6 +1,7 @@
 """MKL's sgemm packing blocks in the CPU training estimate (rules.training.MklGemmBuffers): the law against blocks
 measured with the malloc counter (benchmarks/gemm_buffers.py), the pool's growth over a step's GEMMs, and the
-estimate gaining exactly the rule's bytes on small graphs."""
+estimate gaining exactly the rule's bytes on small graphs; and the exact GELU's oneDNN eltwise primitives
+(OnednnPrimitives.eltwise_gelu_*)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,42 @@ def test_torch_mm_leaves_the_rules_block_on_the_heap(tmp_path: Path) -> None:
     if "mkl" not in torch.__config__.show().lower() or not measured:
         pytest.skip("this torch does not run its GEMMs in MKL")
     assert abs(mkl_gemm_block(256, 1024, 512, 4, AVX2) + G.first_use - measured) <= 0.01 * measured
+
+
+def gelus(channels_last: bool = False) -> onnx.ModelProto:
+    """m = x [8,16,4,4] * w [16,1,1] (trainable); two Gelus of m's shape in a row, Concat of the second with
+    itself (to [8,32,4,4]), a third Gelu. Channels-last: x comes in NHWC, transposed back (and only the first two
+    Gelus). Opset 20: Gelu's."""
+    shape = [8, 16, 4, 4]
+    nodes = [oh.make_node("Mul", ["c" if channels_last else "x", "w"], ["m"], name="mul"),
+             oh.make_node("Gelu", ["m"], ["g0"], name="gelu0"), oh.make_node("Gelu", ["g0"], ["g1"], name="gelu1")]
+    if channels_last:
+        nodes.insert(0, oh.make_node("Transpose", ["x"], ["c"], name="to_nchw", perm=[0, 3, 1, 2]))
+        return graphs.model(nodes, [graphs.value("x", [8, 4, 4, 16])], [graphs.value("g1", shape)],
+                            [weight("w", [16, 1, 1])], opset=20)
+    nodes += [oh.make_node("Concat", ["g1", "g1"], ["c"], name="cat", axis=1),
+              oh.make_node("Gelu", ["c"], ["y"], name="gelu2")]
+    return graphs.model(nodes, [graphs.value("x", shape)], [graphs.value("y", [8, 32, 4, 4])],
+                        [weight("w", [16, 1, 1])], opset=20)
+
+
+def _without_gelu_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    zero = dataclasses.replace(AVX2.primitives, eltwise_gelu_forward=0, eltwise_gelu_backward=0)
+    monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, primitives=zero))
+
+
+def test_exact_gelu_creates_one_forward_and_one_backward_primitive_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two Gelus of one shape share their primitives (oneDNN's cache); the third shape makes its own; a later
+    # step starts with all of them. A channels-last input is not contiguous: ATen does not call oneDNN.
+    each = AVX2.primitives.eltwise_gelu_forward + AVX2.primitives.eltwise_gelu_backward
+    with_primitives = {cl: _step(gelus(cl)) for cl in (False, True)}
+    cuda = _step(gelus(), device="cuda")
+    _without_gelu_primitives(monkeypatch)
+    without = {cl: _step(gelus(cl)) for cl in (False, True)}
+
+    def start(t: TrainingReport) -> int:
+        return t.later_step.phases[0].end_bytes
+
+    assert start(with_primitives[False]) - start(without[False]) == 2 * each
+    assert start(with_primitives[True]) == start(without[True])
+    assert cuda.peak_bytes == _step(gelus(), device="cuda").peak_bytes

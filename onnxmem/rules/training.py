@@ -205,6 +205,12 @@ class OnednnPrimitives:
     backward_weights_one_by_one: int = 41_350
     backward_weights_gemm: int = 12_500
     reorder: int = 11_300  # a blocked reorder (jit:uni, jit:blk); a plain copy is 10,216
+    # the exact (erf) GELU: ATen runs it in oneDNN's eltwise (jit:avx2) on a contiguous fp32 tensor of over one
+    # element (not channels-last, not bf16 on AVX2, not tanh), one forward_training and one backward_data primitive
+    # per distinct shape; measured with the malloc counter over six shapes, each in one process after the same
+    # shapes' tensors (benchmarks/gemm_buffers.py --gelu): 15,376-15,720 and 16,900-17,500 B
+    eltwise_gelu_forward: int = 15_600
+    eltwise_gelu_backward: int = 17_200
 
 
 @dataclass(frozen=True)
