@@ -140,7 +140,7 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
 def _layer_gemms(kind: str, spec: list) -> list[tuple[int, int, int]]:  # type: ignore[type-arg]
     if kind.startswith("linear"):
         batch, width, out = spec
-        gemms = matmul_gemms((batch, width), (width, out), (batch, out), True, True)
+        gemms = matmul_gemms((batch, width), (out, width), (batch, out), True, True, b_transposed=True)
     elif kind.startswith("bmm"):
         heads, length, dim = spec
         gemms = matmul_gemms((heads, length, dim), (heads, dim, length), (heads, length, length), True, True)

@@ -218,8 +218,8 @@ class MklGemmBuffers:
     """The packing buffers MKL's sgemm takes through malloc (outside PyTorch's allocator: the malloc counter sees
     them, the profiler does not) and keeps for the process's life. Measured on torch 2.13.0+cpu (MKL 2024.2, AVX2,
     one thread) with the malloc counter, one fp32 torch.mm per fresh process over M in 1-4096, N in 64-16384,
-    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py); the law below gives every measured block within
-    0.1 % (+-3.4 KB). For a GEMM whose output C is M x N (M rows, N contiguous columns; the rows of the layout
+    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py); the law below gives every measured block to
+    within 3.5 KB under (24 B under up to about 1 MB, 3,424 B under above). For a GEMM whose output C is M x N (M rows, N contiguous columns; the rows of the layout
     PyTorch hands MKL are its columns) reducing over K, with MKL's K block
     kc = `k_block_min` for K <= `k_block_min`, K up to `k_block`, K / 2 up to 2 `k_block`, else `k_block`:
 
