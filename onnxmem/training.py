@@ -1430,9 +1430,12 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
         grads = differentiable[n] and needs_grad[inputs[0]], differentiable[n] and needs_grad[inputs[1]]
         gemms: tuple[tuple[int, int, int, bool], ...] = ()
         if node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm"):
-            producer = values[inputs[1]].producer
+            # B read transposed, as a Linear's weight: a Gemm's transB, a Transpose before it, or a weight the
+            # exporter stored transposed (TorchScript's onnx::MatMul_* initializers of nn.Linear)
+            producer, weight_b = values[inputs[1]].producer, values[inputs[1]]
             transposed = (b[0] == y[-1] and b[1] != y[-1]) if node.op_type == "Gemm" and len(b) == 2 \
-                else producer is not None and nodes[producer].op_type == "Transpose"
+                else (producer is not None and nodes[producer].op_type == "Transpose") or (
+                    weight_b.kind == WEIGHT and re.match(EXPORTER_WEIGHT_NAME, weight_b.name) is not None)
             gemms = matmul_gemms(a, b, y, *grads, b_transposed=transposed)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Conv" and len(a) in (3, 4) \
                 and not _runs_onednn(a, b, y, out.nbytes // out.numel, options.cpu_threads, options.isa):
