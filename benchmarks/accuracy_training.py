@@ -371,7 +371,7 @@ def steps_heap(case: Case, module: nn.Module, inputs: tuple[torch.Tensor, ...], 
     step: oneDNN keeps every convolution primitive it creates and MKL every sgemm packing block for the process's
     life, so a row after the first would find them made."""
     state_path = folder / f"{case.name}.steps.pt"
-    torch.save({"state": module.state_dict(), "inputs": inputs}, state_path)
+    torch.save({"state": module.state_dict(), "inputs": inputs, "fixture": case.onnx_path is not None}, state_path)
     lines = subprocess.run([sys.executable, __file__, "--fresh-steps", case.name, optimizer, str(batch),
                             str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
     first, later = next(line for line in lines if line.startswith("@@")).split()[1:]
@@ -383,8 +383,10 @@ def fresh_steps(model: str, optimizer: str, batch: int, state_path: str) -> None
     (--fresh-steps): one thread, warm_up, the steps, then the measurement's check."""
     torch.set_num_threads(1)
     warm_up()
-    case = next(c for c in (fixture_cases() or []) + HELD_OUT + REFERENCE if c.name == model)
     saved = torch.load(state_path)
+    # a fixture and a reference model may share a name (mlp): the state says which set it is from
+    cases = (fixture_cases() or []) if saved["fixture"] else HELD_OUT + REFERENCE
+    case = next(c for c in cases if c.name == model)
     torch.manual_seed(0)
     module = case.build()
     module.load_state_dict(saved["state"])
