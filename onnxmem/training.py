@@ -1758,8 +1758,11 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     _backward_buffers(model, options, step, buffers)
     _optimizer_buffers(model, options, rule, step, buffers, first_step)
     _autograd_graph_buffers(model, options, step, buffers)
-    _primitive_buffers(model, step, buffers, first_step)
-    _gemm_buffers(model, options, step, buffers, first_step)
+    # oneDNN's primitives and MKL's blocks are made once per process: with gradient accumulation the micro-step
+    # simulated (a later one, see _backward_buffers) starts with those the first micro-step made
+    made_before = not first_step or options.accumulates
+    _primitive_buffers(model, step, buffers, not made_before)
+    _gemm_buffers(model, options, step, buffers, not made_before)
     live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
     peak_event = max(range(len(live)), key=live.__getitem__)
     saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)

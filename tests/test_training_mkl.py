@@ -214,3 +214,23 @@ def test_exact_gelu_creates_one_forward_and_one_backward_primitive_per_shape(mon
     assert start(with_primitives[False]) - start(without[False]) == 2 * each
     assert start(with_primitives[True]) == start(without[True])
     assert cuda.peak_bytes == _step(gelus(), device="cuda").peak_bytes
+
+
+def test_with_gradient_accumulation_the_micro_step_starts_with_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the micro-step simulated is a later one (gradients live through its forward): MKL's blocks, made by the first
+    # micro-step, are there from its start, as in a later step
+    model = two_matmuls(256, 2048)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+
+    def step() -> TrainingReport:
+        training = onnxmem.analyze(model, {"batch": 64}, training=TrainingOptions(
+            optimizer="sgd", device="cpu", loss="mean", cpu_isa="avx2", grad_accum=2)).training
+        assert training is not None
+        return training
+
+    with_mkl = step()
+    _without_mkl(monkeypatch)
+    without = step()
+    first = with_mkl.first_step.phases[0].end_bytes - without.first_step.phases[0].end_bytes
+    later = with_mkl.later_step.phases[0].end_bytes - without.later_step.phases[0].end_bytes
+    assert first == later > 0
