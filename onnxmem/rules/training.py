@@ -208,7 +208,8 @@ class OnednnPrimitives:
     # the exact (erf) GELU: ATen runs it in oneDNN's eltwise (jit:avx2) on a contiguous fp32 tensor of over one
     # element (not channels-last, not bf16 on AVX2, not tanh), one forward_training and one backward_data primitive
     # per distinct shape; measured with the malloc counter over six shapes, each in one process after the same
-    # shapes' tensors (benchmarks/gemm_buffers.py --gelu): 15,376-15,720 and 16,900-17,500 B
+    # shapes' tensors (benchmarks/gemm_buffers.py --gelu): forward 15,352-15,736 B (19,488 for 8x65x768), forward
+    # and backward together 32,352-33,008 B
     eltwise_gelu_forward: int = 15_600
     eltwise_gelu_backward: int = 17_200
 
