@@ -11,9 +11,10 @@ the script re-runs itself under it, one thread): PyTorch's allocator and what by
 buffers). Beside it, for the first step, PyTorch's CPU allocator alone: it does not cache, and with
 profile_memory=True the profiler records every allocation and free of the c10 CPU allocator with its exact size;
 their running sum is the live bytes. The script first checks the profiler on a Linear layer whose step is worked
-out by hand (it must match to the byte). A model with convolutions has its heap measured in a fresh process per row
-(after the same warm-up), as a process makes its first step: oneDNN keeps every convolution primitive it creates
-for the process's life (its primitive cache), so a row after the first would find them made.
+out by hand (it must match to the byte). Every row has its heap measured in a fresh process, as a process makes its
+first step: oneDNN keeps every convolution primitive it creates for the process's life (its primitive cache) and
+MKL every sgemm packing block (its buffer pool), so a row after the first would find them made. The fresh process
+warms up with a step that runs no GEMM MKL packs (warm_up), measures, then checks the measurement.
 
 Models: the fixture registry (fixtures/models.py: MODELS) when it exists, else a reference set defined below.
 Run: python benchmarks/accuracy_training.py [--models a,b] [--batches 8,32] [--set fixtures|held-out|real]
@@ -85,6 +86,14 @@ def measure_steps(module: nn.Module, inputs: tuple[torch.Tensor, ...], loss: Cal
     opt.zero_grad(set_to_none=True)  # the next step starts with the optimizer state and no gradients
     later = measure(step)
     return first, later
+
+
+def warm_up() -> None:
+    """Make PyTorch's first training step (autograd's and the optimizer's first-time work) on a layer whose GEMMs are
+    matrix-vector products: MKL packs nothing for them, so its buffer pool stays empty for the step measured next
+    (check_measurement's 64x500x1000 GEMMs would leave 1.4 MB of MKL blocks that the step would reuse)."""
+    layer = nn.Linear(4, 1)
+    measure_steps(layer, (torch.randn(1, 4),), lambda out: out.sum(), "sgd")
 
 
 def check_measurement() -> int:
@@ -355,20 +364,14 @@ class Row:
         return (self.estimate_later - self.measured_later) / self.measured_later
 
 
-def _has_convolution(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
-
-
 def steps_heap(case: Case, module: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int, optimizer: str,
                folder: Path) -> tuple[int, int]:
     """Give the heap peaks of the first and the second training step (measure_steps under the malloc counter): in
-    this process, or for a model with convolutions in a fresh one (--fresh-steps), as a process makes its first
-    step: oneDNN keeps every convolution primitive it creates for the process's life, so a row after the first of
-    a model would find them made."""
-    if not _has_convolution(module):
-        return measure_steps(module, inputs, lambda out: case.loss(out, batch), optimizer, heap_peak)
+    a fresh process (--fresh-steps), as a process makes its first
+    step: oneDNN keeps every convolution primitive it creates and MKL every sgemm packing block for the process's
+    life, so a row after the first would find them made."""
     state_path = folder / f"{case.name}.steps.pt"
-    torch.save({"state": module.state_dict(), "inputs": inputs}, state_path)
+    torch.save({"state": module.state_dict(), "inputs": inputs, "fixture": case.onnx_path is not None}, state_path)
     lines = subprocess.run([sys.executable, __file__, "--fresh-steps", case.name, optimizer, str(batch),
                             str(state_path)], capture_output=True, text=True, check=True).stdout.splitlines()
     first, later = next(line for line in lines if line.startswith("@@")).split()[1:]
@@ -377,17 +380,20 @@ def steps_heap(case: Case, module: nn.Module, inputs: tuple[torch.Tensor, ...], 
 
 def fresh_steps(model: str, optimizer: str, batch: int, state_path: str) -> None:
     """Print the heap peaks of the first and second steps of a fixture or held-out model in this fresh process
-    (--fresh-steps), after the same warm-up as main (one thread, MKL's first GEMM)."""
+    (--fresh-steps): one thread, warm_up, the steps, then the measurement's check."""
     torch.set_num_threads(1)
-    check_measurement()
-    case = next(c for c in (fixture_cases() or []) + HELD_OUT + REFERENCE if c.name == model)
+    warm_up()
     saved = torch.load(state_path)
+    # a fixture and a reference model may share a name (mlp): the state says which set it is from
+    cases = (fixture_cases() or []) if saved["fixture"] else HELD_OUT + REFERENCE
+    case = next(c for c in cases if c.name == model)
     torch.manual_seed(0)
     module = case.build()
     module.load_state_dict(saved["state"])
     module.train()
     first, later = measure_steps(module, tuple(saved["inputs"]), lambda out: case.loss(out, batch), optimizer,
                                  heap_peak)
+    check_measurement()
     print("@@", first, later, flush=True)
 
 
@@ -719,22 +725,22 @@ def _real_imports() -> None:
 
 def fresh_heap(model: str, optimizer: str, variant: str, state_path: str) -> None:
     """Print the heap peak of the first training step of `model` in this fresh process (--fresh-heap): the same
-    warm-up as main_real (one thread, MKL's first GEMM), then the step."""
+    warm-up (one thread, warm_up), then the step, then the measurement's check."""
     _real_imports()
     torch.set_num_threads(1)
-    check_measurement()
+    warm_up()
     case = next(c for c in REAL if c.name == model)
     state = torch.load(state_path)
-    print("@@", first_step(case, state, optimizer, heap_peak, "" if variant == "-" else variant), flush=True)
+    heap = first_step(case, state, optimizer, heap_peak, "" if variant == "-" else variant)
+    check_measurement()
+    print("@@", heap, flush=True)
 
 
 def heap_of_first_step(case: RealCase, state: dict[str, torch.Tensor], state_path: Path, optimizer: str,
                        variant: str = "") -> int:
-    """Give the heap peak of a first training step as a process makes it: oneDNN keeps every convolution primitive
-    it creates for the process's life (its primitive cache), so a model with convolutions is measured in a fresh
-    process (else a row after the first finds them made); others here, in this process."""
-    if not _has_convolution(case.build()):
-        return first_step(case, state, optimizer, heap_peak, variant)
+    """Give the heap peak of a first training step as a process makes it, in a fresh process: oneDNN keeps every
+    convolution primitive it creates (its primitive cache) and MKL every sgemm packing block (its buffer pool) for
+    the process's life, so a row after the first would find them made."""
     if not state_path.exists():
         torch.save(state, state_path)
     lines = subprocess.run([sys.executable, __file__, "--fresh-heap", case.name, optimizer, variant or "-",
@@ -786,8 +792,7 @@ def main_real(models: str) -> None:
     _real_imports()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    # the measurement checked, and the process's first GEMM made before any model is measured: MKL keeps its pack
-    # buffers for the life of the process after it (else the first model measured carries them, 2.2 MB)
+    # the measurement checked (the heap is measured in fresh processes, the profiler's c10 peak here)
     check_measurement()
     wanted = set(filter(None, models.split(",")))
     rows: list[RealRow] = []

@@ -229,6 +229,8 @@ class _Model:
     autograd_nodes: dict[int, int] = field(default_factory=dict)
     # node -> the oneDNN primitives it creates on CPU: (cache key, bytes, made by its backward)
     primitives: dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]] = field(default_factory=dict)
+    # node -> the GEMMs it runs through MKL's sgemm on CPU, in order: (M, N, K, run by its backward)
+    gemms: dict[int, tuple[tuple[int, int, int, bool], ...]] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -482,7 +484,8 @@ def _build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptio
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
                   n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
                   needs.forward_temporaries, needs.autograd_nodes,
-                  _cpu_primitives(nodes, values, needs_grad, differentiable, options))
+                  _cpu_primitives(nodes, values, needs_grad, differentiable, options),
+                  _cpu_gemms(nodes, values, needs_grad, differentiable, options))
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -1197,7 +1200,12 @@ def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[b
     if options.device != "cpu":
         return {}
     made = {}
+    channels_last = _channels_last(nodes, values)
     for n, node in enumerate(nodes):
+        gelu = _gelu_primitives(node, nodes, values, needs_grad, differentiable[n], channels_last, options)
+        if gelu:
+            made[n] = gelu
+            continue
         rule = _rule(node.op_type, node.domain)
         if rule is None or not rule.cpu_convolution:
             continue
@@ -1287,6 +1295,40 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     return max(0, max(moments) - returned)
 
 
+GELU_OPS = frozenset({"Gelu", "aten::gelu"})  # the ONNX op, the ATen op fused back (from its marks or erf chain)
+
+
+def _gelu_primitives(node: _Node, nodes: list[_Node], values: list[_Value], needs_grad: list[bool], backward: bool,
+                     channels_last: set[int], options: TrainingOptions) \
+        -> tuple[tuple[tuple[object, ...], int, bool], ...]:
+    """Give the oneDNN eltwise primitives an exact GELU creates on CPU (OnednnPrimitives.eltwise_gelu_*): one for
+    its forward and one for its backward, keyed by its shape; none where ATen does not call oneDNN (a channels-last
+    or one-element input, bf16, fp16). The graph keeps no attributes: a Gelu is taken as the exact (erf) one,
+    nn.GELU's default (a tanh one creates none: at most 32.8 KB over per shape)."""
+    if node.op_type not in GELU_OPS or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] < 0:
+        return ()
+    x = values[node.inputs[0]]
+    shape = _known_shape(x)
+    # under autocast a GELU runs in the dtype its input comes in: 16 bits from a matmul or convolution (through a
+    # bias Add, which autocast's linear makes 16-bit too)
+    low = False
+    if options.precision.startswith("amp-") and x.producer is not None:
+        producer = nodes[x.producer]
+        sources = [producer] + ([nodes[values[t].producer] for t in producer.inputs  # type: ignore[index]
+                                 if t >= 0 and values[t].producer is not None]
+                                if producer.op_type in ("Add", "Sub", "Mul", "Div") else [])
+        low = any(p.op_type in AUTOCAST_LOW_PRECISION for p in sources)
+    if shape is None or math.prod(shape) <= 1 or low or not x.numel or x.nbytes // x.numel != 4 \
+            or node.inputs[0] in channels_last:
+        return ()
+    sizes = options.isa.primitives
+    made: list[tuple[tuple[object, ...], int, bool]] = [(("eltwise gelu forward", shape), sizes.eltwise_gelu_forward,
+                                                         False)]
+    if backward and needs_grad[node.inputs[0]]:
+        made.append((("eltwise gelu backward", shape), sizes.eltwise_gelu_backward, True))
+    return tuple(made)
+
+
 def _runs_onednn(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int, threads: int,
                  isa: CpuIsa) -> bool:
     """Say whether PyTorch runs this 1-D or 2-D convolution in oneDNN (ATen's ConvParams::use_mkldnn for a float CPU
@@ -1357,6 +1399,157 @@ def cpu_convolution_primitives(x: tuple[int, ...], w: tuple[int, ...], y: tuple[
             reorder("to blocked", y, True)
             reorder("weights gradient", w, True)
     return tuple(made)
+
+
+def _known_shape(value: _Value) -> tuple[int, ...] | None:
+    shape = value.shape
+    if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+
+def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool], differentiable: list[bool],
+               options: TrainingOptions) -> dict[int, tuple[tuple[int, int, int, bool], ...]]:
+    """Give, per node on CPU, the GEMMs it runs through MKL's sgemm in its forward and backward (matmul_gemms,
+    slow_conv2d's in slow_conv2d_gemms), for the packing buffers MKL keeps (rules.training.MklGemmBuffers)."""
+    if options.device != "cpu":
+        return {}
+    made = {}
+    channels_last = _channels_last(nodes, values)
+    for n, node in enumerate(nodes):
+        inputs = node.inputs
+        if len(inputs) < 2 or min(inputs[:2]) < 0 or not node.outputs or node.outputs[0] < 0:
+            continue
+        low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+        out = values[node.outputs[0]]
+        if low or not out.numel or out.nbytes // out.numel not in options.isa.gemm.element_bytes:
+            continue
+        a, b, y = (_known_shape(values[t]) for t in (inputs[0], inputs[1], node.outputs[0]))
+        if a is None or b is None or y is None:
+            continue
+        grads = differentiable[n] and needs_grad[inputs[0]], differentiable[n] and needs_grad[inputs[1]]
+        gemms: tuple[tuple[int, int, int, bool], ...] = ()
+        if node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm"):
+            # B read transposed, as a Linear's weight: a Gemm's transB, a Transpose before it, or a weight the
+            # exporter stored transposed (TorchScript's onnx::MatMul_* initializers of nn.Linear)
+            producer, weight_b = values[inputs[1]].producer, values[inputs[1]]
+            transposed = (b[0] == y[-1] and b[1] != y[-1]) if node.op_type == "Gemm" and len(b) == 2 \
+                else (producer is not None and nodes[producer].op_type == "Transpose") or (
+                    weight_b.kind == WEIGHT and re.match(EXPORTER_WEIGHT_NAME, weight_b.name) is not None)
+            gemms = matmul_gemms(a, b, y, *grads, b_transposed=transposed)
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Conv" and len(a) in (3, 4) \
+                and not _runs_onednn(a, b, y, out.nbytes // out.numel, options.cpu_threads, options.isa):
+            gemms = slow_conv2d_gemms(a, b, y, *grads, channels_last=inputs[0] in channels_last)
+        if gemms:
+            made[n] = gemms
+    return made
+
+
+def matmul_gemms(a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...], input_grad: bool,
+                 weight_grad: bool, b_transposed: bool = False) -> tuple[tuple[int, int, int, bool], ...]:
+    """Give the GEMMs (M, N, K, in backward) of torch.matmul (or a Gemm, a 2-D addmm) of `a` by `b` into `y` and of
+    its backward: the output's, then the first input's gradient (grad @ B^T), then the second's (A^T @ grad; where
+    `b` is read transposed, as a Linear's weight, PyTorch's mm_mat2_backward makes it in B's own layout: grad^T @ A,
+    N x K). A 2-D `b` folds `a`'s batch dims into M (as torch.matmul does); batched on both sides, each matrix is
+    one GEMM of the batch (bmm). `b` of one dim, or a 1-D `a`, is a matrix-vector product: none
+    (MklGemmBuffers)."""
+    if len(a) < 2 or len(b) < 2 or len(y) < 2:
+        return ()
+    m, n = y[-2], y[-1]
+    if len(a) == 2 and len(b) == 2:  # a Gemm may carry transA / transB: K is the dim of A that is not M
+        k = a[1] if a[0] == m else a[0]
+    else:
+        k = a[-1]
+    if len(b) == 2:
+        m = math.prod(y[:-1])
+    gemms = [(m, n, k, False)]
+    if input_grad:
+        gemms.append((m, k, n, True))
+    if weight_grad:
+        gemms.append((n, k, m, True) if b_transposed and len(b) == 2 else (k, n, m, True))
+    return tuple(gemms)
+
+
+def slow_conv2d_gemms(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool,
+                      weight_grad: bool, channels_last: bool = False) -> tuple[tuple[int, int, int, bool], ...]:
+    """Give the GEMMs (M, N, K, in backward) of ATen's slow_conv2d (a 1-D or 2-D convolution not run by oneDNN),
+    one sample and one group at a time (named by MKL_VERBOSE): the output (C_out/g x output positions, over C/g x
+    kernel), the input's columns' gradient (C/g x kernel by output positions, over C_out/g), the weight's gradient
+    (C_out/g by C/g x kernel, over the output positions). On a channels-last input each GEMM's output is the
+    transpose (output positions x C_out/g, ...): its rows and columns swap."""
+    groups = x[1] // w[1] if w[1] else 1
+    out_channels, reduce, positions = w[0] // max(groups, 1), math.prod(w[1:]), math.prod(y[2:])
+    gemms = [(out_channels, positions, reduce, False)]
+    if input_grad:
+        gemms.append((reduce, positions, out_channels, True))
+    if weight_grad:
+        gemms.append((out_channels, reduce, positions, True))
+    if channels_last:
+        gemms = [(n, m, k, backward) for m, n, k, backward in gemms]
+    return tuple(gemms)
+
+
+# ops whose output takes the memory format of their input (TensorIterator's elementwise ops, a convolution)
+LAYOUT_PRESERVING = frozenset({"Relu", "Gelu", "Sigmoid", "Tanh", "Erf", "Mul", "Add", "Sub", "Div", "Identity",
+                               "Dropout", "Conv", "HardSigmoid", "HardSwish", "Clip", "LeakyRelu", "Elu", "Neg",
+                               "Sqrt", "Pow", "Softplus", "Mish"})
+
+
+def _channels_last(nodes: list[_Node], values: list[_Value]) -> set[int]:
+    """Give the 4-D values PyTorch holds in the channels-last layout: a Transpose back from NHWC (x.permute(0, 3, 1,
+    2), as timm's LayerNorm2d makes) and what elementwise ops and convolutions make from it (the first 4-D input
+    of the output's shape decides, as TensorIterator's first operand does)."""
+    found: set[int] = set()
+    for node in nodes:
+        if not node.outputs or node.outputs[0] < 0 or not node.inputs or node.inputs[0] < 0:
+            continue
+        y = values[node.outputs[0]].shape
+        if y is None or len(y) != 4:
+            continue
+        if node.op_type == "Transpose":
+            x = values[node.inputs[0]].shape
+            if x is not None and len(x) == 4 and tuple(y) == (x[0], x[3], x[1], x[2]) and tuple(x) != tuple(y):
+                found.add(node.outputs[0])
+        elif node.op_type in LAYOUT_PRESERVING:
+            first = next((t for t in node.inputs if t >= 0 and values[t].shape is not None
+                          and len(values[t].shape or ()) == 4
+                          and (node.op_type == "Conv" or values[t].shape == y)), -1)
+            if first in found:
+                found.add(node.outputs[0])
+    return found
+
+
+def mkl_gemm_block(m: int, n: int, k: int, element_bytes: int = 4, isa: CpuIsa | None = None) -> int:
+    """Give the bytes of the packing block MKL's sgemm takes for an M x N output over K
+    (rules.training.MklGemmBuffers); 0 for a matrix-vector product or a dtype MKL's sgemm does not run."""
+    rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
+    if min(m, n) <= 1 or k < 1 or element_bytes not in rule.element_bytes:
+        return 0
+    if k <= rule.k_block_min:
+        kc = rule.k_block_min
+    elif k <= rule.k_block:
+        kc = k
+    elif k < 2 * rule.k_block:
+        kc = -(-k // 2)
+    else:
+        kc = rule.k_block
+    return rule.block + element_bytes * kc * (min(n, rule.columns_max) + min(rule.rows_per_row * m, rule.rows_max))
+
+
+def mkl_gemm_held(gemms: Sequence[tuple[int, int, int]], element_bytes: int = 4, isa: CpuIsa | None = None) \
+        -> list[tuple[int, int]]:
+    """Give the blocks MKL's pool gains over GEMMs run one after another in a fresh process, as (index of the GEMM
+    that makes it, bytes): a block where a GEMM is larger than every block before it (the first also takes
+    MklGemmBuffers.first_use); the process holds their sum from then on."""
+    rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
+    held: list[tuple[int, int]] = []
+    largest = 0
+    for i, (m, n, k) in enumerate(gemms):
+        nbytes = mkl_gemm_block(m, n, k, element_bytes, isa)
+        if nbytes > largest:
+            held.append((i, nbytes + (0 if held else rule.first_use)))
+            largest = nbytes
+    return held
 
 
 def _onednn_ld(n: int) -> int:
@@ -1565,7 +1758,11 @@ def _simulate(model: _Model, options: TrainingOptions, rule: OptimizerRule, firs
     _backward_buffers(model, options, step, buffers)
     _optimizer_buffers(model, options, rule, step, buffers, first_step)
     _autograd_graph_buffers(model, options, step, buffers)
-    _primitive_buffers(model, step, buffers, first_step)
+    # oneDNN's primitives and MKL's blocks are made once per process: with gradient accumulation the micro-step
+    # simulated (a later one, see _backward_buffers) starts with those the first micro-step made
+    made_before = not first_step or options.accumulates
+    _primitive_buffers(model, step, buffers, not made_before)
+    _gemm_buffers(model, options, step, buffers, not made_before)
     live = live_bytes(((b.nbytes, b.start, b.end) for b in buffers), len(step.events.phase))
     peak_event = max(range(len(live)), key=live.__getitem__)
     saved = sum(b.nbytes for b in buffers if b.category == "saved activations" and b.start <= step.seed <= b.end)
@@ -1713,6 +1910,24 @@ def _primitive_buffers(model: _Model, step: _Schedule, buffers: _Buffers, first_
                 created[key] = (nbytes, event)
     for key, (nbytes, event) in created.items():
         buffers.add(f"{' '.join(map(str, key))} (oneDNN primitive)", "oneDNN primitives", nbytes,
+                    event if first_step else step.data, step.end)
+
+
+def _gemm_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers,
+                  first_step: bool) -> None:
+    """Add MKL's sgemm packing blocks (rules.training.MklGemmBuffers): the GEMMs of the step in the order they run,
+    each that is larger than every block before it making one, held from it to the step's end (to the process's
+    end: in a later step, from its start)."""
+    runs = []
+    for n, gemms in model.gemms.items():
+        for i, (m, cols, k, backward) in enumerate(gemms):
+            event = step.bwd[n] if backward else step.rec[n] if step.fwd[n] < 0 else step.fwd[n]
+            if event >= 0:
+                runs.append((event, i, (m, cols, k)))
+    runs.sort()
+    for index, nbytes in mkl_gemm_held([shape for _, _, shape in runs], 4, options.isa):
+        event, _, (m, cols, k) = runs[index]
+        buffers.add(f"MKL sgemm block ({m}x{cols}x{k})", "MKL GEMM buffers", nbytes,
                     event if first_step else step.data, step.end)
 
 

@@ -14,7 +14,7 @@ from onnx import TensorProto
 import onnxmem
 from onnxmem.cli import main
 from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.rules.training import CPU_ISAS
+from onnxmem.rules.training import CPU_ISAS, MklGemmBuffers
 from onnxmem.training import TrainingOptionError, TrainingOptions
 
 from . import graphs
@@ -48,6 +48,12 @@ def train(model: onnx.ModelProto, dims: dict[str, int] | None = None, **options:
 
 W, B, X, Y = 128 * 256 * 4, 128 * 4, 4 * 256 * 4, 4 * 128 * 4  # 131072, 512, 4096, 2048 bytes
 
+# MKL's sgemm packing blocks on CPU (rules.training.MklGemmBuffers), for linear(): the forward's GEMM (a 4 x 128
+# output over K = 256: MKL's K block 128) makes one block, with the process's first-use bytes; W's gradient
+# (128 x 256 in W's layout, over the batch of 4: K block 128) is larger and makes a second, from Gemm's backward on
+G = MklGemmBuffers()
+LINEAR_MKL = (G.first_use + G.block + 4 * 128 * (128 + 2 * 4)) + (G.block + 4 * 128 * (256 + 2 * 128))
+
 
 def test_linear_sgd_peak_is_in_backward_of_the_layer() -> None:
     # Base: weights W + b = 131584, input x = 4096.
@@ -64,14 +70,16 @@ def test_linear_sgd_peak_is_in_backward_of_the_layer() -> None:
     assert t.gradient_bytes == W + B
     assert t.optimizer_state_bytes == 0
     assert t.saved_activation_bytes == Y  # the log-softmax; nothing of the model's own
-    assert t.peak_bytes == (W + B) + X + Y + 4 + Y + (W + B) + 5 * NODE
+    assert t.peak_bytes == (W + B) + X + Y + 4 + Y + (W + B) + 5 * NODE + LINEAR_MKL
     assert t.peak_phase == "backward"
     assert t.peak_event == "backward of Gemm fc"
     phases = {p.phase: p for p in t.first_step.phases}
-    assert phases["forward"].end_bytes == (W + B) + X + Y + 3 * NODE  # Gemm's node, W's and b's accumulators
-    assert phases["optimizer"].end_bytes == (W + B) + X + Y + 4 + (W + B) + 5 * NODE  # live to the step's end
+    # Gemm's node, W's and b's accumulators, the forward's MKL block
+    assert phases["forward"].end_bytes == (W + B) + X + Y + 3 * NODE + G.first_use + G.block + 4 * 128 * 136
+    # live to the step's end
+    assert phases["optimizer"].end_bytes == (W + B) + X + Y + 4 + (W + B) + 5 * NODE + LINEAR_MKL
     cuda = train(linear(), optimizer="sgd", device="cuda").training  # host memory there, not the device's
-    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 5 * NODE
+    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 5 * NODE - LINEAR_MKL
 
 
 def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() -> None:
@@ -82,14 +90,14 @@ def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() 
     t = train(linear(), optimizer="adamw", device="cpu").training
     assert t is not None
     assert t.optimizer_state_bytes == 2 * (W + B) + 2 * 4
-    assert t.peak_bytes == (W + B) + X + (W + B) + Y + 4 + t.optimizer_state_bytes + 2 * W + 5 * NODE
+    assert t.peak_bytes == (W + B) + X + (W + B) + Y + 4 + t.optimizer_state_bytes + 2 * W + 5 * NODE + LINEAR_MKL
     assert t.peak_phase == "optimizer"
     assert t.first_step.peak_bytes == t.later_step.peak_bytes
     later = {p.phase: p for p in t.later_step.phases}
-    assert later["data"].end_bytes == (W + B) + X + t.optimizer_state_bytes
+    assert later["data"].end_bytes == (W + B) + X + t.optimizer_state_bytes + LINEAR_MKL  # MKL's blocks kept
     # foreach (PyTorch's default on CUDA): one sqrt over all parameters at once: 131584 instead of 262144
     cuda = train(linear(), optimizer="adamw").training
-    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B) - 5 * NODE
+    assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B) - 5 * NODE - LINEAR_MKL
 
 
 @pytest.mark.parametrize(
@@ -332,7 +340,7 @@ def test_mse_loss_keeps_its_target_and_an_output_sized_loss() -> None:
     assert t is not None
     assert t.saved_activation_bytes == Y + Y
     # and the autograd graph: Gemm's and the loss's nodes, W's and b's accumulators
-    assert t.peak_bytes == (W + B) + X + Y + Y + Y + (W + B) + 4 * NODE
+    assert t.peak_bytes == (W + B) + X + Y + Y + Y + (W + B) + 4 * NODE + LINEAR_MKL
 
 
 def lstm(steps: int = 16, batch: int = 8, features: int = 32, hidden: int = 64) -> onnx.ModelProto:
@@ -391,10 +399,13 @@ def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block(
         primitives = made.forward_one_by_one + made.backward_weights_one_by_one + 5 * made.reorder
         assert t.peak_bytes == x + w + 3 * y + blocked + 3 * NODE + primitives
         # one thread: no scratch; the peak is mse's backward: y, the target it keeps, its output-sized unreduced
-        # loss, the loss gradient (4) and grad y
+        # loss, the loss gradient (4) and grad y; slow_conv2d's forward GEMM (out x 256 positions over 8 channels,
+        # one sample at a time: MKL's K block 128) made an MKL block, none for one output channel (a
+        # matrix-vector product)
         one = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_isa=isa).training
         assert one is not None
-        assert one.peak_bytes == x + w + 4 * y + 4 + 3 * NODE
+        mkl = G.first_use + G.block + 4 * 128 * (256 + 2 * out) if out > 1 else 0
+        assert one.peak_bytes == x + w + 4 * y + 4 + 3 * NODE + mkl
         assert one.peak_event.startswith("backward of MeanSquaredError")
 
 

@@ -205,6 +205,51 @@ class OnednnPrimitives:
     backward_weights_one_by_one: int = 41_350
     backward_weights_gemm: int = 12_500
     reorder: int = 11_300  # a blocked reorder (jit:uni, jit:blk); a plain copy is 10,216
+    # the exact (erf) GELU: ATen runs it in oneDNN's eltwise (jit:avx2) on a contiguous fp32 tensor of over one
+    # element (not channels-last, not bf16 on AVX2, not tanh), one forward_training and one backward_data primitive
+    # per distinct shape; measured with the malloc counter over six shapes, each in one process after the same
+    # shapes' tensors (benchmarks/gemm_buffers.py --gelu): forward 15,352-15,736 B (19,488 for 8x65x768), forward
+    # and backward together 32,352-33,008 B
+    eltwise_gelu_forward: int = 15_600
+    eltwise_gelu_backward: int = 17_200
+
+
+@dataclass(frozen=True)
+class MklGemmBuffers:
+    """The packing buffers MKL's sgemm takes through malloc (outside PyTorch's allocator: the malloc counter sees
+    them, the profiler does not) and keeps for the process's life. Measured on torch 2.13.0+cpu (MKL 2024.2, AVX2,
+    one thread) with the malloc counter, one fp32 torch.mm per fresh process over M in 1-4096, N in 64-16384,
+    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py): the law below gives every measured block to
+    within 3.5 KB under (24 B under up to about 1 MB, 3,424 B under above). For a GEMM whose output C is M x N
+    (M rows, N contiguous columns; MKL_VERBOSE names them n and m: PyTorch hands MKL the column-major transpose)
+    reducing over K, with MKL's K block kc = `k_block_min` for K <= `k_block_min`, K up to `k_block`, K / 2 up to
+    2 `k_block`, else `k_block`:
+
+        block = `block` + element x kc x (min(N, `columns_max`) + min(`rows_per_row` x M, `rows_max`))
+
+    Transposes do not change it; a GEMM with M or N of 1 runs as a matrix-vector product and takes none.
+    MKL keeps each block it frees in its own pool and hands it to any later GEMM that fits: a GEMM larger than
+    every block made before makes a new one, and the smaller blocks stay (measured: 64x4096x1024 then
+    4096x4096x1024 in one process holds both blocks, 3.27 + 3.75 MB). So a step holds the sum of the blocks of
+    the GEMMs that are each larger than all before them, from that GEMM on, and a later step holds them all from its
+    start; plus `first_use` bytes the first GEMM of a process takes once. MKL never returns them (mkl_free_buffers
+    would; PyTorch does not call it). Checked against MKL_VERBOSE's list of a training step's sgemm calls: ResNet-50,
+    timm's ConvNeXt-atto and GPT-2 give the same blocks from the graph as from the calls.
+
+    Only fp32 (sgemm): bf16 GEMMs (MKL's gemm_bf16bf16f32 under autocast on AVX2) were measured to keep no block
+    (2,248 B, the first use, at 64-1024); fp16 not measured. With T threads each thread packs its own block
+    (measured 1.71 MB at two threads for a 0.90 MB block at one): the rule is for one thread, as the benchmarks
+    run; an AVX-512 CPU's MKL blocks differently (not measured: taken as AVX2's).
+    """
+
+    first_use: int = 2_248
+    block: int = 17_064
+    k_block: int = 192
+    k_block_min: int = 128
+    columns_max: int = 6_400
+    rows_per_row: int = 2
+    rows_max: int = 768
+    element_bytes: tuple[int, ...] = (4,)
 
 
 @dataclass(frozen=True)
@@ -214,6 +259,7 @@ class CpuIsa:
     channel_block: int  # oneDNN's blocked layout pads channels (axis 1) to this multiple
     mkldnn_element_bytes: tuple[int, ...]  # element sizes whose convolutions run in oneDNN (others: slow_conv2d)
     primitives: OnednnPrimitives = OnednnPrimitives()  # the heap each cached oneDNN primitive keeps
+    gemm: MklGemmBuffers = MklGemmBuffers()  # MKL's sgemm packing buffers, kept for the process's life
 
 
 # By the CPU the training runs on (TrainingOptions.cpu_isa; detect_cpu_isa for the machine onnxmem runs on):

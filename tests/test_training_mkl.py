@@ -1,0 +1,236 @@
+"""MKL's sgemm packing blocks in the CPU training estimate (rules.training.MklGemmBuffers): the law against blocks
+measured with the malloc counter (benchmarks/gemm_buffers.py), the pool's growth over a step's GEMMs, and the
+estimate gaining exactly the rule's bytes on small graphs; and the exact GELU's oneDNN eltwise primitives
+(OnednnPrimitives.eltwise_gelu_*)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import onnx.helper as oh
+import pytest
+
+import onnxmem
+from onnxmem.rules.training import CPU_ISAS, MklGemmBuffers
+from onnxmem.training import (
+    TrainingOptions,
+    TrainingReport,
+    matmul_gemms,
+    mkl_gemm_block,
+    mkl_gemm_held,
+    slow_conv2d_gemms,
+)
+
+from . import graphs
+
+AVX2 = CPU_ISAS["avx2"]
+G = MklGemmBuffers()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def weight(name: str, dims: list[int]) -> onnx.TensorProto:
+    return graphs.external_header(name, onnx.TensorProto.FLOAT, dims)
+
+
+def _step(model: onnx.ModelProto, **options: object) -> TrainingReport:
+    values = {"optimizer": "sgd", "device": "cpu", "loss": "mean", "cpu_isa": "avx2", **options}
+    training = onnxmem.analyze(model, training=TrainingOptions(**values)).training  # type: ignore[arg-type]
+    assert training is not None
+    return training
+
+
+def _without_mkl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make MKL's blocks cost nothing (the rest of the CPU rules as they are)."""
+    zero = dataclasses.replace(G, first_use=0, block=0, element_bytes=())
+    monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, gemm=zero))
+
+
+# (M, N, K) -> the heap one torch.mm left in a fresh process, measured with the malloc counter (torch 2.13.0+cpu,
+# MKL 2024.2, AVX2, one thread; benchmarks/gemm_buffers.py): the first GEMM's block and MKL's first-use bytes
+MEASURED = {(64, 64, 256): 117_616, (4096, 64, 1024): 658_288, (64, 1024, 200): 480_112, (64, 1024, 320): 756_592,
+            (64, 4096, 1024): 3_266_744, (4096, 4096, 256): 2_513_080, (4096, 16384, 4096): 5_527_736,
+            (16, 64, 1024): 93_040, (256, 64, 1024): 461_680, (64, 8192, 1024): 5_036_216}
+
+
+@pytest.mark.parametrize(("m", "n", "k"), sorted(MEASURED))
+def test_the_law_gives_the_measured_blocks(m: int, n: int, k: int) -> None:
+    rule = mkl_gemm_block(m, n, k, 4, AVX2) + G.first_use
+    assert abs(rule - MEASURED[m, n, k]) <= 3_500
+
+
+def test_a_matrix_vector_product_or_a_16_bit_gemm_takes_no_block() -> None:
+    assert mkl_gemm_block(1, 64, 1024, 4, AVX2) == 0  # measured: 2,248 B, MKL's first use only
+    assert mkl_gemm_block(64, 1, 1024, 4, AVX2) == 0
+    assert mkl_gemm_block(64, 64, 1024, 2, AVX2) == 0  # bf16 runs elsewhere
+
+
+def test_a_larger_gemm_adds_a_block_and_the_smaller_ones_stay() -> None:
+    # measured in one process: 64x64x1024 then 64x4096x1024 left 166,768 + 3,264,496 B (both blocks kept);
+    # 64x4096x1024 then 4096x64x1024 left nothing more for the second (the first's block served it)
+    small, large = mkl_gemm_block(64, 64, 1024, 4, AVX2), mkl_gemm_block(64, 4096, 1024, 4, AVX2)
+    assert mkl_gemm_held([(64, 64, 1024), (64, 4096, 1024)], 4, AVX2) == [(0, small + G.first_use), (1, large)]
+    assert mkl_gemm_held([(64, 4096, 1024), (4096, 64, 1024)], 4, AVX2) == [(0, large + G.first_use)]
+    assert abs(small + G.first_use - 166_768) + abs(large - 3_264_496) <= 7_000
+
+
+def test_matmul_and_conv_gemms_by_their_layout() -> None:
+    # a Linear's weight (read transposed) gets its gradient in its own layout: out x in, over the batch
+    assert matmul_gemms((8, 32), (16, 32), (8, 16), True, True, b_transposed=True) == \
+        ((8, 16, 32, False), (8, 32, 16, True), (16, 32, 8, True))
+    assert matmul_gemms((8, 32), (32, 16), (8, 16), False, True) == ((8, 16, 32, False), (32, 16, 8, True))
+    # batched on both sides: one GEMM per matrix; a 2-D right side folds the batch into M
+    assert matmul_gemms((2, 8, 32), (2, 32, 16), (2, 8, 16), False, False) == ((8, 16, 32, False),)
+    assert matmul_gemms((2, 8, 32), (32, 16), (2, 8, 16), False, False) == ((16, 16, 32, False),)
+    # slow_conv2d, one sample: C_out x positions over C x kernel; channels-last swaps rows and columns
+    x, w, y = (4, 16, 8, 8), (32, 16, 3, 3), (4, 32, 6, 6)
+    assert slow_conv2d_gemms(x, w, y, True, True) == ((32, 36, 144, False), (144, 36, 32, True),
+                                                      (32, 144, 36, True))
+    assert slow_conv2d_gemms(x, w, y, True, True, channels_last=True) == ((36, 32, 144, False),
+                                                                          (36, 144, 32, True), (144, 32, 36, True))
+
+
+def two_matmuls(first: int, second: int) -> onnx.ModelProto:
+    """y = (x [64, 512] @ A [512, first]) @ B [first, second]: two GEMMs, both weights trainable."""
+    return graphs.model(
+        [oh.make_node("MatMul", ["x", "A"], ["h"], name="a"), oh.make_node("MatMul", ["h", "B"], ["y"], name="b")],
+        [graphs.value("x", [64, 512])], [graphs.value("y", [64, second])],
+        [weight("A", [512, first]), weight("B", [first, second])])
+
+
+def test_the_estimate_gains_the_blocks_of_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GEMMs in the order they run: a's forward (64 x 256 over 512), b's (64 x 2048 over 256), b's backward:
+    # grad h (64 x 256 over 2048) then grad B (256 x 2048 over 64), a's backward: grad A (512 x 256 over 64) (x is
+    # an input: no gradient). Blocks, MKL's K block 192 for K >= 384, K / 2 below, 128 at K <= 128:
+    a_forward = G.block + 4 * 192 * (256 + 2 * 64)
+    b_forward = G.block + 4 * 128 * (2048 + 2 * 64)
+    grad_b = G.block + 4 * 128 * (2048 + 2 * 256)
+    assert a_forward < b_forward < grad_b
+    assert G.block + 4 * 192 * (256 + 2 * 64) < b_forward  # grad h: served by b's forward block
+    mkl = G.first_use + a_forward + b_forward + grad_b  # all made by b's backward; held to the step's end
+    with_mkl = _step(two_matmuls(256, 2048))
+    _without_mkl(monkeypatch)
+    without = _step(two_matmuls(256, 2048))
+    assert with_mkl.peak_bytes - without.peak_bytes == mkl
+    # a later step starts with them
+    assert with_mkl.later_step.phases[0].end_bytes - without.later_step.phases[0].end_bytes == mkl
+
+
+def test_no_blocks_on_cuda_or_under_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = _step(two_matmuls(256, 2048), device="cuda")
+    amp = _step(two_matmuls(256, 2048), precision="amp-bf16")
+    _without_mkl(monkeypatch)
+    assert _step(two_matmuls(256, 2048), device="cuda").peak_bytes == cuda.peak_bytes
+    assert _step(two_matmuls(256, 2048), precision="amp-bf16").peak_bytes == amp.peak_bytes
+
+
+def channels_last_mlp() -> onnx.ModelProto:
+    """x [4,16,4,4] -> NHWC -> LayerNorm -> back to NCHW (channels-last, as timm's LayerNorm2d) -> 1x1 Conv to 64."""
+    return graphs.model(
+        [oh.make_node("Transpose", ["x"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
+         oh.make_node("LayerNormalization", ["t", "g"], ["n"], name="norm", axis=-1),
+         oh.make_node("Transpose", ["n"], ["c"], name="to_nchw", perm=[0, 3, 1, 2]),
+         oh.make_node("Conv", ["c", "w"], ["y"], name="fc1")],
+        [graphs.value("x", [4, 16, 4, 4])], [graphs.value("y", [4, 64, 4, 4])],
+        [weight("g", [16]), weight("w", [64, 16, 1, 1])])
+
+
+def test_a_channels_last_1x1_convolution_swaps_its_gemms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # batch 4 < 16 on one thread: slow_conv2d, one sample at a time, its input channels-last: the forward's output
+    # is 16 positions x 64 channels (over 16), the input's gradient 16 x 16 (over 64), the weight's 16 x 64 (over
+    # 16 positions); as measured on timm's ConvNeXt with MKL_VERBOSE. In the NCHW layout it would be 64 x 16 first.
+    forward = G.block + 4 * 128 * (64 + 2 * 16)
+    grad_input = G.block + 4 * 128 * (16 + 2 * 16)
+    grad_weight = G.block + 4 * 128 * (64 + 2 * 16)
+    assert grad_input < forward and grad_weight == forward
+    with_mkl = _step(channels_last_mlp())
+    _without_mkl(monkeypatch)
+    assert with_mkl.peak_bytes - _step(channels_last_mlp()).peak_bytes == G.first_use + forward
+    assert forward != G.block + 4 * 128 * (16 + 2 * 64)  # the NCHW orientation gives another size
+
+
+def test_torch_mm_leaves_the_rules_block_on_the_heap(tmp_path: Path) -> None:
+    """One torch.mm in a fresh process under the malloc counter (skipped without torch, gcc or the counter)."""
+    pytest.importorskip("torch")
+    source = Path(os.environ.get("ONNXMEM_TOOLS", ROOT.parent / "shared" / "tools")) / "malloc_counter.c"
+    if not source.exists() or shutil.which("gcc") is None:
+        pytest.skip("no malloc counter source or gcc")
+    library = tmp_path / "libmalloc_counter.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    script = ("import ctypes, torch\ntorch.set_num_threads(1)\nc = ctypes.CDLL(None)\n"
+              "c.mc_current.restype = ctypes.c_int64\n"
+              "a, b, o = torch.randn(256, 512), torch.randn(512, 1024), torch.empty(256, 1024)\n"
+              "base = c.mc_current()\ntorch.mm(a, b, out=o)\nprint(c.mc_current() - base)\n")
+    environment = {**os.environ, "LD_PRELOAD": str(library), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                         check=True).stdout
+    measured = int(out.split()[-1])
+    import torch
+
+    if "mkl" not in torch.__config__.show().lower() or not measured:
+        pytest.skip("this torch does not run its GEMMs in MKL")
+    assert abs(mkl_gemm_block(256, 1024, 512, 4, AVX2) + G.first_use - measured) <= 0.01 * measured
+
+
+def gelus(channels_last: bool = False) -> onnx.ModelProto:
+    """m = x [8,16,4,4] * w [16,1,1] (trainable); two Gelus of m's shape in a row, Concat of the second with
+    itself (to [8,32,4,4]), a third Gelu. Channels-last: x comes in NHWC, transposed back (and only the first two
+    Gelus). Opset 20: Gelu's."""
+    shape = [8, 16, 4, 4]
+    nodes = [oh.make_node("Mul", ["c" if channels_last else "x", "w"], ["m"], name="mul"),
+             oh.make_node("Gelu", ["m"], ["g0"], name="gelu0"), oh.make_node("Gelu", ["g0"], ["g1"], name="gelu1")]
+    if channels_last:
+        nodes.insert(0, oh.make_node("Transpose", ["x"], ["c"], name="to_nchw", perm=[0, 3, 1, 2]))
+        return graphs.model(nodes, [graphs.value("x", [8, 4, 4, 16])], [graphs.value("g1", shape)],
+                            [weight("w", [16, 1, 1])], opset=20)
+    nodes += [oh.make_node("Concat", ["g1", "g1"], ["c"], name="cat", axis=1),
+              oh.make_node("Gelu", ["c"], ["y"], name="gelu2")]
+    return graphs.model(nodes, [graphs.value("x", shape)], [graphs.value("y", [8, 32, 4, 4])],
+                        [weight("w", [16, 1, 1])], opset=20)
+
+
+def _without_gelu_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    zero = dataclasses.replace(AVX2.primitives, eltwise_gelu_forward=0, eltwise_gelu_backward=0)
+    monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, primitives=zero))
+
+
+def test_exact_gelu_creates_one_forward_and_one_backward_primitive_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two Gelus of one shape share their primitives (oneDNN's cache); the third shape makes its own; a later
+    # step starts with all of them. A channels-last input is not contiguous: ATen does not call oneDNN.
+    each = AVX2.primitives.eltwise_gelu_forward + AVX2.primitives.eltwise_gelu_backward
+    with_primitives = {cl: _step(gelus(cl)) for cl in (False, True)}
+    cuda = _step(gelus(), device="cuda")
+    _without_gelu_primitives(monkeypatch)
+    without = {cl: _step(gelus(cl)) for cl in (False, True)}
+
+    def start(t: TrainingReport) -> int:
+        return t.later_step.phases[0].end_bytes
+
+    assert start(with_primitives[False]) - start(without[False]) == 2 * each
+    assert start(with_primitives[True]) == start(without[True])
+    assert cuda.peak_bytes == _step(gelus(), device="cuda").peak_bytes
+
+
+def test_with_gradient_accumulation_the_micro_step_starts_with_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the micro-step simulated is a later one (gradients live through its forward): MKL's blocks, made by the first
+    # micro-step, are there from its start, as in a later step
+    model = two_matmuls(256, 2048)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+
+    def step() -> TrainingReport:
+        training = onnxmem.analyze(model, {"batch": 64}, training=TrainingOptions(
+            optimizer="sgd", device="cpu", loss="mean", cpu_isa="avx2", grad_accum=2)).training
+        assert training is not None
+        return training
+
+    with_mkl = step()
+    _without_mkl(monkeypatch)
+    without = step()
+    first = with_mkl.first_step.phases[0].end_bytes - without.first_step.phases[0].end_bytes
+    later = with_mkl.later_step.phases[0].end_bytes - without.later_step.phases[0].end_bytes
+    assert first == later > 0
