@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -315,19 +316,28 @@ def test_a_fused_operator_packs_its_weight_as_its_kernel_does(nodes: list[onnx.N
     assert run.estimated.weights_bytes == run.measured.weights_bytes
 
 
-def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
-    """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
-    Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying
-    buffer. Without that rule the estimate has one 65,536-byte buffer too many (batch 2, 32 x 16 x 16 float32)."""
+def _conv_weights(channels: int) -> Callable[..., onnx.TensorProto]:
+    """Give a maker of [channels, channels, k, k] float32 conv weights (random, seeded), by name and kernel k."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
-    channels = 32
     rng = np.random.default_rng(0)
 
     def weight(name: str, kernel: int = 1) -> onnx.TensorProto:
         array = rng.standard_normal((channels, channels, kernel, kernel)).astype(np.float32) * 0.1
         return numpy_helper.from_array(array, name)
+
+    return weight
+
+
+def test_nchwc_conv_writes_into_its_fused_sum_input(tmp_path: Path) -> None:
+    """At level all, onnxruntime turns y = Relu(Conv_a(s) + Conv_b(s)) into NCHWc Convs, the Add fused as Conv_a's
+    Sum input (Conv_b's output); the NCHWc Conv declares MayInplace(3, 0), so Conv_a writes into Conv_b's dying
+    buffer. Without that rule the estimate has one 65,536-byte buffer too many (batch 2, 32 x 16 x 16 float32)."""
+    from onnx import TensorProto, helper
+
+    channels = 32
+    weight = _conv_weights(channels)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["stem"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["stem"], ["s"]),
@@ -354,15 +364,10 @@ def test_nchwc_upsample_output_has_no_batch_name_so_it_takes_no_freed_buffer(tmp
     needs equal values or equal names), so the Conv after the Upsample allocates its own buffer instead of taking
     the stem's, freed two steps before. Keeping the name 'batch' there, the estimate held the stem's 65,536 bytes
     (batch 2, 32 x 16 x 16 float32) from its last read until that Conv, and its peak came out 16,384 bytes high."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     channels = 32
-    rng = np.random.default_rng(0)
-
-    def weight(name: str, kernel: int = 1) -> onnx.TensorProto:
-        array = rng.standard_normal((channels, channels, kernel, kernel)).astype(np.float32) * 0.1
-        return numpy_helper.from_array(array, name)
+    weight = _conv_weights(channels)
 
     nodes = [helper.make_node("Conv", ["x", "w0"], ["stem"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["stem", "w1"], ["a"]),
@@ -371,7 +376,7 @@ def test_nchwc_upsample_output_has_no_batch_name_so_it_takes_no_freed_buffer(tmp
                               coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
              helper.make_node("Conv", ["u", "w3"], ["c"]),
              helper.make_node("Conv", ["c", "w4"], ["y"])]
-    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0])
     graph = helper.make_graph(
         nodes, "upsample", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", channels, 16, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
