@@ -84,8 +84,9 @@ CONVS = [
 ]
 
 
-def measure(conv: Conv) -> dict[str, int]:
-    """Give the conv's shapes and PyTorch's backward scratch (peak above the start less the gradients)."""
+def module_and_input(conv: Conv) -> tuple[nn.Module, torch.Tensor]:
+    """Give the conv as a PyTorch module (seeded; its weight and bias asking for gradients as the case says) and a
+    random input of its shape."""
     torch.manual_seed(0)
     padding = conv.kernel // 2 if conv.padding is None else conv.padding
     cls = nn.Conv2d if conv.dims == 2 else nn.Conv1d
@@ -94,8 +95,12 @@ def measure(conv: Conv) -> dict[str, int]:
     module.weight.requires_grad_(conv.weight_grad)
     if module.bias is not None:
         module.bias.requires_grad_(conv.weight_grad)
-    shape = (conv.batch, conv.cin) + (conv.size,) * conv.dims
-    x = torch.randn(shape, requires_grad=conv.input_grad)
+    return module, torch.randn((conv.batch, conv.cin) + (conv.size,) * conv.dims, requires_grad=conv.input_grad)
+
+
+def measure(conv: Conv) -> dict[str, int]:
+    """Give the conv's shapes and PyTorch's backward scratch (peak above the start less the gradients)."""
+    module, x = module_and_input(conv)
     if not conv.input_grad and not conv.weight_grad:
         raise ValueError(conv.name)
     out = module(x)
@@ -133,15 +138,7 @@ def measure_primitives(conv: Conv, counter: ctypes.CDLL) -> dict[str, int]:
     """Give the heap the conv's first forward and first backward keep (oneDNN's primitives, cached for the
     process's life: the bytes live after each, less the tensors it returns) and what the first pass holds for a
     moment beyond the second (transient)."""
-    torch.manual_seed(0)
-    padding = conv.kernel // 2 if conv.padding is None else conv.padding
-    cls = nn.Conv2d if conv.dims == 2 else nn.Conv1d
-    module = cls(conv.cin, conv.cout, conv.kernel, stride=conv.stride, padding=padding, groups=conv.groups,
-                 bias=conv.bias)
-    module.weight.requires_grad_(conv.weight_grad)
-    if module.bias is not None:
-        module.bias.requires_grad_(conv.weight_grad)
-    x = torch.randn((conv.batch, conv.cin) + (conv.size,) * conv.dims, requires_grad=conv.input_grad)
+    module, x = module_and_input(conv)
     libc = ctypes.CDLL(None)
     peaks, held = [], {}
     for attempt in range(2):
