@@ -12,11 +12,17 @@ layer's training step, its gradients and graph freed). Three tables:
 - a layer's forward and backward (Linear, bmm, a slow_conv2d 1x1 convolution at batch 4), the GEMMs from
   matmul_gemms / slow_conv2d_gemms, against mkl_gemm_held (the difference includes autograd's own first-time work).
 
+--direct: MKL's sgemm and gemm_bf16bf16f32 called directly (through ctypes, from libtorch_cpu), as PyTorch calls
+them (column-major, MKL_VERBOSE's transa, transb, m, n, k), over odd sizes: single calls per fresh process and
+sequences of both kinds in one process, against mkl_gemm_held (bf16 operands are converted to fp32 copies that
+share MKL's pool); then F.scaled_dot_product_attention's forward and backward (PyTorch's CPU flash attention) per
+fresh process, fp32 and bf16, against mkl_gemm_held of flash_attention_gemms.
+
 --gelu: the exact GELU's oneDNN eltwise primitives (rules.training.OnednnPrimitives.eltwise_gelu_*): in one process
 (after a GELU of one shape, autograd's first-time work), per new shape, the heap its forward and its backward (dense
 output gradient) leave, less what a GELU of a shape already seen leaves.
 
-Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu]
+Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu | --direct]
 """
 
 from __future__ import annotations
@@ -35,7 +41,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onnxmem.rules.training import CPU_ISAS  # noqa: E402
-from onnxmem.training import matmul_gemms, mkl_gemm_block, mkl_gemm_held, slow_conv2d_gemms  # noqa: E402
+from onnxmem.training import (  # noqa: E402
+    Gemm,
+    flash_attention_gemms,
+    matmul_gemms,
+    mkl_gemm_block,
+    mkl_gemm_held,
+    slow_conv2d_gemms,
+)
 
 ISA = CPU_ISAS["avx2"]  # the measured CPU
 
@@ -61,13 +74,23 @@ def _preload_counter(environment: dict[str, str]) -> None:
         environment["LD_PRELOAD"] = str(library)
 
 
-def _in_child(kind: str, spec: object, threads: int) -> int:
+def _child_line(kind: str, spec: object, threads: int) -> str:
     environment = dict(os.environ)
     _preload_counter(environment)
     environment["OMP_NUM_THREADS"] = str(threads)
     lines = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec), str(threads)],
                            env=environment, capture_output=True, text=True, check=True).stdout.splitlines()
-    return int(next(line for line in lines if line.startswith("@@")).split()[1])
+    return next(line for line in lines if line.startswith("@@"))[2:].strip()
+
+
+def _in_child(kind: str, spec: object, threads: int) -> int:
+    """Run a case in a fresh process under the malloc counter; give the heap it printed (the last, for a list)."""
+    value = json.loads(_child_line(kind, spec, threads))
+    return int(value[-1] if isinstance(value, list) else value)
+
+
+def _in_child_list(kind: str, spec: object, threads: int) -> list[int]:
+    return [int(x) for x in json.loads(_child_line(kind, spec, threads))]
 
 
 def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg]
@@ -97,6 +120,24 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
         for shape in spec:
             (forward, kept), (forward_again, kept_again) = once(tuple(shape)), once(tuple(shape))
             print("@@", forward - forward_again, kept - kept_again, flush=True)
+        return
+    if kind == "direct":
+        _direct_child(spec, counter)
+        return
+    if kind == "sdpa":
+        import torch.nn.functional as F  # noqa: N812
+
+        (b, h, length, e, keys), low = spec
+        dtype = torch.bfloat16 if low else torch.float32
+        (torch.ones(2, requires_grad=True) * 2).sum().backward()  # autograd's first-time work, not the op's
+        q = torch.randn(b, h, length, e, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(b, h, keys, e, dtype=dtype, requires_grad=True) for _ in range(2))
+        gc.collect()
+        base = counter.mc_current()
+        F.scaled_dot_product_attention(q, k, v).float().sum().backward()
+        q.grad = k.grad = v.grad = None
+        gc.collect()
+        print("@@", counter.mc_current() - base, flush=True)
         return
     if kind == "gemms":
         operands = []
@@ -137,7 +178,102 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
     print("@@", counter.mc_current() - base, flush=True)
 
 
-def _layer_gemms(kind: str, spec: list) -> list[tuple[int, int, int]]:  # type: ignore[type-arg]
+def _direct_child(calls: list, counter: ctypes.CDLL) -> None:  # type: ignore[type-arg]
+    """Call MKL's GEMMs as PyTorch does (Fortran interface, column-major): each call (kind, transa, transb, m, n,
+    k), operands made first; print the heap after each."""
+    import torch
+
+    mkl = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    made = []
+    for kind, transa, transb, m, n, k in calls:
+        dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+        lda, ldb = (k if transa == "T" else m), (n if transb == "T" else k)
+        made.append((kind, transa, transb, m, n, k, torch.randn(m * k, dtype=dtype), lda,
+                     torch.randn(k * n, dtype=dtype), ldb, torch.zeros(m * n)))
+    gc.collect()
+    base = counter.mc_current()
+    after = []
+    for kind, transa, transb, m, n, k, a, lda, b, ldb, c in made:
+        def ref(value: int) -> object:
+            return ctypes.byref(ctypes.c_int(value))
+        args = [ctypes.c_char_p(transa.encode()), ctypes.c_char_p(transb.encode()), ref(m), ref(n), ref(k),
+                ctypes.byref(ctypes.c_float(1.0)), ctypes.c_void_p(a.data_ptr()), ref(lda),
+                ctypes.c_void_p(b.data_ptr()), ref(ldb), ctypes.byref(ctypes.c_float(0.0)),
+                ctypes.c_void_p(c.data_ptr()), ref(m)]
+        (mkl.gemm_bf16bf16f32_ if kind == "bf16" else mkl.sgemm_)(*args)
+        after.append(counter.mc_current() - base)
+    print("@@", json.dumps(after), flush=True)
+
+
+def _row_major(kind: str, transa: str, transb: str, m: int, n: int, k: int) -> Gemm:
+    """The GEMM of a column-major MKL call: C^T = op(B)^T op(A)^T (M = n, N = m; A is MKL's B, B MKL's A)."""
+    return Gemm(n, m, k, False, kind == "bf16", transb == "T", transa == "T")
+
+
+DIRECT_SINGLE = [(t, n) for t in (("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("N", "T", 32, 65, 32),
+                                   ("T", "N", 128, 64, 64), ("N", "N", 64, 64, 128), ("T", "N", 300, 64, 64),
+                                   ("N", "N", 64, 64, 300), ("T", "N", 512, 256, 64), ("N", "N", 64, 256, 512),
+                                   ("N", "N", 256, 256, 256), ("N", "N", 1024, 1024, 1024), ("T", "N", 65, 32, 16),
+                                   ("T", "N", 65, 32, 200), ("T", "N", 65, 32, 400), ("N", "N", 2000, 64, 64),
+                                   ("N", "N", 64, 2000, 64), ("N", "N", 65, 32, 32), ("N", "N", 64, 64, 197),
+                                   ("N", "N", 64, 64, 383), ("N", "N", 17, 64, 64), ("N", "N", 64, 33, 64))
+                 for n in ("f32", "bf16")]
+DIRECT_SEQUENCES = [
+    [("bf16", "T", "N", 65, 32, 32), ("bf16", "N", "N", 32, 32, 65), ("bf16", "N", "T", 32, 65, 32)],
+    [("bf16", "N", "N", 32, 32, 65), ("bf16", "T", "N", 65, 32, 32), ("bf16", "N", "T", 32, 65, 32)],
+    [("bf16", "N", "N", 64, 64, 64), ("bf16", "N", "N", 512, 512, 512)],
+    [("bf16", "N", "N", 512, 512, 512), ("bf16", "N", "N", 64, 64, 64), ("bf16", "T", "T", 300, 200, 100)],
+    [("f32", "N", "N", 256, 256, 256), ("bf16", "T", "N", 65, 32, 32), ("bf16", "N", "N", 32, 32, 65)],
+    [("bf16", "T", "N", 65, 32, 32), ("f32", "N", "N", 256, 256, 256), ("f32", "N", "N", 32, 32, 65)],
+    [("bf16", "T", "N", 197, 64, 64), ("bf16", "N", "N", 64, 64, 197), ("bf16", "T", "N", 197, 64, 64)],
+    [("bf16", "T", "N", 300, 64, 64), ("bf16", "N", "N", 64, 64, 300), ("bf16", "T", "N", 300, 64, 64)],
+]
+SDPA = [((8, 4, 65, 32, 65), False), ((8, 4, 65, 32, 65), True), ((2, 2, 300, 64, 300), False),
+        ((2, 2, 300, 64, 300), True), ((1, 1, 70, 64, 600), True), ((1, 2, 800, 64, 800), False),
+        ((4, 12, 197, 64, 197), True)]
+
+
+def _direct(threads: int) -> None:
+    """Print the --direct tables."""
+    print(f"MKL called directly as PyTorch calls it, {threads} thread(s); heap left (malloc counter), fresh process "
+          "per row; rule = mkl_gemm_held (an sgemm called directly takes no torch.mm first use)\n")
+    print("| call (transa, transb, m, n, k) | kind | measured | rule | rule - measured |")
+    print("|---|---|---:|---:|---:|")
+    gaps = []
+    for call, kind in DIRECT_SINGLE:
+        measured = _in_child("direct", [[kind, *call]], threads)
+        held = sum(nbytes for _, nbytes in mkl_gemm_held([_row_major(kind, *call)], ISA))
+        rule = held - (ISA.gemm.first_use if held and kind == "f32" else 0)
+        gaps.append(rule - measured)
+        print(f"| {', '.join(map(str, call))} | {kind} | {measured:,} | {rule:,} | {rule - measured:+,} |")
+    gaps.sort()
+    print(f"\nrule - measured: from {gaps[0]:+,} to {gaps[-1]:+,} B\n")
+    print("| calls in one process | heap after each, measured | rule | last: rule - measured |")
+    print("|---|---|---|---:|")
+    for sequence in DIRECT_SEQUENCES:
+        measured_each = _in_child_list("direct", [list(c) for c in sequence], threads)
+        gemms = [_row_major(*c) for c in sequence]
+        held = dict(mkl_gemm_held(gemms, ISA))
+        fp32_first = next((i for i, g in enumerate(gemms) if not g.low_precision and i in held), None)
+        rule = [sum(held.get(j, 0) for j in range(i + 1)) - (ISA.gemm.first_use if fp32_first is not None
+                                                               and fp32_first <= i else 0)
+                for i in range(len(gemms))]
+        print(f"| {'; '.join(' '.join(map(str, c)) for c in sequence)} | {', '.join(f'{x:,}' for x in measured_each)} "
+              f"| {', '.join(f'{x:,}' for x in rule)} | {rule[-1] - measured_each[-1]:+,} |")
+    print("\nF.scaled_dot_product_attention (flash attention), forward and backward, fresh process per row: heap left "
+          "against mkl_gemm_held of flash_attention_gemms (first uses included)\n")
+    print("| batch, heads, query length, head dim, key length | dtype | GEMMs | measured | rule | rule - measured |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (b, h, length, e, keys), low in SDPA:
+        measured = _in_child("sdpa", [[b, h, length, e, keys], low], threads)
+        gemms = flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), True, 2 if low else 4,
+                                      ISA)
+        rule = sum(nbytes for _, nbytes in mkl_gemm_held(gemms, ISA))
+        print(f"| {b}, {h}, {length}, {e}, {keys} | {'bf16' if low else 'fp32'} | {len(gemms)} | {measured:,} "
+              f"| {rule:,} | {rule - measured:+,} |")
+
+
+def _layer_gemms(kind: str, spec: list) -> list[Gemm]:  # type: ignore[type-arg]
     if kind.startswith("linear"):
         batch, width, out = spec
         gemms = matmul_gemms((batch, width), (out, width), (batch, out), True, True, b_transposed=True)
@@ -149,7 +285,7 @@ def _layer_gemms(kind: str, spec: list) -> list[tuple[int, int, int]]:  # type: 
         # one GEMM per sample: the held blocks are those of one sample's GEMMs
         gemms = slow_conv2d_gemms((batch, channels, size, size), (out, channels, 1, 1), (batch, out, size, size),
                                   True, True)
-    return [(m, n, k) for m, n, k, _ in gemms]
+    return list(gemms)
 
 
 LAYER_SPECS = {"linear 256x1024->4096": [256, 1024, 4096], "linear 64x4096->256": [64, 4096, 256],
@@ -160,12 +296,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gelu", action="store_true")
+    parser.add_argument("--direct", action="store_true", help="MKL called directly over odd sizes; flash attention")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "SPEC", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], json.loads(args.child[1]), int(args.child[2]))
         return
     threads = args.threads
+    if args.direct:
+        _direct(threads)
+        return
     if args.gelu:
         environment = dict(os.environ)
         _preload_counter(environment)
@@ -200,7 +340,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for sequence in SEQUENCES:
         measured = _in_child("gemms", [[*g, 0, 0] for g in sequence], threads)
-        rule = sum(nbytes for _, nbytes in mkl_gemm_held(sequence, 4, ISA))
+        rule = sum(nbytes for _, nbytes in mkl_gemm_held([Gemm(*g) for g in sequence], ISA))
         print(f"| {', '.join('x'.join(map(str, g)) for g in sequence)} | {measured:,} | {rule:,} "
               f"| {rule - measured:+,} |")
     print("\n| layer, forward and backward | GEMMs | measured | rule (mkl_gemm_held) | rule - measured |")
@@ -208,8 +348,8 @@ def main() -> None:
     for name, spec in LAYER_SPECS.items():
         measured = _in_child(name, spec, threads)
         gemms = _layer_gemms(name, spec)
-        rule = sum(nbytes for _, nbytes in mkl_gemm_held(gemms, 4, ISA))
-        print(f"| {name} | {', '.join('x'.join(map(str, g)) for g in gemms)} | {measured:,} | {rule:,} "
+        rule = sum(nbytes for _, nbytes in mkl_gemm_held(gemms, ISA))
+        print(f"| {name} | {', '.join('x'.join(map(str, g[:3])) for g in gemms)} | {measured:,} | {rule:,} "
               f"| {rule - measured:+,} |")
 
 

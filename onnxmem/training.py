@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import onnx
 from onnx import TensorProto
@@ -193,6 +194,20 @@ class _Events:
         return len(self.phase) - 1
 
 
+class Gemm(NamedTuple):
+    """A GEMM a node runs in MKL on CPU (rules.training.MklGemmBuffers): its output C is M x N (row-major) over K;
+    run by the node's backward; with bf16 operands into an fp32 result (gemm_bf16bf16f32, which converts them);
+    A (M x K) or B (K x N) read transposed (stored K x M, N x K)."""
+
+    m: int
+    n: int
+    k: int
+    backward: bool = False
+    low_precision: bool = False
+    a_transposed: bool = False
+    b_transposed: bool = False
+
+
 @dataclass
 class _Model:
     """Facts about the graph that every simulation reads: built once per training_memory call."""
@@ -229,8 +244,8 @@ class _Model:
     autograd_nodes: dict[int, int] = field(default_factory=dict)
     # node -> the oneDNN primitives it creates on CPU: (cache key, bytes, made by its backward)
     primitives: dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]] = field(default_factory=dict)
-    # node -> the GEMMs it runs through MKL's sgemm on CPU, in order: (M, N, K, run by its backward)
-    gemms: dict[int, tuple[tuple[int, int, int, bool], ...]] = field(default_factory=dict)
+    # node -> the GEMMs it runs through MKL on CPU, in order
+    gemms: dict[int, tuple[Gemm, ...]] = field(default_factory=dict)
 
 
 class TrainingOptionError(OnnxMemError, ValueError):
@@ -1409,9 +1424,10 @@ def _known_shape(value: _Value) -> tuple[int, ...] | None:
 
 
 def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool], differentiable: list[bool],
-               options: TrainingOptions) -> dict[int, tuple[tuple[int, int, int, bool], ...]]:
-    """Give, per node on CPU, the GEMMs it runs through MKL's sgemm in its forward and backward (matmul_gemms,
-    slow_conv2d's in slow_conv2d_gemms), for the packing buffers MKL keeps (rules.training.MklGemmBuffers)."""
+               options: TrainingOptions) -> dict[int, tuple[Gemm, ...]]:
+    """Give, per node on CPU, the GEMMs it runs in MKL in its forward and backward (matmul_gemms, slow_conv2d's in
+    slow_conv2d_gemms, flash attention's in flash_attention_gemms), for the packing buffers MKL keeps
+    (rules.training.MklGemmBuffers)."""
     if options.device != "cpu":
         return {}
     made = {}
@@ -1421,6 +1437,15 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
         if len(inputs) < 2 or min(inputs[:2]) < 0 or not node.outputs or node.outputs[0] < 0:
             continue
         low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+        if node.op_type == "aten::scaled_dot_product_attention" and len(inputs) >= 3 and inputs[2] >= 0:
+            q, k, v = (_known_shape(values[t]) for t in inputs[:3])
+            # bf16 under autocast to bf16 or in a bf16 step (2 bytes); fp16 under autocast is not measured (0)
+            element = (2 if options.precision == "amp-bf16" else 0) if low \
+                else values[inputs[0]].nbytes // max(values[inputs[0]].numel or 1, 1)
+            if q is not None and k is not None and v is not None and min(len(q), len(k), len(v)) >= 2:
+                backward = differentiable[n] and any(needs_grad[t] for t in inputs[:3])
+                made[n] = flash_attention_gemms(q, k, v, backward, element, options.isa)
+            continue
         out = values[node.outputs[0]]
         if low or not out.numel or out.nbytes // out.numel not in options.isa.gemm.element_bytes:
             continue
@@ -1428,7 +1453,7 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
         if a is None or b is None or y is None:
             continue
         grads = differentiable[n] and needs_grad[inputs[0]], differentiable[n] and needs_grad[inputs[1]]
-        gemms: tuple[tuple[int, int, int, bool], ...] = ()
+        gemms: tuple[Gemm, ...] = ()
         if node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm"):
             # B read transposed, as a Linear's weight: a Gemm's transB, a Transpose before it, or a weight the
             # exporter stored transposed (TorchScript's onnx::MatMul_* initializers of nn.Linear)
@@ -1446,13 +1471,12 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
 
 
 def matmul_gemms(a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...], input_grad: bool,
-                 weight_grad: bool, b_transposed: bool = False) -> tuple[tuple[int, int, int, bool], ...]:
-    """Give the GEMMs (M, N, K, in backward) of torch.matmul (or a Gemm, a 2-D addmm) of `a` by `b` into `y` and of
-    its backward: the output's, then the first input's gradient (grad @ B^T), then the second's (A^T @ grad; where
-    `b` is read transposed, as a Linear's weight, PyTorch's mm_mat2_backward makes it in B's own layout: grad^T @ A,
-    N x K). A 2-D `b` folds `a`'s batch dims into M (as torch.matmul does); batched on both sides, each matrix is
-    one GEMM of the batch (bmm). `b` of one dim, or a 1-D `a`, is a matrix-vector product: none
-    (MklGemmBuffers)."""
+                 weight_grad: bool, b_transposed: bool = False) -> tuple[Gemm, ...]:
+    """Give the GEMMs of torch.matmul (or a Gemm, a 2-D addmm) of `a` by `b` into `y` and of its backward: the
+    output's, then the first input's gradient (grad @ B^T), then the second's (A^T @ grad; where `b` is read
+    transposed, as a Linear's weight, PyTorch's mm_mat2_backward makes it in B's own layout: grad^T @ A, N x K).
+    A 2-D `b` folds `a`'s batch dims into M (as torch.matmul does); batched on both sides, each matrix is one GEMM
+    of the batch (bmm). `b` of one dim, or a 1-D `a`, is a matrix-vector product: none (MklGemmBuffers)."""
     if len(a) < 2 or len(b) < 2 or len(y) < 2:
         return ()
     m, n = y[-2], y[-1]
@@ -1462,31 +1486,62 @@ def matmul_gemms(a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...], inp
         k = a[-1]
     if len(b) == 2:
         m = math.prod(y[:-1])
-    gemms = [(m, n, k, False)]
+    gemms = [Gemm(m, n, k)]
     if input_grad:
-        gemms.append((m, k, n, True))
+        gemms.append(Gemm(m, k, n, True))
     if weight_grad:
-        gemms.append((n, k, m, True) if b_transposed and len(b) == 2 else (k, n, m, True))
+        gemms.append(Gemm(n, k, m, True) if b_transposed and len(b) == 2 else Gemm(k, n, m, True))
     return tuple(gemms)
 
 
 def slow_conv2d_gemms(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool,
-                      weight_grad: bool, channels_last: bool = False) -> tuple[tuple[int, int, int, bool], ...]:
-    """Give the GEMMs (M, N, K, in backward) of ATen's slow_conv2d (a 1-D or 2-D convolution not run by oneDNN),
-    one sample and one group at a time (named by MKL_VERBOSE): the output (C_out/g x output positions, over C/g x
-    kernel), the input's columns' gradient (C/g x kernel by output positions, over C_out/g), the weight's gradient
-    (C_out/g by C/g x kernel, over the output positions). On a channels-last input each GEMM's output is the
-    transpose (output positions x C_out/g, ...): its rows and columns swap."""
+                      weight_grad: bool, channels_last: bool = False) -> tuple[Gemm, ...]:
+    """Give the GEMMs of ATen's slow_conv2d (a 1-D or 2-D convolution not run by oneDNN), one sample and one group
+    at a time (named by MKL_VERBOSE): the output (C_out/g x output positions, over C/g x kernel), the input's
+    columns' gradient (C/g x kernel by output positions, over C_out/g), the weight's gradient (C_out/g by C/g x
+    kernel, over the output positions). On a channels-last input each GEMM's output is the transpose (output
+    positions x C_out/g, ...): its rows and columns swap."""
     groups = x[1] // w[1] if w[1] else 1
     out_channels, reduce, positions = w[0] // max(groups, 1), math.prod(w[1:]), math.prod(y[2:])
-    gemms = [(out_channels, positions, reduce, False)]
+    gemms = [Gemm(out_channels, positions, reduce)]
     if input_grad:
-        gemms.append((reduce, positions, out_channels, True))
+        gemms.append(Gemm(reduce, positions, out_channels, True))
     if weight_grad:
-        gemms.append((out_channels, reduce, positions, True))
+        gemms.append(Gemm(out_channels, reduce, positions, True))
     if channels_last:
-        gemms = [(n, m, k, backward) for m, n, k, backward in gemms]
+        gemms = [g._replace(m=g.n, n=g.m) for g in gemms]
     return tuple(gemms)
+
+
+def flash_attention_gemms(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], backward: bool,
+                          element_bytes: int, isa: CpuIsa | None = None) -> tuple[Gemm, ...]:
+    """Give the distinct GEMMs, in the order they first run, of PyTorch's CPU flash attention of queries `q`
+    (..., L, E), keys `k` (..., S, E) and values `v` (..., S, Ev), and of its backward
+    (rules.training.CpuFlashAttention); none for an element size MKL does not run (MklGemmBuffers)."""
+    rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa)
+    flash, low = rule.flash_attention, element_bytes in rule.gemm.low_precision_element_bytes
+    if not low and element_bytes not in rule.gemm.element_bytes:
+        return ()
+    length, keys, e, ev = q[-2], k[-2], q[-1], v[-1]
+    q_split = next((split for at_least, split in flash.q_split_by_length if length >= at_least), flash.q_split_min)
+
+    def blocks(total: int, split: int) -> list[int]:
+        split = min(split, total)
+        return [split] + ([total % split] if split and total % split else []) if total > 0 else []
+
+    def of(name: str, qb: int, kb: int, in_backward: bool) -> Gemm:
+        shapes = {"scores": (qb, kb, e, False, True), "output": (qb, ev, kb, False, False),
+                  "value_grad": (kb, ev, qb, True, False), "scores_grad": (qb, kb, ev, False, True),
+                  "query_grad": (qb, e, kb, False, False), "key_grad": (kb, e, qb, True, False)}
+        m, n, red, a_t, b_t = shapes[name]
+        return Gemm(m, n, red, in_backward, low, a_t, b_t)
+
+    pairs = [(qb, kb) for qb in blocks(length, q_split) for kb in blocks(keys, flash.kv_split)]
+    made = [of(name, qb, kb, False) for qb, kb in pairs for name in ("scores", "output")]
+    if backward:
+        names = flash.backward_low_precision if low else flash.backward_fp32
+        made += [of(name, qb, kb, True) for qb, kb in pairs for name in names]
+    return tuple(dict.fromkeys(made))
 
 
 # ops whose output takes the memory format of their input (TensorIterator's elementwise ops, a convolution)
@@ -1520,35 +1575,65 @@ def _channels_last(nodes: list[_Node], values: list[_Value]) -> set[int]:
 
 
 def mkl_gemm_block(m: int, n: int, k: int, element_bytes: int = 4, isa: CpuIsa | None = None) -> int:
-    """Give the bytes of the packing block MKL's sgemm takes for an M x N output over K
-    (rules.training.MklGemmBuffers); 0 for a matrix-vector product or a dtype MKL's sgemm does not run."""
+    """Give the bytes of the packing block MKL takes for an M x N output over K (rules.training.MklGemmBuffers);
+    0 for a matrix-vector product or a dtype MKL's GEMMs do not run. bf16 operands (`element_bytes` 2) are
+    packed as fp32, so their block is fp32's."""
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
-    if min(m, n) <= 1 or k < 1 or element_bytes not in rule.element_bytes:
+    if min(m, n) <= 1 or k < 1 or element_bytes not in rule.element_bytes + rule.low_precision_element_bytes:
         return 0
     if k <= rule.k_block_min:
         kc = rule.k_block_min
     elif k <= rule.k_block:
         kc = k
     elif k < 2 * rule.k_block:
-        kc = -(-k // 2)
+        kc = k // 2
     else:
         kc = rule.k_block
-    return rule.block + element_bytes * kc * (min(n, rule.columns_max) + min(rule.rows_per_row * m, rule.rows_max))
+    columns = -(-n // rule.column_multiple) * rule.column_multiple
+    return rule.block + 4 * kc * (min(columns, rule.columns_max) + min(rule.rows_per_row * m, rule.rows_max))
 
 
-def mkl_gemm_held(gemms: Sequence[tuple[int, int, int]], element_bytes: int = 4, isa: CpuIsa | None = None) \
-        -> list[tuple[int, int]]:
-    """Give the blocks MKL's pool gains over GEMMs run one after another in a fresh process, as (index of the GEMM
-    that makes it, bytes): a block where a GEMM is larger than every block before it (the first also takes
-    MklGemmBuffers.first_use); the process holds their sum from then on."""
+def mkl_gemm_requests(gemm: Gemm, isa: CpuIsa | None = None) -> list[int]:
+    """Give the buffers (bytes, in the order asked) a GEMM takes from MKL's pool: its block; with bf16 operands
+    first an fp32 copy of B and one of A (rules.training.MklGemmBuffers). None for a matrix-vector product."""
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
+    block = mkl_gemm_block(gemm.m, gemm.n, gemm.k, 2 if gemm.low_precision else 4, isa)
+    if not block or not gemm.low_precision:
+        return [block] if block else []
+
+    def converted(rows: int, contiguous: int) -> int:
+        return 4 * rows * (-(-contiguous // rule.converted_multiple) * rule.converted_multiple)
+
+    a = converted(gemm.k, gemm.m) if gemm.a_transposed else converted(gemm.m, gemm.k)
+    b = converted(gemm.n, gemm.k) if gemm.b_transposed else converted(gemm.k, gemm.n)
+    return [b, a, block]  # MKL's A (column-major) is B here: converted first
+
+
+def mkl_gemm_held(gemms: Sequence[Gemm], isa: CpuIsa | None = None) -> list[tuple[int, int]]:
+    """Give what MKL's pool gains over GEMMs run one after another in a fresh process, as (index of the GEMM that
+    makes it, bytes): a GEMM's request takes the smallest free buffer of the pool that fits, else makes one
+    (mkl_gemm_requests); the first fp32 GEMM also takes MklGemmBuffers.first_use, the first bf16 one
+    low_precision_first_use (low_precision_first_use_after_fp32 after an fp32 one). The process holds the sum from
+    then on."""
+    rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
+    pool: list[int] = []
     held: list[tuple[int, int]] = []
-    largest = 0
-    for i, (m, n, k) in enumerate(gemms):
-        nbytes = mkl_gemm_block(m, n, k, element_bytes, isa)
-        if nbytes > largest:
-            held.append((i, nbytes + (0 if held else rule.first_use)))
-            largest = nbytes
+    first = {False: rule.first_use, True: rule.low_precision_first_use}
+    for i, gemm in enumerate(gemms):
+        requests = mkl_gemm_requests(gemm, isa)
+        free = sorted(pool)
+        made = first.pop(gemm.low_precision, 0) if requests else 0
+        if requests and not gemm.low_precision and True in first:  # a later first bf16 GEMM shares some of it
+            first[True] = rule.low_precision_first_use_after_fp32
+        for size in requests:
+            fits = next((j for j, f in enumerate(free) if f >= size), None)
+            if fits is None:
+                pool.append(size)
+                made += size
+            else:
+                del free[fits]
+        if made:
+            held.append((i, made))
     return held
 
 
@@ -1915,19 +2000,20 @@ def _primitive_buffers(model: _Model, step: _Schedule, buffers: _Buffers, first_
 
 def _gemm_buffers(model: _Model, options: TrainingOptions, step: _Schedule, buffers: _Buffers,
                   first_step: bool) -> None:
-    """Add MKL's sgemm packing blocks (rules.training.MklGemmBuffers): the GEMMs of the step in the order they run,
-    each that is larger than every block before it making one, held from it to the step's end (to the process's
-    end: in a later step, from its start)."""
+    """Add MKL's GEMM buffers (rules.training.MklGemmBuffers): the GEMMs of the step in the order they run, each
+    that finds no free buffer in MKL's pool for what it asks adding one, held from it to the step's end (to the
+    process's end: in a later step, from its start)."""
     runs = []
     for n, gemms in model.gemms.items():
-        for i, (m, cols, k, backward) in enumerate(gemms):
-            event = step.bwd[n] if backward else step.rec[n] if step.fwd[n] < 0 else step.fwd[n]
+        for i, gemm in enumerate(gemms):
+            event = step.bwd[n] if gemm.backward else step.rec[n] if step.fwd[n] < 0 else step.fwd[n]
             if event >= 0:
-                runs.append((event, i, (m, cols, k)))
+                runs.append((event, i, gemm))
     runs.sort()
-    for index, nbytes in mkl_gemm_held([shape for _, _, shape in runs], 4, options.isa):
-        event, _, (m, cols, k) = runs[index]
-        buffers.add(f"MKL sgemm block ({m}x{cols}x{k})", "MKL GEMM buffers", nbytes,
+    for index, nbytes in mkl_gemm_held([gemm for _, _, gemm in runs], options.isa):
+        event, _, gemm = runs[index]
+        kind = "bf16 GEMM buffers" if gemm.low_precision else "sgemm block"
+        buffers.add(f"MKL {kind} ({gemm.m}x{gemm.n}x{gemm.k})", "MKL GEMM buffers", nbytes,
                     event if first_step else step.data, step.end)
 
 

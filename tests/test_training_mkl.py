@@ -19,8 +19,10 @@ import pytest
 import onnxmem
 from onnxmem.rules.training import CPU_ISAS, MklGemmBuffers
 from onnxmem.training import (
+    Gemm,
     TrainingOptions,
     TrainingReport,
+    flash_attention_gemms,
     matmul_gemms,
     mkl_gemm_block,
     mkl_gemm_held,
@@ -47,7 +49,8 @@ def _step(model: onnx.ModelProto, **options: object) -> TrainingReport:
 
 def _without_mkl(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make MKL's blocks cost nothing (the rest of the CPU rules as they are)."""
-    zero = dataclasses.replace(G, first_use=0, block=0, element_bytes=())
+    zero = dataclasses.replace(G, first_use=0, block=0, element_bytes=(), low_precision_first_use=0,
+                               low_precision_element_bytes=())
     monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, gemm=zero))
 
 
@@ -64,35 +67,105 @@ def test_the_law_gives_the_measured_blocks(m: int, n: int, k: int) -> None:
     assert abs(rule - MEASURED[m, n, k]) <= 3_500
 
 
-def test_a_matrix_vector_product_or_a_16_bit_gemm_takes_no_block() -> None:
+def test_a_matrix_vector_product_or_an_unmeasured_dtype_takes_no_block() -> None:
     assert mkl_gemm_block(1, 64, 1024, 4, AVX2) == 0  # measured: 2,248 B, MKL's first use only
     assert mkl_gemm_block(64, 1, 1024, 4, AVX2) == 0
-    assert mkl_gemm_block(64, 64, 1024, 2, AVX2) == 0  # bf16 runs elsewhere
+    assert mkl_gemm_block(64, 64, 1024, 8, AVX2) == 0
+    # bf16 operands are packed as fp32: the same block
+    assert mkl_gemm_block(64, 64, 1024, 2, AVX2) == mkl_gemm_block(64, 64, 1024, 4, AVX2)
+
+
+# MKL called directly as PyTorch calls it (column-major: MKL_VERBOSE's (transa, transb, m, n, k)), one GEMM per
+# fresh process, the heap it left (malloc counter; benchmarks/gemm_buffers.py --direct): sgemm, gemm_bf16bf16f32
+DIRECT = {("T", "N", 65, 32, 32): (90_792, 111_680), ("N", "N", 32, 32, 65): (66_216, 91_712),
+          ("N", "T", 32, 65, 32): (100_008, 121_280), ("T", "N", 300, 64, 64): (238_248, 339_904),
+          ("N", "N", 64, 64, 300): (132_264, 294_336), ("T", "N", 65, 32, 200): (74_664, 160_736),
+          ("N", "N", 65, 32, 32): (90_792, 112_064), ("N", "N", 64, 64, 197): (92_328, None),
+          ("N", "N", 17, 64, 64): (98_984, None), ("T", "N", 65, 1, 32): (0, 0)}
+
+
+def _row_major(transa: str, transb: str, m: int, n: int, k: int, low: bool) -> Gemm:
+    """The GEMM of a column-major MKL call: C^T = op(B)^T op(A)^T, so M = n, N = m, A is MKL's B and B MKL's A."""
+    return Gemm(n, m, k, False, low, transb == "T", transa == "T")
+
+
+@pytest.mark.parametrize("call", sorted(DIRECT))
+def test_the_law_gives_the_direct_calls_to_the_byte(call: tuple[str, str, int, int, int]) -> None:
+    # odd sizes: N (MKL's m) rounds up to a multiple of 16, K // 2 for 192 < K < 384; bf16 operands are converted to
+    # fp32 copies (their contiguous dim rounded up to 4) besides the block, and the first such GEMM takes 8,472 B
+    for low, measured in zip((False, True), DIRECT[call], strict=True):
+        if measured is None:
+            continue
+        held = sum(nbytes for _, nbytes in mkl_gemm_held([_row_major(*call, low)], AVX2))
+        # called directly, an sgemm does not take torch.mm's first-use bytes
+        assert held == measured + (G.first_use if measured and not low else 0)
+
+
+def test_bf16_gemms_share_the_pool_smallest_fit_first() -> None:
+    # measured in one process (gemm_bf16bf16f32 called directly): the heap after each GEMM
+    calls = [("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("N", "T", 32, 65, 32)]
+    for order, measured in ((calls, [111_680, 177_896, 277_904]), (calls[1:2] + calls[:1] + calls[2:],
+                                                                      [91_712, 182_504, 282_512])):
+        held = dict(mkl_gemm_held([_row_major(*c, True) for c in order], AVX2))
+        assert [sum(held.get(j, 0) for j in range(i + 1)) for i in range(3)] == measured
+    # after an sgemm (its block takes the first copy) the first bf16 GEMM takes 4,336 B of first use, not 8,472
+    mixed = [Gemm(256, 256, 256), *(_row_major(*c, True) for c in calls[:2])]
+    held = dict(mkl_gemm_held(mixed, AVX2))
+    assert [sum(held.get(j, 0) for j in range(i + 1)) - G.first_use for i in range(3)] == [410_280, 509_504, 575_720]
+
+
+# The distinct MKL calls (MKL_VERBOSE: transa, transb, m, n, k) of F.scaled_dot_product_attention's forward and
+# backward on torch 2.13.0+cpu, one thread: (batch, heads, query length, head dim, key length), dtype -> calls
+FLASH_CALLS = {
+    ((8, 4, 65, 32, 65), False): {("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("T", "N", 65, 1, 32),
+                                  ("N", "N", 32, 1, 65), ("N", "T", 32, 65, 32), ("N", "T", 32, 65, 1)},
+    ((8, 4, 65, 32, 65), True): {("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("T", "N", 65, 1, 32),
+                                 ("N", "N", 32, 1, 65)},
+    ((1, 1, 800, 64, 800), False): {("T", "N", 512, 256, 64), ("N", "N", 64, 256, 512), ("T", "N", 288, 256, 64),
+                                    ("N", "N", 64, 256, 288), ("T", "N", 512, 32, 64), ("N", "N", 64, 32, 512),
+                                    ("T", "N", 288, 32, 64), ("N", "N", 64, 32, 288), ("N", "T", 64, 512, 256),
+                                    ("N", "T", 64, 288, 256), ("N", "T", 64, 512, 32), ("N", "T", 64, 288, 32)},
+    ((1, 1, 70, 64, 600), True): {("T", "N", 512, 32, 64), ("N", "N", 64, 32, 512), ("T", "N", 88, 32, 64),
+                                  ("N", "N", 64, 32, 88), ("T", "N", 512, 6, 64), ("N", "N", 64, 6, 512),
+                                  ("T", "N", 88, 6, 64), ("N", "N", 64, 6, 88)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLASH_CALLS))
+def test_flash_attention_runs_the_gemms_mkl_verbose_lists(case: tuple[tuple[int, ...], bool]) -> None:
+    (b, h, length, e, keys), low = case
+    gemms = flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), True, 2 if low else 4, AVX2)
+    assert {_row_major(*call, low)[:3] + _row_major(*call, low)[4:] for call in FLASH_CALLS[case]} == \
+        {g[:3] + g[4:] for g in gemms}
+    assert flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), True, 8, AVX2) == ()
+    forward = flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), False, 4, AVX2)
+    assert forward and not any(g.backward for g in forward)
 
 
 def test_a_larger_gemm_adds_a_block_and_the_smaller_ones_stay() -> None:
     # measured in one process: 64x64x1024 then 64x4096x1024 left 166,768 + 3,264,496 B (both blocks kept);
     # 64x4096x1024 then 4096x64x1024 left nothing more for the second (the first's block served it)
     small, large = mkl_gemm_block(64, 64, 1024, 4, AVX2), mkl_gemm_block(64, 4096, 1024, 4, AVX2)
-    assert mkl_gemm_held([(64, 64, 1024), (64, 4096, 1024)], 4, AVX2) == [(0, small + G.first_use), (1, large)]
-    assert mkl_gemm_held([(64, 4096, 1024), (4096, 64, 1024)], 4, AVX2) == [(0, large + G.first_use)]
+    assert mkl_gemm_held([Gemm(64, 64, 1024), Gemm(64, 4096, 1024)], AVX2) == [(0, small + G.first_use), (1, large)]
+    assert mkl_gemm_held([Gemm(64, 4096, 1024), Gemm(4096, 64, 1024)], AVX2) == [(0, large + G.first_use)]
     assert abs(small + G.first_use - 166_768) + abs(large - 3_264_496) <= 7_000
 
 
 def test_matmul_and_conv_gemms_by_their_layout() -> None:
     # a Linear's weight (read transposed) gets its gradient in its own layout: out x in, over the batch
     assert matmul_gemms((8, 32), (16, 32), (8, 16), True, True, b_transposed=True) == \
-        ((8, 16, 32, False), (8, 32, 16, True), (16, 32, 8, True))
-    assert matmul_gemms((8, 32), (32, 16), (8, 16), False, True) == ((8, 16, 32, False), (32, 16, 8, True))
+        (Gemm(8, 16, 32), Gemm(8, 32, 16, True), Gemm(16, 32, 8, True))
+    assert matmul_gemms((8, 32), (32, 16), (8, 16), False, True) == (Gemm(8, 16, 32), Gemm(32, 16, 8, True))
     # batched on both sides: one GEMM per matrix; a 2-D right side folds the batch into M
-    assert matmul_gemms((2, 8, 32), (2, 32, 16), (2, 8, 16), False, False) == ((8, 16, 32, False),)
-    assert matmul_gemms((2, 8, 32), (32, 16), (2, 8, 16), False, False) == ((16, 16, 32, False),)
+    assert matmul_gemms((2, 8, 32), (2, 32, 16), (2, 8, 16), False, False) == (Gemm(8, 16, 32),)
+    assert matmul_gemms((2, 8, 32), (32, 16), (2, 8, 16), False, False) == (Gemm(16, 16, 32),)
     # slow_conv2d, one sample: C_out x positions over C x kernel; channels-last swaps rows and columns
     x, w, y = (4, 16, 8, 8), (32, 16, 3, 3), (4, 32, 6, 6)
-    assert slow_conv2d_gemms(x, w, y, True, True) == ((32, 36, 144, False), (144, 36, 32, True),
-                                                      (32, 144, 36, True))
-    assert slow_conv2d_gemms(x, w, y, True, True, channels_last=True) == ((36, 32, 144, False),
-                                                                          (36, 144, 32, True), (144, 32, 36, True))
+    assert slow_conv2d_gemms(x, w, y, True, True) == (Gemm(32, 36, 144), Gemm(144, 36, 32, True),
+                                                      Gemm(32, 144, 36, True))
+    assert slow_conv2d_gemms(x, w, y, True, True, channels_last=True) == (Gemm(36, 32, 144),
+                                                                          Gemm(36, 144, 32, True),
+                                                                          Gemm(144, 32, 36, True))
 
 
 def two_matmuls(first: int, second: int) -> onnx.ModelProto:
@@ -127,6 +200,42 @@ def test_no_blocks_on_cuda_or_under_bf16_autocast(monkeypatch: pytest.MonkeyPatc
     _without_mkl(monkeypatch)
     assert _step(two_matmuls(256, 2048), device="cuda").peak_bytes == cuda.peak_bytes
     assert _step(two_matmuls(256, 2048), precision="amp-bf16").peak_bytes == amp.peak_bytes
+
+
+def attention(b: int = 2, h: int = 4, n: int = 64, e: int = 16) -> onnx.ModelProto:
+    """softmax(q k^T * s) v of trainable q, k, v [b, h, n, e], every node marked as the dynamo exporter marks
+    F.scaled_dot_product_attention (simulated as that op: PyTorch's CPU flash attention)."""
+    fx = ("%sdpa : [num_users=1] = call_function[target=torch.ops.aten.scaled_dot_product_attention.default]"
+          "(args = (%q, %k, %v), kwargs = {})")
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+             oh.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             oh.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
+             oh.make_node("Softmax", ["scaled"], ["probs"], name="softmax", axis=-1),
+             oh.make_node("MatMul", ["probs", "v"], ["out"], name="sdpa")]
+    for node in nodes:
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.fx_node", fx
+    return graphs.model(nodes, [], [graphs.value("out", [b, h, n, e])],
+                        [*(weight(name, [b, h, n, e]) for name in "qkv"),
+                         oh.make_tensor("scale", onnx.TensorProto.FLOAT, [], [0.25])])
+
+
+def test_flash_attention_adds_its_gemms_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # q, k, v [2, 4, 64, 16]: query blocks of 32 rows, one key block of 64. fp32: the scores (32 x 64 over 16) make
+    # a block, the output (32 x 16 over 64) fits in it, the backward's value gradient (64 x 16 over 32) makes a
+    # larger one that the rest fit in. Blocks: MKL's K block 128 for K <= 128.
+    scores, output, value_grad = (G.block + 4 * 128 * (n + 2 * m) for m, n in ((32, 64), (32, 16), (64, 16)))
+    assert output < scores < value_grad
+    fp32 = G.first_use + scores + value_grad
+    # bf16 (autocast): the scores GEMM converts q's block (32 x 16) and k (64 x 16) to fp32 copies, then packs; the
+    # output GEMM's copy of the scores (32 x 64) takes the scores' block, v's copy (64 x 16) k's, its own block is
+    # new; the backward's scores and their gradient (grad_out 32 x 16, v 64 x 16) fit in what is there
+    bf16 = G.low_precision_first_use + 4 * 32 * 16 + 4 * 64 * 16 + scores + output
+    with_mkl = {p: _step(attention(), precision=p).peak_bytes for p in ("fp32", "amp-bf16")}
+    _without_mkl(monkeypatch)
+    without = {p: _step(attention(), precision=p).peak_bytes for p in ("fp32", "amp-bf16")}
+    assert with_mkl["fp32"] - without["fp32"] == fp32
+    assert with_mkl["amp-bf16"] - without["amp-bf16"] == bf16
 
 
 def channels_last_mlp() -> onnx.ModelProto:

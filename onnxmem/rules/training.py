@@ -216,40 +216,73 @@ class OnednnPrimitives:
 
 @dataclass(frozen=True)
 class MklGemmBuffers:
-    """The packing buffers MKL's sgemm takes through malloc (outside PyTorch's allocator: the malloc counter sees
-    them, the profiler does not) and keeps for the process's life. Measured on torch 2.13.0+cpu (MKL 2024.2, AVX2,
+    """The packing buffers MKL's GEMMs take through malloc (outside PyTorch's allocator: the malloc counter sees
+    them, the profiler does not) and keep for the process's life. Measured on torch 2.13.0+cpu (MKL 2024.2, AVX2,
     one thread) with the malloc counter, one fp32 torch.mm per fresh process over M in 1-4096, N in 64-16384,
-    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py): the law below gives every measured block to
-    within 3.5 KB under (24 B under up to about 1 MB, 3,424 B under above). For a GEMM whose output C is M x N
-    (M rows, N contiguous columns; MKL_VERBOSE names them n and m: PyTorch hands MKL the column-major transpose)
-    reducing over K, with MKL's K block kc = `k_block_min` for K <= `k_block_min`, K up to `k_block`, K / 2 up to
-    2 `k_block`, else `k_block`:
+    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py), and MKL's sgemm and gemm_bf16bf16f32 called
+    directly as PyTorch calls them over odd sizes (benchmarks/gemm_buffers.py --direct): the law below gives every
+    measured block to within 3.5 KB under (to the byte up to about 1 MB, 3,424 B under above). For a GEMM whose
+    output C is M x N (M rows, N contiguous columns; MKL_VERBOSE names them n and m: PyTorch hands MKL the
+    column-major transpose) reducing over K, with N rounded up to a multiple of `column_multiple` and MKL's K block
+    kc = `k_block_min` for K <= `k_block_min`, K up to `k_block`, K // 2 up to 2 `k_block`, else `k_block`:
 
         block = `block` + element x kc x (min(N, `columns_max`) + min(`rows_per_row` x M, `rows_max`))
 
     Transposes do not change it; a GEMM with M or N of 1 runs as a matrix-vector product and takes none.
-    MKL keeps each block it frees in its own pool and hands it to any later GEMM that fits: a GEMM larger than
-    every block made before makes a new one, and the smaller blocks stay (measured: 64x4096x1024 then
-    4096x4096x1024 in one process holds both blocks, 3.27 + 3.75 MB). So a step holds the sum of the blocks of
-    the GEMMs that are each larger than all before them, from that GEMM on, and a later step holds them all from its
-    start; plus `first_use` bytes the first GEMM of a process takes once. MKL never returns them (mkl_free_buffers
-    would; PyTorch does not call it). Checked against MKL_VERBOSE's list of a training step's sgemm calls: ResNet-50,
-    timm's ConvNeXt-atto and GPT-2 give the same blocks from the graph as from the calls.
+    MKL keeps each buffer it frees in its own pool and hands it to any later request it fits (the smallest that
+    fits): a GEMM larger than every block made before makes a new one, and the smaller blocks stay (measured:
+    64x4096x1024 then 4096x4096x1024 in one process holds both blocks, 3.27 + 3.75 MB). So a step holds the blocks
+    of the GEMMs that are each larger than all before them, from that GEMM on, and a later step holds them all from
+    its start; plus `first_use` bytes the first GEMM of a process takes once (through torch.mm). MKL never returns
+    them (mkl_free_buffers would; PyTorch does not call it). Checked against MKL_VERBOSE's list of a training
+    step's sgemm calls: ResNet-50, timm's ConvNeXt-atto and GPT-2 give the same blocks from the graph as from the
+    calls.
 
-    Only fp32 (sgemm): bf16 GEMMs (MKL's gemm_bf16bf16f32 under autocast on AVX2) were measured to keep no block
-    (2,248 B, the first use, at 64-1024); fp16 not measured. With T threads each thread packs its own block
-    (measured 1.71 MB at two threads for a 0.90 MB block at one): the rule is for one thread, as the benchmarks
-    run; an AVX-512 CPU's MKL blocks differently (not measured: taken as AVX2's).
+    bf16 operands into an fp32 result (MKL's gemm_bf16bf16f32, which PyTorch calls only where the result is fp32:
+    flash attention's GEMMs, CpuFlashAttention; a bf16 torch.mm or Linear under autocast runs elsewhere and keeps
+    nothing) are converted to fp32 first: the GEMM asks the pool for a copy of MKL's A (column-major: the row-major
+    B), one of its B, then the block (each copy its stored rows x its contiguous dim rounded up to a multiple of
+    `converted_multiple`, in fp32), the smallest free buffer that fits each; the process's first such GEMM takes
+    `low_precision_first_use` once (`low_precision_first_use_after_fp32` where an sgemm ran before). Measured over
+    21 shapes and 8 sequences of both kinds in one process: every figure to the byte up to 1 MB, within 11.5 KB
+    above. fp16 not measured.
+    With T threads each thread packs its own block (measured 1.71 MB at two threads for a 0.90 MB block at one):
+    the rule is for one thread, as the benchmarks run; an AVX-512 CPU's MKL blocks differently (not measured:
+    taken as AVX2's).
     """
 
     first_use: int = 2_248
     block: int = 17_064
     k_block: int = 192
     k_block_min: int = 128
+    column_multiple: int = 16
     columns_max: int = 6_400
     rows_per_row: int = 2
     rows_max: int = 768
     element_bytes: tuple[int, ...] = (4,)
+    low_precision_element_bytes: tuple[int, ...] = (2,)  # bf16 (gemm_bf16bf16f32)
+    low_precision_first_use: int = 8_472
+    low_precision_first_use_after_fp32: int = 4_336
+    converted_multiple: int = 4
+
+
+@dataclass(frozen=True)
+class CpuFlashAttention:
+    """The GEMMs of PyTorch's CPU flash attention (F.scaled_dot_product_attention without dropout), which run in
+    MKL (sgemm in fp32, gemm_bf16bf16f32 in bf16: MklGemmBuffers). Per batch and head, the queries go in blocks of
+    `q_split` rows (the first `q_split_by_length` entry whose length the query length reaches, else
+    `q_split_min`; the last block the rest), the keys in blocks of `kv_split` (the last the rest); per pair of
+    blocks the forward runs the scores (q_block k_block^T) and the output (scores v_block), the backward recomputes
+    the scores, then the value's gradient (scores^T grad_out), the scores' gradient (grad_out v_block^T), the
+    query's (grad_scores k_block) and the key's (grad_scores^T q_block). In bf16 the backward runs only the scores
+    and their gradient in MKL (the rest accumulates elsewhere). Read from MKL_VERBOSE over query lengths 65, 70,
+    300, 800 and key lengths 65, 300, 600, 800 (torch 2.13.0+cpu, one thread)."""
+
+    q_split_by_length: tuple[tuple[int, int], ...] = ((768, 256), (192, 64))
+    q_split_min: int = 32
+    kv_split: int = 512
+    backward_fp32: tuple[str, ...] = ("scores", "value_grad", "scores_grad", "query_grad", "key_grad")
+    backward_low_precision: tuple[str, ...] = ("scores", "scores_grad")
 
 
 @dataclass(frozen=True)
@@ -259,7 +292,8 @@ class CpuIsa:
     channel_block: int  # oneDNN's blocked layout pads channels (axis 1) to this multiple
     mkldnn_element_bytes: tuple[int, ...]  # element sizes whose convolutions run in oneDNN (others: slow_conv2d)
     primitives: OnednnPrimitives = OnednnPrimitives()  # the heap each cached oneDNN primitive keeps
-    gemm: MklGemmBuffers = MklGemmBuffers()  # MKL's sgemm packing buffers, kept for the process's life
+    gemm: MklGemmBuffers = MklGemmBuffers()  # MKL's GEMM packing buffers, kept for the process's life
+    flash_attention: CpuFlashAttention = CpuFlashAttention()  # the GEMMs flash attention runs in MKL
 
 
 # By the CPU the training runs on (TrainingOptions.cpu_isa; detect_cpu_isa for the machine onnxmem runs on):
