@@ -1446,6 +1446,21 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
                 backward = differentiable[n] and any(needs_grad[t] for t in inputs[:3])
                 made[n] = flash_attention_gemms(q, k, v, backward, element, options.isa)
             continue
+        if node.op_type == "aten::scaled_dot_product_attention(dropout)" and len(inputs) >= 3 and inputs[2] >= 0:
+            # the math path: two batched matmuls, in fp32 on CPU under autocast too (rules.training's
+            # "scaled_dot_product_attention(dropout)"; MKL_VERBOSE shows sgemm), bf16 in a bf16 step (none)
+            q, k, v = (_known_shape(values[t]) for t in inputs[:3])
+            if q is not None and k is not None and v is not None and min(len(q), len(k), len(v)) >= 2 \
+                    and options.precision != "bf16":
+                backward = differentiable[n] and any(needs_grad[t] for t in inputs[:3])
+                batch, length, keys = q[:-2], q[-2], k[-2]
+                scores = matmul_gemms((*batch, length, q[-1]), (*batch, q[-1], keys), (*batch, length, keys),
+                                      backward, backward)
+                output = matmul_gemms((*batch, length, keys), (*batch, keys, v[-1]), (*batch, length, v[-1]),
+                                      backward, backward)
+                made[n] = (*(g for g in scores + output if not g.backward),
+                           *(g for g in output + scores if g.backward))
+            continue
         out = values[node.outputs[0]]
         if low or not out.numel or out.nbytes // out.numel not in options.isa.gemm.element_bytes:
             continue

@@ -202,22 +202,26 @@ def test_no_blocks_on_cuda_or_under_bf16_autocast(monkeypatch: pytest.MonkeyPatc
     assert _step(two_matmuls(256, 2048), precision="amp-bf16").peak_bytes == amp.peak_bytes
 
 
-def attention(b: int = 2, h: int = 4, n: int = 64, e: int = 16) -> onnx.ModelProto:
+def attention(b: int = 2, h: int = 4, n: int = 64, e: int = 16, dropout: bool = False) -> onnx.ModelProto:
     """softmax(q k^T * s) v of trainable q, k, v [b, h, n, e], every node marked as the dynamo exporter marks
-    F.scaled_dot_product_attention (simulated as that op: PyTorch's CPU flash attention)."""
+    F.scaled_dot_product_attention (simulated as that op: PyTorch's CPU flash attention; with a Dropout of the
+    probabilities, its math path)."""
     fx = ("%sdpa : [num_users=1] = call_function[target=torch.ops.aten.scaled_dot_product_attention.default]"
           "(args = (%q, %k, %v), kwargs = {})")
     nodes = [oh.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
              oh.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
              oh.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
-             oh.make_node("Softmax", ["scaled"], ["probs"], name="softmax", axis=-1),
+             oh.make_node("Softmax", ["scaled"], ["p0" if dropout else "probs"], name="softmax", axis=-1),
+             *([oh.make_node("Dropout", ["p0", "ratio", "on"], ["probs"], name="drop")] if dropout else []),
              oh.make_node("MatMul", ["probs", "v"], ["out"], name="sdpa")]
     for node in nodes:
         entry = node.metadata_props.add()
         entry.key, entry.value = "pkg.torch.onnx.fx_node", fx
     return graphs.model(nodes, [], [graphs.value("out", [b, h, n, e])],
                         [*(weight(name, [b, h, n, e]) for name in "qkv"),
-                         oh.make_tensor("scale", onnx.TensorProto.FLOAT, [], [0.25])])
+                         oh.make_tensor("scale", onnx.TensorProto.FLOAT, [], [0.25]),
+                         oh.make_tensor("ratio", onnx.TensorProto.FLOAT, [], [0.1]),
+                         oh.make_tensor("on", onnx.TensorProto.BOOL, [], [True])])
 
 
 def test_flash_attention_adds_its_gemms_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,6 +240,20 @@ def test_flash_attention_adds_its_gemms_buffers(monkeypatch: pytest.MonkeyPatch)
     without = {p: _step(attention(), precision=p).peak_bytes for p in ("fp32", "amp-bf16")}
     assert with_mkl["fp32"] - without["fp32"] == fp32
     assert with_mkl["amp-bf16"] - without["amp-bf16"] == bf16
+
+
+def test_attention_with_dropout_adds_its_batched_matmuls_blocks_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The math path's matmuls (q k^T: 64 x 64 over 16; probabilities v: 64 x 16 over 64; their gradients) run in
+    # fp32 sgemm under bf16 autocast too (MKL_VERBOSE: SGEMM_BATCH): the scores' block is the largest; the
+    # backward's (64 x 64 over 16, 64 x 16 over 64, 16 x 64 over 64) fit in it
+    scores = G.block + 4 * 128 * (64 + 2 * 64)
+    assert all(G.block + 4 * 128 * (n + 2 * m) <= scores for m, n in ((64, 16), (16, 64)))
+    with_mkl = {p: _step(attention(dropout=True), precision=p).peak_bytes for p in ("fp32", "amp-bf16", "bf16")}
+    _without_mkl(monkeypatch)
+    without = {p: _step(attention(dropout=True), precision=p).peak_bytes for p in ("fp32", "amp-bf16", "bf16")}
+    assert with_mkl["fp32"] - without["fp32"] == G.first_use + scores
+    assert with_mkl["amp-bf16"] - without["amp-bf16"] == G.first_use + scores
+    assert with_mkl["bf16"] == without["bf16"]  # bf16 bmm: not in MKL
 
 
 def channels_last_mlp() -> onnx.ModelProto:
