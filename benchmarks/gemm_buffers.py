@@ -19,8 +19,9 @@ share MKL's pool); then F.scaled_dot_product_attention's forward and backward (P
 fresh process, fp32 and bf16, against mkl_gemm_held of flash_attention_gemms.
 
 --gelu: the exact GELU's oneDNN eltwise primitives (rules.training.OnednnPrimitives.eltwise_gelu_*): in one process
-(after a GELU of one shape, autograd's first-time work), per new shape, the heap its forward and its backward (dense
-output gradient) leave, less what a GELU of a shape already seen leaves.
+(after autograd's first-time work, then a first GELU whose extra over a later shape is the first use), per new
+shape, the heap its forward and its backward (dense output gradient) leave, less what a GELU of a shape already seen
+leaves.
 
 Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu | --direct]
 """
@@ -116,7 +117,9 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
             gc.collect()
             return forward, counter.mc_current() - base
 
-        once((5,))
+        warm = torch.randn(4, 4, requires_grad=True)
+        (warm * 2).backward(torch.ones(4, 4))  # autograd's first-time work (a non-scalar root: 12 MB once)
+        print("@@", *once((3, 7)), flush=True)  # the process's first GELU
         for shape in spec:
             (forward, kept), (forward_again, kept_again) = once(tuple(shape)), once(tuple(shape))
             print("@@", forward - forward_again, kept - kept_again, flush=True)
@@ -317,9 +320,17 @@ def main() -> None:
         print("| shape | forward | forward + backward | rule | rule - measured |")
         print("|---|---:|---:|---:|---:|")
         rule = sizes.eltwise_gelu_forward + sizes.eltwise_gelu_backward
-        for shape, line in zip(GELU_SHAPES, (x for x in lines if x.startswith("@@")), strict=True):
+        found = [line for line in lines if line.startswith("@@")]
+        kept_each = []
+        for shape, line in zip(GELU_SHAPES, found[1:], strict=True):
             forward, kept = map(int, line.split()[1:])
+            kept_each.append(kept)
             print(f"| {'x'.join(map(str, shape))} | {forward:,} | {kept:,} | {rule:,} | {rule - kept:+,} |")
+        first_forward, first_kept = map(int, found[0].split()[1:])
+        extra = first_kept - sorted(kept_each)[len(kept_each) // 2]
+        print(f"\nthe process's first GELU (3x7): forward {first_forward:,} B, forward + backward {first_kept:,} B: "
+              f"{extra:,} B over the median new shape; rule (eltwise_gelu_first_use): "
+              f"{sizes.eltwise_gelu_first_use:,} B ({sizes.eltwise_gelu_first_use - extra:+,})")
         return
     first = ISA.gemm.first_use
     print(f"MKL sgemm packing buffers, torch fp32 on CPU, {threads} thread(s); heap left by the GEMMs "

@@ -1317,9 +1317,9 @@ def _gelu_primitives(node: _Node, nodes: list[_Node], values: list[_Value], need
                      channels_last: set[int], options: TrainingOptions) \
         -> tuple[tuple[tuple[object, ...], int, bool], ...]:
     """Give the oneDNN eltwise primitives an exact GELU creates on CPU (OnednnPrimitives.eltwise_gelu_*): one for
-    its forward and one for its backward, keyed by its shape; none where ATen does not call oneDNN (a channels-last
-    or one-element input, bf16, fp16). The graph keeps no attributes: a Gelu is taken as the exact (erf) one,
-    nn.GELU's default (a tanh one creates none: at most 32.8 KB over per shape)."""
+    its forward and one for its backward, keyed by its shape, and the process's first GELU's extra; none where ATen
+    does not call oneDNN (a channels-last or one-element input, bf16, fp16). The graph keeps no attributes: a Gelu
+    is taken as the exact (erf) one, nn.GELU's default (a tanh one creates none: at most 32.8 KB over per shape)."""
     if node.op_type not in GELU_OPS or node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] < 0:
         return ()
     x = values[node.inputs[0]]
@@ -1337,7 +1337,10 @@ def _gelu_primitives(node: _Node, nodes: list[_Node], values: list[_Value], need
             or node.inputs[0] in channels_last:
         return ()
     sizes = options.isa.primitives
-    made: list[tuple[tuple[object, ...], int, bool]] = [(("eltwise gelu forward", shape), sizes.eltwise_gelu_forward,
+    # the first-use key is the same for every GELU: counted once, at the first GELU's forward
+    made: list[tuple[tuple[object, ...], int, bool]] = [(("eltwise gelu first use",), sizes.eltwise_gelu_first_use,
+                                                         False),
+                                                        (("eltwise gelu forward", shape), sizes.eltwise_gelu_forward,
                                                          False)]
     if backward and needs_grad[node.inputs[0]]:
         made.append((("eltwise gelu backward", shape), sizes.eltwise_gelu_backward, True))
