@@ -1440,29 +1440,11 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
         if len(inputs) < 2 or min(inputs[:2]) < 0 or not node.outputs or node.outputs[0] < 0:
             continue
         low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
-        if node.op_type == "aten::scaled_dot_product_attention" and len(inputs) >= 3 and inputs[2] >= 0:
-            q, k, v = (_known_shape(values[t]) for t in inputs[:3])
-            # bf16 under autocast to bf16 or in a bf16 step (2 bytes); fp16 under autocast is not measured (0)
-            element = (2 if options.precision == "amp-bf16" else 0) if low \
-                else values[inputs[0]].nbytes // max(values[inputs[0]].numel or 1, 1)
-            if q is not None and k is not None and v is not None and min(len(q), len(k), len(v)) >= 2:
-                backward = differentiable[n] and any(needs_grad[t] for t in inputs[:3])
-                made[n] = flash_attention_gemms(q, k, v, backward, element, options.isa)
-            continue
-        if node.op_type == "aten::scaled_dot_product_attention(dropout)" and len(inputs) >= 3 and inputs[2] >= 0:
-            # the math path: two batched matmuls, in fp32 on CPU under autocast too (rules.training's
-            # "scaled_dot_product_attention(dropout)"; MKL_VERBOSE shows sgemm), bf16 in a bf16 step (none)
-            q, k, v = (_known_shape(values[t]) for t in inputs[:3])
-            if q is not None and k is not None and v is not None and min(len(q), len(k), len(v)) >= 2 \
-                    and options.precision != "bf16":
-                backward = differentiable[n] and any(needs_grad[t] for t in inputs[:3])
-                batch, length, keys = q[:-2], q[-2], k[-2]
-                scores = matmul_gemms((*batch, length, q[-1]), (*batch, q[-1], keys), (*batch, length, keys),
-                                      backward, backward)
-                output = matmul_gemms((*batch, length, keys), (*batch, keys, v[-1]), (*batch, length, v[-1]),
-                                      backward, backward)
-                made[n] = (*(g for g in scores + output if not g.backward),
-                           *(g for g in output + scores if g.backward))
+        if node.op_type.startswith("aten::scaled_dot_product_attention"):
+            attention = _attention_gemms(node, values, differentiable[n] and any(needs_grad[t] for t in inputs[:3]),
+                                         low, options)
+            if attention:
+                made[n] = attention
             continue
         out = values[node.outputs[0]]
         if low or not out.numel or out.nbytes // out.numel not in options.isa.gemm.element_bytes:
@@ -1486,6 +1468,30 @@ def _cpu_gemms(nodes: list[_Node], values: list[_Value], needs_grad: list[bool],
         if gemms:
             made[n] = gemms
     return made
+
+
+def _attention_gemms(node: _Node, values: list[_Value], backward: bool, low: bool,
+                     options: TrainingOptions) -> tuple[Gemm, ...]:
+    """Give the MKL GEMMs of an aten::scaled_dot_product_attention node (q, k, v [, mask]): flash attention's
+    (flash_attention_gemms) in the dtype it runs in (bf16 under autocast to bf16 or in a bf16 step; fp16 under
+    autocast is not measured: none); with dropout, the math path's two batched matmuls, in fp32 on CPU under
+    autocast too (rules.training's "scaled_dot_product_attention(dropout)"; MKL_VERBOSE shows sgemm), none in a
+    bf16 step."""
+    if len(node.inputs) < 3 or min(node.inputs[:3]) < 0:
+        return ()
+    q, k, v = (_known_shape(values[t]) for t in node.inputs[:3])
+    if q is None or k is None or v is None or min(len(q), len(k), len(v)) < 2:
+        return ()
+    if node.op_type == "aten::scaled_dot_product_attention":
+        x = values[node.inputs[0]]
+        element = (2 if options.precision == "amp-bf16" else 0) if low else x.nbytes // max(x.numel or 1, 1)
+        return flash_attention_gemms(q, k, v, backward, element, options.isa)
+    if options.precision == "bf16":
+        return ()
+    batch, length, keys = q[:-2], q[-2], k[-2]
+    scores = matmul_gemms((*batch, length, q[-1]), (*batch, q[-1], keys), (*batch, length, keys), backward, backward)
+    output = matmul_gemms((*batch, length, keys), (*batch, keys, v[-1]), (*batch, length, v[-1]), backward, backward)
+    return (*(g for g in scores + output if not g.backward), *(g for g in output + scores if g.backward))
 
 
 def matmul_gemms(a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...], input_grad: bool,
