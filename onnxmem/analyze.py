@@ -152,7 +152,7 @@ def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: 
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
-    plan_shapes = planner_shapes(graph, symbolic, loaded.proto)
+    plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                   (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
                   given if loaded is not given else None)
@@ -293,9 +293,11 @@ def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDi
 
 
 def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
-                   model: onnx.ModelProto | None = None) -> list[tuple[Dim, ...] | None] | None:
+                   model: onnx.ModelProto | None = None, data: bytes | None = None) -> \
+        list[tuple[Dim, ...] | None] | None:
     """Give, per tensor of the graph, its shape as the planner sees it (see planner_types; `model`: the model the
-    graph is of, whose declared 'unk__N' names onnxruntime keeps: planner.runtime_view)."""
+    graph is of, whose declared 'unk__N' names onnxruntime keeps: planner.runtime_view; `data`: its bytes as read,
+    where the caller has them)."""
     if symbolic is None:
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
@@ -309,7 +311,8 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
         else:
             if declared is None and model is not None and shape is not None and \
                     any(isinstance(d, str) and d.startswith("unk__") for d in shape):
-                declared = declared_dim_names(model)
+                # (bytes that hold no 'unk__' declare none: a search instead of a walk of every declared dim)
+                declared = frozenset() if data is not None and b"unk__" not in data else declared_dim_names(model)
             view = views[shape] = runtime_view(shape, declared or ())
         shapes.append(view)
     return shapes

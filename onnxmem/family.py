@@ -186,7 +186,7 @@ class ModelFamily:
             if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
-        plan_shapes = planner_shapes(graph, symbolic, self.loaded.proto)
+        plan_shapes = planner_shapes(graph, symbolic, self.loaded.proto, self.loaded.data)
         order = self.options.get("order", DEFAULT_ORDER)
         steps = execution_order(graph, order, rules)
         prepared = lifetimes(graph, steps, rules)  # size-free: kept for the reports at other values

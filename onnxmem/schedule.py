@@ -9,7 +9,7 @@ from .cuda_placement import MEMCPY_OPS, MEMCPY_PREFIX
 from .errors import ModelFileError
 from .graph import ModelGraph
 from .qdq import DUPLICATED_SUFFIX
-from .transforms import INSERTED_CAST_PREFIX, inlined_node_rank
+from .transforms import INLINED_NODE_PREFIX, INSERTED_CAST_PREFIX, inlined_node_rank
 
 
 def model_order(graph: ModelGraph) -> list[int]:
@@ -89,8 +89,8 @@ def ort_order(graph: ModelGraph) -> list[int]:
             inserted.append(op.index)
         elif op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name:
             duplicates.append(op.index)
-        elif (seq := inlined_node_rank(op.name)) is not None:
-            inlined.append((seq, op.index))
+        elif op.name.startswith(INLINED_NODE_PREFIX) and (seq := inlined_node_rank(op.name)) is not None:
+            inlined.append((seq, op.index))  # (the call only for such names: a graph may have 100k others)
     skip = set(constants)
     if duplicates:
         by_name = {op.name: op.index for op in ops}
