@@ -1600,10 +1600,11 @@ def _channels_last(nodes: list[_Node], values: list[_Value]) -> set[int]:
 
 def mkl_gemm_block(m: int, n: int, k: int, element_bytes: int = 4, isa: CpuIsa | None = None) -> int:
     """Give the bytes of the packing block MKL takes for an M x N output over K (rules.training.MklGemmBuffers);
-    0 for a matrix-vector product or a dtype MKL's GEMMs do not run. bf16 operands (`element_bytes` 2) are
-    packed as fp32, so their block is fp32's."""
+    0 for a small-matrix GEMM (a matrix-vector product among them) or a dtype MKL's GEMMs do not run. bf16
+    operands (`element_bytes` 2) are packed as fp32, so their block is fp32's."""
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
-    if min(m, n) <= 1 or k < 1 or element_bytes not in rule.element_bytes + rule.low_precision_element_bytes:
+    if m < rule.rows_min or n < rule.columns_min or k < 1 \
+            or element_bytes not in rule.element_bytes + rule.low_precision_element_bytes:
         return 0
     if k <= rule.k_block_min:
         kc = rule.k_block_min
@@ -1622,7 +1623,7 @@ def mkl_gemm_requests(gemm: Gemm, isa: CpuIsa | None = None) -> list[int]:
     first an fp32 copy of B and one of A (rules.training.MklGemmBuffers). None for a matrix-vector product."""
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
     block = mkl_gemm_block(gemm.m, gemm.n, gemm.k, 2 if gemm.low_precision else 4, isa)
-    if not block or not gemm.low_precision:
+    if not gemm.low_precision or min(gemm.m, gemm.n) <= 1:
         return [block] if block else []
 
     def converted(rows: int, contiguous: int) -> int:
@@ -1630,7 +1631,8 @@ def mkl_gemm_requests(gemm: Gemm, isa: CpuIsa | None = None) -> list[int]:
 
     a = converted(gemm.k, gemm.m) if gemm.a_transposed else converted(gemm.m, gemm.k)
     b = converted(gemm.n, gemm.k) if gemm.b_transposed else converted(gemm.k, gemm.n)
-    return [b, a, block]  # MKL's A (column-major) is B here: converted first
+    # MKL's A (column-major) is B here: converted first; a small-matrix GEMM converts without a block (measured)
+    return [b, a, block] if block else [b, a]
 
 
 def mkl_gemm_held(gemms: Sequence[Gemm], isa: CpuIsa | None = None) -> list[tuple[int, int]]:

@@ -233,7 +233,8 @@ class MklGemmBuffers:
 
         block = `block` + element x kc x (min(N, `columns_max`) + min(`rows_per_row` x M, `rows_max`))
 
-    Transposes do not change it; a GEMM with M or N of 1 runs as a matrix-vector product and takes none.
+    Transposes do not change it; a GEMM with M under `rows_min` or N under `columns_min` runs MKL's small-matrix
+    path and takes none (measured: M of 1-3, N of 1-11, at K of 64-1024 and N up to 4,000).
     MKL keeps each buffer it frees in its own pool and hands it to any later request it fits (the smallest that
     fits): a GEMM larger than every block made before makes a new one, and the smaller blocks stay (measured:
     64x4096x1024 then 4096x4096x1024 in one process holds both blocks, 3.27 + 3.75 MB). So a step holds the blocks
@@ -258,6 +259,8 @@ class MklGemmBuffers:
 
     first_use: int = 2_248
     block: int = 17_064
+    rows_min: int = 4
+    columns_min: int = 12
     k_block: int = 192
     k_block_min: int = 128
     column_multiple: int = 16
