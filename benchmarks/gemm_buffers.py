@@ -18,12 +18,17 @@ sequences of both kinds in one process, against mkl_gemm_held (bf16 operands are
 share MKL's pool); then F.scaled_dot_product_attention's forward and backward (PyTorch's CPU flash attention) per
 fresh process, fp32 and bf16, against mkl_gemm_held of flash_attention_gemms.
 
+--lstm: oneDNN's LSTM primitives (rules.training.OnednnPrimitives.lstm_*): one training step of nn.LSTM per fresh
+process (after autograd's first-time work), the heap it leaves, over layers, directions and sizes, against the
+rule: the first use, one per (input features, hidden, direction), one weight reorder per input width other than the
+hidden size.
+
 --gelu: the exact GELU's oneDNN eltwise primitives (rules.training.OnednnPrimitives.eltwise_gelu_*): in one process
 (after autograd's first-time work, then a first GELU whose extra over a later shape is the first use), per new
 shape, the heap its forward and its backward (dense output gradient) leave, less what a GELU of a shape already seen
 leaves.
 
-Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu | --direct]
+Run: python benchmarks/gemm_buffers.py [--threads N] [--gelu | --direct | --lstm]
 """
 
 from __future__ import annotations
@@ -126,6 +131,21 @@ def child(kind: str, spec: list, threads: int) -> None:  # type: ignore[type-arg
         return
     if kind == "direct":
         _direct_child(spec, counter)
+        return
+    if kind == "lstm":
+        batch, steps, features, hidden, layers, directions = spec
+        (torch.ones(2, requires_grad=True) * 2).sum().backward()  # autograd's first-time work
+        torch.manual_seed(0)
+        lstm = nn.LSTM(features, hidden, num_layers=layers, bidirectional=directions == 2)
+        x = torch.randn(steps, batch, features, requires_grad=True)
+        gc.collect()
+        base = counter.mc_current()
+        lstm(x)[0].sum().backward()
+        for parameter in lstm.parameters():
+            parameter.grad = None
+        x.grad = None
+        gc.collect()
+        print("@@", counter.mc_current() - base, flush=True)
         return
     if kind == "sdpa":
         import torch.nn.functional as F  # noqa: N812
@@ -278,6 +298,34 @@ def _direct(threads: int) -> None:
               f"| {rule:,} | {rule - measured:+,} |")
 
 
+# (batch, steps, input features, hidden, layers, directions)
+LSTMS = [(8, 16, 32, 64, 1, 1), (4, 16, 32, 64, 1, 1), (8, 32, 32, 64, 1, 1), (8, 16, 64, 64, 1, 1),
+         (8, 16, 32, 32, 1, 1), (8, 16, 32, 128, 1, 1), (8, 16, 48, 96, 1, 1), (8, 16, 100, 200, 1, 1),
+         (8, 16, 24, 40, 1, 1), (2, 4, 8, 16, 1, 1), (8, 16, 32, 64, 2, 1), (8, 16, 64, 64, 2, 1),
+         (8, 16, 32, 64, 3, 1), (8, 16, 100, 200, 2, 1), (8, 16, 32, 64, 1, 2), (8, 16, 64, 64, 1, 2),
+         (8, 16, 32, 64, 2, 2)]
+
+
+def _lstm(threads: int) -> None:
+    """Print the --lstm table."""
+    sizes = ISA.primitives
+    print(f"nn.LSTM, fp32, {threads} thread(s): the heap one training step leaves in a fresh process (malloc "
+          "counter)\n")
+    print("| batch | steps | features | hidden | layers | directions | measured | rule | rule - measured |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    gaps = []
+    for batch, steps, features, hidden, layers, directions in LSTMS:
+        measured = _in_child("lstm", [batch, steps, features, hidden, layers, directions], threads)
+        widths = [features] + [directions * hidden] * (layers - 1)
+        rule = sizes.lstm_first_use + sizes.lstm_direction * directions * len(set(widths)) \
+            + sizes.lstm_weights_reorder * len({w for w in widths if w != hidden})
+        gaps.append(rule - measured)
+        print(f"| {batch} | {steps} | {features} | {hidden} | {layers} | {directions} | {measured:,} | {rule:,} "
+              f"| {rule - measured:+,} |")
+    gaps.sort()
+    print(f"\nrule - measured: from {gaps[0]:+,} to {gaps[-1]:+,} B")
+
+
 def _layer_gemms(kind: str, spec: list) -> list[Gemm]:  # type: ignore[type-arg]
     if kind.startswith("linear"):
         batch, width, out = spec
@@ -302,6 +350,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gelu", action="store_true")
     parser.add_argument("--direct", action="store_true", help="MKL called directly over odd sizes; flash attention")
+    parser.add_argument("--lstm", action="store_true", help="oneDNN's LSTM primitives")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "SPEC", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -310,6 +359,9 @@ def main() -> None:
     threads = args.threads
     if args.direct:
         _direct(threads)
+        return
+    if args.lstm:
+        _lstm(threads)
         return
     if args.gelu:
         environment = dict(os.environ)

@@ -1210,8 +1210,9 @@ def _convolution_shapes(node: _Node, values: list[_Value], options: TrainingOpti
 
 def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[bool], differentiable: list[bool],
                     options: TrainingOptions) -> dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]]:
-    """Give, per Conv node on CPU, the oneDNN primitives its forward and backward create
-    (cpu_convolution_primitives): cached by oneDNN, they are counted once per distinct key (_primitive_buffers)."""
+    """Give, per node on CPU, the oneDNN primitives its forward and backward create (a Conv's:
+    cpu_convolution_primitives; an exact GELU's: _gelu_primitives; an LSTM's: _lstm_primitives): cached by oneDNN,
+    they are counted once per distinct key (_primitive_buffers)."""
     if options.device != "cpu":
         return {}
     made = {}
@@ -1222,6 +1223,12 @@ def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[b
             made[n] = gelu
             continue
         rule = _rule(node.op_type, node.domain)
+        if rule is not None and rule.recurrent == "LSTM":
+            lstm = _lstm_primitives(node, values, differentiable[n] and any(
+                needs_grad[t] for t in node.inputs[:3] if t >= 0), options)
+            if lstm:
+                made[n] = lstm
+            continue
         if rule is None or not rule.cpu_convolution:
             continue
         known = _convolution_shapes(node, values, options)
@@ -1235,6 +1242,27 @@ def _cpu_primitives(nodes: list[_Node], values: list[_Value], needs_grad: list[b
         if primitives:
             made[n] = primitives
     return made
+
+
+def _lstm_primitives(node: _Node, values: list[_Value], backward: bool, options: TrainingOptions) \
+        -> tuple[tuple[tuple[object, ...], int, bool], ...]:
+    """Give the oneDNN primitives an LSTM node's training step creates on CPU (OnednnPrimitives.lstm_*): the
+    process's first use, one per (input features, hidden, direction), one weight reorder where the input width is
+    not the hidden size; all from its forward (measured as a whole: forward and backward). None where its backward
+    does not run (an inference primitive: not measured) or its dims or an fp32 step are not known."""
+    dims = _node_recurrent_dims(node, values)
+    x = values[node.inputs[0]] if node.inputs and node.inputs[0] >= 0 else None
+    if not backward or dims is None or x is None or not x.numel or x.nbytes // x.numel != 4:
+        return ()
+    _, directions, _, features, hidden = dims
+    if not features or not hidden:
+        return ()
+    sizes = options.isa.primitives
+    made: list[tuple[tuple[object, ...], int, bool]] = [(("lstm first use",), sizes.lstm_first_use, False)]
+    made += [(("lstm", features, hidden, direction), sizes.lstm_direction, False) for direction in range(directions)]
+    if features != hidden:
+        made.append((("lstm weights reorder", features, hidden), sizes.lstm_weights_reorder, False))
+    return tuple(made)
 
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,

@@ -368,3 +368,47 @@ def test_with_gradient_accumulation_the_micro_step_starts_with_the_blocks(monkey
     first = with_mkl.first_step.phases[0].end_bytes - without.first_step.phases[0].end_bytes
     later = with_mkl.later_step.phases[0].end_bytes - without.later_step.phases[0].end_bytes
     assert first == later > 0
+
+
+def stacked_lstm(features: int, hidden: int, layers: int, directions: int = 1) -> onnx.ModelProto:
+    """`layers` LSTM nodes over X [6, 4, features] (batch 4), each layer's Y [6, D, 4, H] reshaped to the next
+    layer's input [6, 4, D x H], as nn.LSTM(num_layers=layers, bidirectional=directions == 2) exports."""
+    nodes, inputs, weights = [], "x", []
+    for layer in range(layers):
+        width = features if layer == 0 else directions * hidden
+        nodes += [oh.make_node("LSTM", [inputs, f"W{layer}", f"R{layer}"], [f"y{layer}"], name=f"lstm{layer}",
+                               hidden_size=hidden, direction="bidirectional" if directions == 2 else "forward"),
+                  oh.make_node("Transpose", [f"y{layer}"], [f"t{layer}"], name=f"t{layer}", perm=[0, 2, 1, 3]),
+                  oh.make_node("Reshape", [f"t{layer}", "shape"], [f"h{layer}"], name=f"r{layer}")]
+        weights += [weight(f"W{layer}", [directions, 4 * hidden, width]),
+                    weight(f"R{layer}", [directions, 4 * hidden, hidden])]
+        inputs = f"h{layer}"
+    return graphs.model(nodes, [graphs.value("x", [6, 4, features])],
+                        [graphs.value(inputs, [6, 4, directions * hidden])],
+                        [*weights, oh.make_tensor("shape", onnx.TensorProto.INT64, [3], [6, 4, directions * hidden])])
+
+
+def _without_lstm_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
+    zero = dataclasses.replace(AVX2.primitives, lstm_first_use=0, lstm_direction=0, lstm_weights_reorder=0)
+    monkeypatch.setitem(CPU_ISAS, "avx2", dataclasses.replace(AVX2, primitives=zero))
+
+
+@pytest.mark.parametrize(("features", "hidden", "layers", "directions", "descriptors", "reorders"), [
+    (32, 64, 1, 1, 1, 1),  # measured 543,952 B
+    (64, 64, 2, 1, 1, 0),  # the second layer's primitives are the first's (measured 521,280 B in all)
+    (32, 64, 2, 1, 2, 1),  # the second layer reads 64 features: a new descriptor (measured 722,224 B)
+    (32, 64, 2, 2, 4, 2),  # two directions each; the second layer reads 128 features (measured 1,103,104 B)
+])
+def test_an_lstm_keeps_its_onednn_primitives(monkeypatch: pytest.MonkeyPatch, features: int, hidden: int,
+                                              layers: int, directions: int, descriptors: int,
+                                              reorders: int) -> None:
+    sizes = AVX2.primitives
+    expected = sizes.lstm_first_use + descriptors * sizes.lstm_direction + reorders * sizes.lstm_weights_reorder
+    model = stacked_lstm(features, hidden, layers, directions)
+    with_primitives = _step(model)
+    cuda = _step(model, device="cuda")
+    _without_lstm_primitives(monkeypatch)
+    without = _step(model)
+    start = with_primitives.later_step.phases[0].end_bytes - without.later_step.phases[0].end_bytes
+    assert start == expected
+    assert _step(model, device="cuda").peak_bytes == cuda.peak_bytes

@@ -217,6 +217,18 @@ class OnednnPrimitives:
     # autograd's first-time work (benchmarks/gemm_buffers.py --gelu): 36,704-38,176 B over two shapes; 33,600 B after
     # a convolution's primitives (torchvision's ViT: its patch embedding comes first)
     eltwise_gelu_first_use: int = 36_700
+    # oneDNN's LSTM (PyTorch's mkldnn_rnn_layer, fp32, forward_training and backward): per layer and direction a
+    # forward and a backward RNN primitive and the reorders of its weights to and from oneDNN's packed layout, kept
+    # in the primitive cache. Measured with the malloc counter (benchmarks/gemm_buffers.py --lstm): the heap a
+    # training step of nn.LSTM leaves in a fresh process, over 1-3 layers, one or two directions, 8-100 input and
+    # 16-200 hidden features, batch 2-8 and 4-32 steps (neither changes it): `lstm_first_use` once per process, then
+    # `lstm_direction` per distinct (input features, hidden, direction) and `lstm_weights_reorder` per distinct
+    # input width other than the hidden size (with it, the input and recurrent weights' reorders are one
+    # descriptor); within 25 KB over (a hidden size not a multiple of 32 measured up to 24.8 KB more); about 1.8 KB
+    # more per further layer of a descriptor already made (not counted)
+    lstm_first_use: int = 341_100
+    lstm_direction: int = 178_200
+    lstm_weights_reorder: int = 24_600
 
 
 @dataclass(frozen=True)
