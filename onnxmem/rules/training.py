@@ -262,7 +262,7 @@ class MklGemmBuffers:
     B), one of its B, then the block (each copy its stored rows x its contiguous dim rounded up to a multiple of
     `converted_multiple`, in fp32), the smallest free buffer that fits each; the process's first such GEMM takes
     `low_precision_first_use` once (`low_precision_first_use_after_fp32` where an sgemm ran before). Measured over
-    21 shapes and 8 sequences of both kinds in one process: every figure to the byte up to 1 MB, within 11.5 KB
+    26 shapes and 8 sequences of both kinds in one process: every figure to the byte up to 1 MB, within 11.5 KB
     above. fp16 not measured.
     With T threads each thread packs its own block (measured 1.71 MB at two threads for a 0.90 MB block at one):
     the rule is for one thread, as the benchmarks run; an AVX-512 CPU's MKL blocks differently (not measured:
@@ -296,7 +296,9 @@ class CpuFlashAttention:
     the scores, then the value's gradient (scores^T grad_out), the scores' gradient (grad_out v_block^T), the
     query's (grad_scores k_block) and the key's (grad_scores^T q_block). In bf16 the backward runs only the scores
     and their gradient in MKL (the rest accumulates elsewhere). Read from MKL_VERBOSE over query lengths 65, 70,
-    300, 800 and key lengths 65, 300, 600, 800 (torch 2.13.0+cpu, one thread)."""
+    300, 800 and key lengths 65, 300, 600, 800 (torch 2.13.0+cpu, one thread). A causal attention runs the same
+    shapes (measured at 65 and 300) but skips key blocks past the diagonal (70 queries over 600 keys: the 88-key
+    block never runs): counted here, as the graph does not say is_causal; a skipped block is never the largest."""
 
     q_split_by_length: tuple[tuple[int, int], ...] = ((768, 256), (192, 64))
     q_split_min: int = 32
