@@ -68,16 +68,18 @@ def ort_shape_inputs(model: ModelProto, types: Mapping[str, TensorType], wiring:
     not already known, as initializers (see ort_shape_values). `wiring`: the model's graph, where the caller has
     built it (its ops find those nodes faster than the model's 100k nodes do)."""
     nodes = model.graph.node
+    # (node, inputs, its first output's name or None without outputs) of the nodes of those op types
     if wiring is None:
-        reading = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in SHAPE_INPUT_SLOTS
-                   and SHAPE_INPUT_SLOTS[n.op_type] < len(n.input) and n.output
-                   and not _known(types.get(n.output[0], UNKNOWN_TYPE))]
+        candidates = [(n, len(n.input), n.output[0] if n.output else None) for n in nodes
+                      if n.op_type in SHAPE_INPUT_SLOTS]
     else:
         tensors = wiring.tensors
-        reading = [nodes[op.index] for op in wiring.ops if op.domain in ("", "ai.onnx")
-                   and op.op_type in SHAPE_INPUT_SLOTS and SHAPE_INPUT_SLOTS[op.op_type] < len(op.inputs)
-                   and op.outputs and not _known(types.get(tensors[op.outputs[0]].name if op.outputs[0] >= 0
-                                                           else "", UNKNOWN_TYPE))]
+        candidates = [(nodes[op.index], len(op.inputs),
+                       (tensors[op.outputs[0]].name if op.outputs[0] >= 0 else "") if op.outputs else None)
+                      for op in wiring.ops if op.op_type in SHAPE_INPUT_SLOTS]
+    reading = [n for n, inputs, first in candidates if n.domain in ("", "ai.onnx")
+               and SHAPE_INPUT_SLOTS[n.op_type] < inputs and first is not None
+               and not _known(types.get(first, UNKNOWN_TYPE))]
     if not reading:
         return {}
     values = ort_shape_values(model, types)
