@@ -50,7 +50,9 @@ from onnxmem.rules.training import CPU_ISAS  # noqa: E402
 from onnxmem.training import (  # noqa: E402
     Gemm,
     flash_attention_gemms,
+    lstm_primitives,
     matmul_gemms,
+    mkl_call_gemm,
     mkl_gemm_block,
     mkl_gemm_held,
     slow_conv2d_gemms,
@@ -229,8 +231,7 @@ def _direct_child(calls: list, counter: ctypes.CDLL) -> None:  # type: ignore[ty
 
 
 def _row_major(kind: str, transa: str, transb: str, m: int, n: int, k: int) -> Gemm:
-    """The GEMM of a column-major MKL call: C^T = op(B)^T op(A)^T (M = n, N = m; A is MKL's B, B MKL's A)."""
-    return Gemm(n, m, k, False, kind == "bf16", transb == "T", transa == "T")
+    return mkl_call_gemm(transa, transb, m, n, k, kind == "bf16")
 
 
 DIRECT_SINGLE = [(t, n) for t in (("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("N", "T", 32, 65, 32),
@@ -308,7 +309,6 @@ LSTMS = [(8, 16, 32, 64, 1, 1), (4, 16, 32, 64, 1, 1), (8, 32, 32, 64, 1, 1), (8
 
 def _lstm(threads: int) -> None:
     """Print the --lstm table."""
-    sizes = ISA.primitives
     print(f"nn.LSTM, fp32, {threads} thread(s): the heap one training step leaves in a fresh process (malloc "
           "counter)\n")
     print("| batch | steps | features | hidden | layers | directions | measured | rule | rule - measured |")
@@ -316,9 +316,9 @@ def _lstm(threads: int) -> None:
     gaps = []
     for batch, steps, features, hidden, layers, directions in LSTMS:
         measured = _in_child("lstm", [batch, steps, features, hidden, layers, directions], threads)
+        # every layer's primitives, once per key (oneDNN's cache): the rule the training estimate applies
         widths = [features] + [directions * hidden] * (layers - 1)
-        rule = sizes.lstm_first_use + sizes.lstm_direction * directions * len(set(widths)) \
-            + sizes.lstm_weights_reorder * len({w for w in widths if w != hidden})
+        rule = sum(dict(p for width in widths for p in lstm_primitives(width, hidden, directions, ISA)).values())
         gaps.append(rule - measured)
         print(f"| {batch} | {steps} | {features} | {hidden} | {layers} | {directions} | {measured:,} | {rule:,} "
               f"| {rule - measured:+,} |")

@@ -1257,12 +1257,21 @@ def _lstm_primitives(node: _Node, values: list[_Value], backward: bool, options:
     _, directions, _, features, hidden = dims
     if not features or not hidden:
         return ()
-    sizes = options.isa.primitives
-    made: list[tuple[tuple[object, ...], int, bool]] = [(("lstm first use",), sizes.lstm_first_use, False)]
-    made += [(("lstm", features, hidden, direction), sizes.lstm_direction, False) for direction in range(directions)]
+    return tuple((key, nbytes, False) for key, nbytes in lstm_primitives(features, hidden, directions, options.isa))
+
+
+def lstm_primitives(features: int, hidden: int, directions: int, isa: CpuIsa | None = None) \
+        -> list[tuple[tuple[object, ...], int]]:
+    """Give the oneDNN primitives (cache key, bytes) an LSTM layer of `features` inputs, `hidden` units and
+    `directions` directions creates in a training step (OnednnPrimitives.lstm_*): the process's first use, one per
+    (input features, hidden, direction), one weight reorder where the input width is not the hidden size. Layers
+    share the primitives of equal keys (oneDNN's cache)."""
+    sizes = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).primitives
+    made: list[tuple[tuple[object, ...], int]] = [(("lstm first use",), sizes.lstm_first_use)]
+    made += [(("lstm", features, hidden, direction), sizes.lstm_direction) for direction in range(directions)]
     if features != hidden:
-        made.append((("lstm weights reorder", features, hidden), sizes.lstm_weights_reorder, False))
-    return tuple(made)
+        made.append((("lstm weights reorder", features, hidden), sizes.lstm_weights_reorder))
+    return made
 
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
@@ -1646,6 +1655,12 @@ def mkl_gemm_block(m: int, n: int, k: int, element_bytes: int = 4, isa: CpuIsa |
     return rule.block + 4 * kc * (min(columns, rule.columns_max) + min(rule.rows_per_row * m, rule.rows_max))
 
 
+def mkl_call_gemm(transa: str, transb: str, m: int, n: int, k: int, low_precision: bool = False) -> Gemm:
+    """Give the Gemm of a column-major MKL call as MKL_VERBOSE shows it (transa, transb, m, n, k): C^T = op(B)^T
+    op(A)^T, so M = n, N = m, and A is MKL's B, B MKL's A."""
+    return Gemm(n, m, k, False, low_precision, transb == "T", transa == "T")
+
+
 def mkl_gemm_requests(gemm: Gemm, isa: CpuIsa | None = None) -> list[int]:
     """Give the buffers (bytes, in the order asked) a GEMM takes from MKL's pool: its block; with bf16 operands
     first an fp32 copy of B and one of A (rules.training.MklGemmBuffers). None for a matrix-vector product."""
@@ -1672,13 +1687,17 @@ def mkl_gemm_held(gemms: Sequence[Gemm], isa: CpuIsa | None = None) -> list[tupl
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
     pool: list[int] = []
     held: list[tuple[int, int]] = []
-    first = {False: rule.first_use, True: rule.low_precision_first_use}
+    fp32_ran = low_ran = False  # (the first of each kind takes its first use)
     for i, gemm in enumerate(gemms):
         requests = mkl_gemm_requests(gemm, isa)
         free = sorted(pool)
-        made = first.pop(gemm.low_precision, 0) if requests else 0
-        if requests and not gemm.low_precision and True in first:  # a later first bf16 GEMM shares some of it
-            first[True] = rule.low_precision_first_use_after_fp32
+        made = 0
+        if requests and gemm.low_precision and not low_ran:
+            made = rule.low_precision_first_use_after_fp32 if fp32_ran else rule.low_precision_first_use
+            low_ran = True
+        elif requests and not gemm.low_precision and not fp32_ran:
+            made = rule.first_use
+            fp32_ran = True
         for size in requests:
             fits = next((j for j, f in enumerate(free) if f >= size), None)
             if fits is None:

@@ -24,6 +24,7 @@ from onnxmem.training import (
     TrainingReport,
     flash_attention_gemms,
     matmul_gemms,
+    mkl_call_gemm,
     mkl_gemm_block,
     mkl_gemm_held,
     slow_conv2d_gemms,
@@ -88,11 +89,6 @@ DIRECT = {("T", "N", 65, 32, 32): (90_792, 111_680), ("N", "N", 32, 32, 65): (66
           ("T", "T", 12, 4, 300): (31_464, None)}
 
 
-def _row_major(transa: str, transb: str, m: int, n: int, k: int, low: bool) -> Gemm:
-    """The GEMM of a column-major MKL call: C^T = op(B)^T op(A)^T, so M = n, N = m, A is MKL's B and B MKL's A."""
-    return Gemm(n, m, k, False, low, transb == "T", transa == "T")
-
-
 @pytest.mark.parametrize("call", sorted(DIRECT))
 def test_the_law_gives_the_direct_calls_to_the_byte(call: tuple[str, str, int, int, int]) -> None:
     # odd sizes: N (MKL's m) rounds up to a multiple of 16, K // 2 for 192 < K < 384; bf16 operands are converted to
@@ -100,7 +96,7 @@ def test_the_law_gives_the_direct_calls_to_the_byte(call: tuple[str, str, int, i
     for low, measured in zip((False, True), DIRECT[call], strict=True):
         if measured is None:
             continue
-        held = sum(nbytes for _, nbytes in mkl_gemm_held([_row_major(*call, low)], AVX2))
+        held = sum(nbytes for _, nbytes in mkl_gemm_held([mkl_call_gemm(*call, low)], AVX2))
         # called directly, an sgemm does not take torch.mm's first-use bytes
         assert held == measured + (G.first_use if measured and not low else 0)
 
@@ -110,10 +106,10 @@ def test_bf16_gemms_share_the_pool_smallest_fit_first() -> None:
     calls = [("T", "N", 65, 32, 32), ("N", "N", 32, 32, 65), ("N", "T", 32, 65, 32)]
     for order, measured in ((calls, [111_680, 177_896, 277_904]), (calls[1:2] + calls[:1] + calls[2:],
                                                                       [91_712, 182_504, 282_512])):
-        held = dict(mkl_gemm_held([_row_major(*c, True) for c in order], AVX2))
+        held = dict(mkl_gemm_held([mkl_call_gemm(*c, True) for c in order], AVX2))
         assert [sum(held.get(j, 0) for j in range(i + 1)) for i in range(3)] == measured
     # after an sgemm (its block takes the first copy) the first bf16 GEMM takes 4,336 B of first use, not 8,472
-    mixed = [Gemm(256, 256, 256), *(_row_major(*c, True) for c in calls[:2])]
+    mixed = [Gemm(256, 256, 256), *(mkl_call_gemm(*c, True) for c in calls[:2])]
     held = dict(mkl_gemm_held(mixed, AVX2))
     assert [sum(held.get(j, 0) for j in range(i + 1)) - G.first_use for i in range(3)] == [410_280, 509_504, 575_720]
 
@@ -139,7 +135,7 @@ FLASH_CALLS = {
 def test_flash_attention_runs_the_gemms_mkl_verbose_lists(case: tuple[tuple[int, ...], bool]) -> None:
     (b, h, length, e, keys), low = case
     gemms = flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), True, 2 if low else 4, AVX2)
-    assert {_row_major(*call, low)[:3] + _row_major(*call, low)[4:] for call in FLASH_CALLS[case]} == \
+    assert {mkl_call_gemm(*call, low)[:3] + mkl_call_gemm(*call, low)[4:] for call in FLASH_CALLS[case]} == \
         {g[:3] + g[4:] for g in gemms}
     assert flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), True, 8, AVX2) == ()
     forward = flash_attention_gemms((b, h, length, e), (b, h, keys, e), (b, h, keys, e), False, 4, AVX2)
