@@ -341,20 +341,38 @@ def model_name(loaded: LoadedModel) -> str:
 
 def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
     """Give the inference part of a report from the graph and its timeline."""
-    by_op_type, by_layer = _op_rows(graph, timeline)
+    ops, buffer_of, view_of = graph.ops, timeline.buffer_of, timeline.view_of
+    position = [0] * len(ops)
+    for step, op_index in enumerate(timeline.order):
+        position[op_index] = step
+    weights_of = [0] * len(ops)  # per op: the bytes of the weights it is the first to read (as an input)
+    allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
     by_dtype: dict[int, int] = {}
     input_bytes = computed_bytes = host_bytes = 0
-    view_of = timeline.view_of
     for t in graph.tensors:  # one pass: a large graph has hundreds of thousands
         kind = t.kind
         if kind == WEIGHT:
             by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
-        elif kind == INPUT:
+            first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
+            for c in t.consumers:
+                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
+                    first = c
+            if first >= 0:
+                weights_of[first] += t.nbytes or 0
+            continue
+        if kind == INPUT:
             input_bytes += t.nbytes or 0
-        elif t.producer is not None and view_of[t.index] == t.index and kind in (ACTIVATION, OUTPUT):
-            computed_bytes += t.nbytes or 0
-        elif kind == HOST and view_of[t.index] == t.index:
+            continue
+        index = t.index
+        if t.producer is not None:
+            if buffer_of[index] == index:
+                allocated_of[t.producer] += t.nbytes or 0
+            if view_of[index] == index and kind in (ACTIVATION, OUTPUT):
+                computed_bytes += t.nbytes or 0
+                continue
+        if kind == HOST and view_of[index] == index:
             host_bytes += t.nbytes or 0
+    by_op_type, by_layer = _op_rows(graph, timeline, weights_of, allocated_of)
     weights_bytes = sum(by_dtype.values())
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
     step = timeline.peak_step
@@ -394,25 +412,12 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
     )
 
 
-def _op_rows(graph: ModelGraph, timeline: Timeline) -> tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
+def _op_rows(graph: ModelGraph, timeline: Timeline, weights_of: list[int], allocated_of: list[int]) -> \
+        tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
     """Give the rows by op type (the most bytes first) and by layer (in order of execution): nodes, the weight
-    bytes they are the first to read, the bytes their outputs' buffers own, and (layers) the highest live bytes."""
-    ops, buffer_of, live = graph.ops, timeline.buffer_of, timeline.live_bytes
-    position = [0] * len(ops)
-    for step, op_index in enumerate(timeline.order):
-        position[op_index] = step
-    weights_of = [0] * len(ops)  # per op: the bytes of the weights it is the first to read (as an input)
-    allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
-    for t in graph.tensors:
-        if t.kind == WEIGHT:
-            first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
-            for c in t.consumers:
-                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
-                    first = c
-            if first >= 0:
-                weights_of[first] += t.nbytes or 0
-        elif buffer_of[t.index] == t.index and t.producer is not None:
-            allocated_of[t.producer] += t.nbytes or 0
+    bytes they are the first to read (`weights_of`, per op), the bytes their outputs' buffers own
+    (`allocated_of`), and (layers) the highest live bytes."""
+    ops, live = graph.ops, timeline.live_bytes
     types: dict[str, list[int]] = {}
     layers: dict[str, list[int]] = {}
     row: list[int] = []

@@ -82,6 +82,9 @@ class ModelGraph:
         # the model's and the main graph's metadata_props (onnxmem.torch.export_for_training records the mode it
         # exported in; the dynamo exporter, which of the weights are parameters and which buffers)
         self.properties: dict[str, str] = {}
+        # whether every op reads only tensors made by ops before it (build_graph knows it; the orders then need not
+        # check that the file's order is topological, nor look for a cycle): False where not known
+        self.in_file_order = False
         self._nx: nx.DiGraph | None = None
 
     @property
@@ -115,6 +118,7 @@ class ModelGraph:
                    for t, dtype, shape, size in zip(self.tensors, kinds, shapes, nbytes, strict=True)]
         sized = ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
         sized.properties = self.properties
+        sized.in_file_order = self.in_file_order
         return sized
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:
@@ -160,7 +164,7 @@ class _Builder:
         self.types = types
         self.functions = functions
         self.metadata = metadata
-        self.known: dict[tuple[str, str], bool] = {}
+        self.known: dict[tuple[str, str] | str, bool] = {}  # by (domain, op type); by op type in domain ''
 
     def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
         tensors: list[Tensor] = []
@@ -169,12 +173,15 @@ class _Builder:
 
         types_get = self.types.get
         sized = bool(self.types)  # (wiring alone: every tensor starts unsized)
+        ahead: list[int] = []  # the tensors read before the op that makes them (the file is then out of order)
 
         def add(name: str, kind: str) -> int:
             dtype, shape, nbytes = types_get(name, UNKNOWN_TYPE) if sized else UNKNOWN_TYPE
             i = len(tensors)
             tensors.append(Tensor(i, name, dtype, shape, nbytes, kind, None, []))
             index[name] = i
+            if kind == "?":
+                ahead.append(i)
             return i
 
         for init in graph.initializer:
@@ -251,9 +258,13 @@ class _Builder:
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
                                tuple(implicit) if implicit else (), subgraphs, layer, origin))
-            is_known = known.get((domain, op_type))
+            is_known = known.get(op_type) if not domain else None  # (ONNX's domain '': by op type alone)
             if is_known is None:
-                is_known = known[(domain, op_type)] = self._lookup_known(node)
+                is_known = known.get((domain, op_type))
+                if is_known is None:
+                    is_known = known[(domain, op_type)] = self._lookup_known(node)
+                if not domain:
+                    known[op_type] = is_known
             if not is_known:
                 key = f"{domain + '::' if domain else ''}{op_type}"
                 unknown_ops[key] = unknown_ops.get(key, 0) + 1
@@ -276,7 +287,9 @@ class _Builder:
                 "its outputs are sized only if shape inference found them, and it is assumed to use no "
                 "memory beyond its outputs"))
         del index[""]
-        return ModelGraph(ops, tensors, inputs, outputs, warnings, index)
+        built = ModelGraph(ops, tensors, inputs, outputs, warnings, index)
+        built.in_file_order = not ahead
+        return built
 
     def _lookup_known(self, node: onnx.NodeProto) -> bool:
         if node.domain in _RUNTIME_DOMAINS or (node.domain, node.op_type) in self.functions or \

@@ -54,21 +54,27 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
     passed_through = {t for t in graph.inputs[1:]} | {t.index for t in tensors if t.kind == OUTER} \
         if loop_body else set()
     root = list(range(len(tensors)))
-    sources: dict[tuple[str, str], int | None] = {}  # the rules' answer per operator kind, asked once each
+    # the rules' answer per operator kind, asked once each (by op type alone in ONNX's domain '')
+    sources: dict[tuple[str, str] | str, int | None] = {}
     for op in graph.ops:
-        kind = (op.op_type, op.domain)
-        source = sources.get(kind, -1)
+        source = sources.get(op.op_type, -1) if not op.domain else -1  # (ONNX's domain: by op type alone)
         if source == -1:
-            source = sources[kind] = rules.alias_input(*kind)
+            kind = (op.op_type, op.domain)
+            source = sources.get(kind, -1)
+            if source == -1:
+                source = sources[kind] = rules.alias_input(*kind)
+            if not op.domain:
+                sources[op.op_type] = source
         if source is None or source >= len(op.inputs) or op.inputs[source] < 0 or not op.outputs:
             continue
         out = op.outputs[0]
         if out >= 0 and (tensors[out].kind != OUTPUT
                          or (op.op_type == "Identity" and op.inputs[source] in passed_through)):
             root[out] = root[op.inputs[source]]
-    for t in range(len(root)):  # an out-of-order file may leave chains: compress them
-        while root[root[t]] != root[t]:
-            root[t] = root[root[t]]
+    if not graph.in_file_order:  # an out-of-order file may leave chains (in order, each input's root was final)
+        for t in range(len(root)):
+            while root[root[t]] != root[t]:
+                root[t] = root[root[t]]
     return root
 
 
@@ -122,20 +128,29 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
             first[root] = made_at
         if last_use > last[root]:
             last[root] = last_use
-    # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes).
-    answers: dict[tuple[str, str], tuple[int | None, bool]] = {}
+    # The rules' answers per operator kind, asked once each (a graph has few kinds and many nodes): the input an
+    # output may take in place, whether outputs may take a freed buffer, whether the op expands intermediates.
+    answers: dict[tuple[str, str] | str, tuple[int | None, bool, bool]] = {}
     activation = [t.kind == ACTIVATION for t in tensors]
     in_place: list[tuple[int, int]] = []
     take_freed: list[list[int]] = []
     no_outputs: list[int] = []
     none = (-1, -1)
     ops = graph.ops
-    for op_index in order:
+    transient: list[tuple[int, int]] = []  # (step, op) of the ops with transient bytes: subgraphs, expanded functions
+    for step, op_index in enumerate(order):
         op = ops[op_index]
-        kind = (op.op_type, op.domain)
-        answer = answers.get(kind)
+        answer = answers.get(op.op_type) if not op.domain else None  # (ONNX's domain: by op type alone)
         if answer is None:
-            answer = answers[kind] = (rules.in_place_input(*kind), rules.may_take_freed(*kind))
+            kind = (op.op_type, op.domain)
+            answer = answers.get(kind)
+            if answer is None:
+                answer = answers[kind] = (rules.in_place_input(*kind), rules.may_take_freed(*kind),
+                                          kind[0] in EXPANDED_INTERMEDIATES and kind[1] in ("", "ai.onnx"))
+            if not op.domain:
+                answers[op.op_type] = answer
+        if answer[2] or op.subgraphs:
+            transient.append((step, op_index))
         outputs = op.outputs
         if len(outputs) == 1:  # (the usual case, without a list comprehension)
             out = outputs[0]
@@ -159,9 +174,6 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
             op = graph.ops[order[step]]
             slots = [*op.inputs, *op.implicit_inputs, *op.outputs]
             found.sort(key=slots.index)
-    transient = [(step, op_index) for step, op_index in enumerate(order)
-                 if (op := ops[op_index]).subgraphs or (op.op_type in EXPANDED_INTERMEDIATES
-                                                         and op.domain in ("", "ai.onnx"))]
     return Lifetimes(owner, first, last, in_place, take_freed, dying, activation, transient)
 
 
@@ -199,7 +211,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     keys = _size_keys(graph, plan_shapes)
     activation = prepared.activation
     # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
-    freed: dict[tuple[object, ...], list[int]] = {}
+    # (by size number, above 0: a scalar's freed buffer is never taken, so it is not listed)
+    freed: dict[int, list[int]] = {}
     is_free: set[int] = set()
     reuse_freed = rules.reuse_freed
     for step, (out, reads), takers, dying in zip(range(steps), prepared.in_place, prepared.take_freed,
@@ -207,28 +220,33 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         if out >= 0:
             source = reads if owner[reads] == reads else find(reads)
             key = keys[out]
-            if source != out and activation[source] and last[source] == step \
-                    and key is not None and key == keys[reads]:
+            if source != out and activation[source] and last[source] == step and key != -1 and key == keys[reads]:
                 owner[out] = source
-                last[source] = max(last[source], last[out])
+                if last[out] > last[source]:
+                    last[source] = last[out]
                 first[out] = last[out] = -1
         for out in takers:
             if owner[out] != out:
                 continue  # it took its input's buffer in place, above
             key = keys[out]
-            if key is not None and len(key) > 1 and freed.get(key):  # len(key) > 1: scalars are never reused
+            if key > 0 and freed.get(key):
                 target = freed[key].pop()
                 is_free.discard(target)
                 owner[out] = target
-                last[target] = max(last[target], last[out])
+                if last[out] > last[target]:
+                    last[target] = last[out]
                 first[out] = last[out] = -1
         if reuse_freed:
             for tensor_id in dying:  # inputs first, then unread outputs
                 root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
                 if last[root] == step and activation[root] and root not in is_free:
                     key = keys[root]
-                    if key is not None:
-                        freed.setdefault(key, []).append(root)
+                    if key > 0:
+                        found = freed.get(key)
+                        if found is None:
+                            freed[key] = [root]
+                        else:
+                            found.append(root)
                         is_free.add(root)
 
     # onnxruntime releases a buffer after the last node that reads any tensor stored in it; a buffer that no
@@ -292,21 +310,26 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     )
 
 
-def _size_keys(graph: ModelGraph,
-               plan_shapes: Sequence[tuple[Dim, ...] | None] | None) -> list[tuple[object, ...] | None]:
-    """Give, per tensor, what onnxruntime's SameSize compares: the element size and the static shape, each dim an
-    equal value or an equal symbolic name (the planner's shapes where given); None where a dim has neither, or
-    the size is unknown: such a buffer is never equal to another."""
-    made: dict[tuple[int, tuple[Dim, ...]], tuple[object, ...]] = {}  # shapes repeat: make each key once
-    keys: list[tuple[object, ...] | None] = []
+def _size_keys(graph: ModelGraph, plan_shapes: Sequence[tuple[Dim, ...] | None] | None) -> list[int]:
+    """Give, per tensor, a number for what onnxruntime's SameSize compares: the element size and the static shape,
+    each dim an equal value or an equal symbolic name (the planner's shapes where given). Equal sizes have equal
+    numbers: above 0, or below -1 for a scalar (which is never reused); -1 where a dim has neither, or the size is
+    unknown: such a buffer is never equal to another. (Numbers: the plan compares and looks them up per step.)"""
+    made: dict[tuple[int, tuple[Dim, ...]], int] = {}  # shapes repeat: number each once
+    numbers: dict[tuple[object, ...], int] = {}  # (element bits, *shape) -> its number
+    keys: list[int] = []
     for t in graph.tensors:
         shape = t.shape if plan_shapes is None else plan_shapes[t.index]
         if shape is None or t.nbytes is None or None in shape:
-            keys.append(None)
+            keys.append(-1)
             continue
         key = made.get((t.dtype, shape))
         if key is None:
-            key = made[(t.dtype, shape)] = (element_bits(t.dtype), *shape)
+            size = (element_bits(t.dtype), *shape)
+            key = numbers.get(size)
+            if key is None:
+                key = numbers[size] = len(numbers) + 1 if shape else -len(numbers) - 2
+            made[(t.dtype, shape)] = key
         keys.append(key)
     return keys
 

@@ -105,8 +105,17 @@ def _json(value: object, pad: str) -> str:
     if kind is float and math.isfinite(value):  # type: ignore[arg-type]
         return float.__repr__(value)
     names = field_names(kind)  # type: ignore[arg-type]  # classes are hashable
-    if names is not None:  # a dataclass: the dict plain() makes of it
-        return _json({name: getattr(value, name) for name in names}, pad)
+    if names is not None:  # a dataclass: the dict plain() makes of it, written as it is read
+        if not names:
+            return "{}"
+        inner = pad + "  "
+        items = []
+        for name in names:  # (a field name is an identifier: written as json writes it, in quotes)
+            item = getattr(value, name)
+            kind = type(item)
+            text = int.__repr__(item) if kind is int else _json_string(item) if kind is str else _json(item, inner)
+            items.append(f'{inner}"{name}": {text}')
+        return "{" + ",".join(items) + pad + "}"
     if isinstance(value, (dict, list, tuple)):
         raise _NotPlain
     return json.dumps(value)  # NaN, Infinity, a subclass of a builtin: json's own words; else its TypeError

@@ -14,6 +14,8 @@ from .transforms import INLINED_NODE_PREFIX, INSERTED_CAST_PREFIX, inlined_node_
 
 def model_order(graph: ModelGraph) -> list[int]:
     """Give the model's node order when it is topological (ONNX requires it), else a topological sort."""
+    if graph.in_file_order:
+        return list(range(len(graph.ops)))
     for op in graph.ops:
         for t in (*op.inputs, *op.implicit_inputs):
             if t >= 0:
@@ -141,9 +143,11 @@ def ort_order(graph: ModelGraph) -> list[int]:
             continue
         visited[index] = True
         stack.append(~index)
-        stack.extend([j for j in inputs_of[index] if not visited[j]])
+        stack.extend(inputs_of[index])  # (one visited by the time it is popped is skipped there, as above)
     if len(order) != len(ops):  # unreachable ops only exist in a graph with a cycle: report it
         return topological_order(graph)
+    if graph.in_file_order:
+        return order  # (no cycle: the walk emits every op after its inputs)
     position = [0] * len(ops)
     for step, index in enumerate(order):
         position[index] = step
