@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from random import Random
+
 import onnx
 import onnx.helper as oh
 from hypothesis import given, settings
@@ -9,9 +11,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 from onnxmem.graph import ACTIVATION, OUTPUT, ModelGraph, build_graph
-from onnxmem.liveness import liveness
+from onnxmem.liveness import _size_keys, liveness
 from onnxmem.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
-from onnxmem.schedule import model_order
+from onnxmem.schedule import model_order, ort_order
 from onnxmem.shapes import bind_and_infer
 
 UNARY = ("Relu", "Sigmoid", "Neg", "Identity", "Exp")
@@ -155,3 +157,66 @@ def test_peak_is_bounded_by_the_sum_and_views_and_in_place_never_raise_it(model:
     assert everything.peak_bytes <= every_activation
     # The largest single op output must be live at some point.
     assert plain.peak_bytes >= max(t.nbytes or 0 for t in graph.tensors if t.kind in (ACTIVATION, OUTPUT))
+
+
+def _is_topological(graph: ModelGraph, order: list[int]) -> bool:
+    step = {op: s for s, op in enumerate(order)}
+    return sorted(order) == list(range(len(graph.ops))) and all(
+        step[graph.tensors[t].producer] < step[op.index]  # type: ignore[index]
+        for op in graph.ops for t in op.inputs if t >= 0 and graph.tensors[t].producer is not None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_dag(), st.randoms(use_true_random=False))
+def test_in_file_order_is_whether_every_op_reads_what_earlier_ops_made(model: onnx.ModelProto, rng: Random) -> None:
+    # The orders trust the flag (no check of the file's order, no search for a cycle): it must be exact, and a
+    # file in any other order must still get topological orders and the same timeline as the file in order.
+    shuffled = onnx.ModelProto()
+    shuffled.CopyFrom(model)
+    nodes = list(shuffled.graph.node)
+    rng.shuffle(nodes)
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(nodes)
+    for proto in (model, shuffled):
+        graph = sized(proto)
+        produced_before: set[str] = {"x"}
+        in_order = True
+        for node in proto.graph.node:
+            in_order = in_order and all(name in produced_before for name in node.input)
+            produced_before.update(node.output)
+        assert graph.in_file_order is in_order
+        for order in (model_order(graph), ort_order(graph)):
+            assert _is_topological(graph, order)
+        assert graph.with_sizes([t.shape for t in graph.tensors], [t.nbytes for t in graph.tensors]).in_file_order \
+            is in_order
+    in_order, out_of_order = sized(model), sized(shuffled)
+    assert model_order(in_order) == list(range(len(model.graph.node)))
+    # the same nodes run in the same sequence: the same timeline, whichever order the file lists them in (where
+    # ONNX's inference, which reads the nodes in file order, sized the same tensors in both)
+    sizes = {t.name: t.nbytes for t in in_order.tensors}
+    if any(sizes[t.name] != t.nbytes for t in out_of_order.tensors):
+        return
+    position = {op.name: op.index for op in out_of_order.ops}
+    same_run = [position[op.name] for op in in_order.ops]
+    for rules in (NO_REUSE_RULES, DEFAULT_INFERENCE_RULES):
+        assert liveness(in_order, model_order(in_order), rules).live_bytes == \
+            liveness(out_of_order, same_run, rules).live_bytes
+
+
+def test_size_numbers_equal_exactly_where_the_planner_compares_equal() -> None:
+    # onnxruntime's SameSize: element bits and shape (a name equal to a name); an unknown dim or size is equal to
+    # nothing; a scalar is never reused (a number below -1).
+    values = [("a", TensorProto.FLOAT, [2, "n"]), ("b", TensorProto.INT32, [2, "n"]),
+              ("c", TensorProto.FLOAT16, [2, "n"]), ("d", TensorProto.FLOAT, [2, "m"]),
+              ("e", TensorProto.FLOAT, []), ("f", TensorProto.INT32, []), ("g", TensorProto.FLOAT, [2, None])]
+    nodes = [oh.make_node("Identity", ["x"], [name]) for name, _, _ in values]
+    graph = oh.make_graph(nodes, "sizes", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [oh.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in values])
+    built = build_graph(oh.make_model(graph))
+    types = {name: (dtype, tuple(shape), 1) for name, dtype, shape in values}
+    built.set_types(types)  # type: ignore[arg-type]
+    keys = dict(zip([t.name for t in built.tensors], _size_keys(built, None), strict=True))
+    assert keys["a"] == keys["b"] > 0  # float32 and int32: 32 bits each
+    assert len({keys["a"], keys["c"], keys["d"]}) == 3 and min(keys["c"], keys["d"]) > 0
+    assert keys["e"] == keys["f"] < -1
+    assert keys["g"] == -1
