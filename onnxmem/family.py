@@ -19,6 +19,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import onnx
@@ -36,7 +37,7 @@ from .analyze import (
     size_warnings,
     sizing,
 )
-from .dims import bind_dims, input_dims
+from .dims import InputDim, bind_dims, input_dims
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
 from .liveness import Lifetimes, Timeline, lifetimes, liveness
@@ -97,6 +98,7 @@ class ModelFamily:
         self.dims = dict(dims or {})
         self.options = options  # analyze()'s keywords: default_dim, order, rules, ...
         self._reports: dict[tuple[int, bool], Report] = {}
+        self._free: list[InputDim] | None = None  # the model's input_dims, read at first use
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
         self._symbolic_types: dict[str, TensorType] | None | bool = False  # False: not inferred yet
 
@@ -132,9 +134,15 @@ class ModelFamily:
         inputs = sum(_evaluate(poly, value) for poly in template.input_polys)
         return template.weights_bytes + inputs + self.peak_activation_bytes(value), template.weights_bytes
 
+    def free_dims(self) -> list[InputDim]:
+        """Give the model's symbolic input dims (dims.input_dims), read once (a KV cache has thousands of inputs)."""
+        if self._free is None:
+            self._free = input_dims(self.loaded.proto)
+        return self._free
+
     def _symbolic(self, rules: InferenceRules) -> dict[str, TensorType] | None:
         if self._symbolic_types is False:
-            self._symbolic_types = planner_types(self.loaded, rules)
+            self._symbolic_types = planner_types(self.loaded, rules, self.free_dims())
         return self._symbolic_types  # type: ignore[return-value]
 
     def _binding(self, value: int) -> dict[str, int]:
@@ -163,17 +171,19 @@ class ModelFamily:
         rules = provider_rules(self.options.get("provider", DEFAULT_PROVIDER),
                                self.options.get("rules", DEFAULT_INFERENCE_RULES))
         graph = build_graph(self.loaded.proto, metadata=self.loaded.nodes is None or self.loaded.nodes.metadata)
+        free = self.free_dims()
         if self._symbolic_types is False:  # the first template: the planner types found from its graph
-            self._symbolic_types = planner_types(self.loaded, rules, wiring=graph)
+            self._symbolic_types = planner_types(self.loaded, rules, free, graph)
         symbolic = self._symbolic(rules)
-        first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic)
+        first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic, free)
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
         for probe in probes[1:]:
             types = bind_and_infer(self.loaded.proto, self._binding(probe), default_dim, symbolic=symbolic,
-                                   graph=graph).types
+                                   graph=graph, free=free).types
             shapes.append([types.get(t.name, UNKNOWN_TYPE)[1] for t in graph.tensors])
+        bits = {dtype: element_bits(dtype) for dtype in {t.dtype for t in graph.tensors}}  # (asked per tensor below)
         dims: list[Affine | None] = []
         fitted: dict[tuple[tuple[Dim, ...] | None, ...], Affine | None] = {}  # layers repeat their shapes
         for tensor, probed in zip(graph.tensors, zip(*shapes, strict=True), strict=True):
@@ -183,7 +193,7 @@ class ModelFamily:
             if probed not in fitted:
                 fitted[probed] = _fit_affine(probed, probes)
             affine = fitted[probed]
-            if affine is None or element_bits(tensor.dtype) not in (8, 16, 32, 64, 128):
+            if affine is None or bits[tensor.dtype] not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
         plan_shapes = planner_shapes(graph, symbolic, self.loaded.proto, self.loaded.data)
@@ -197,7 +207,7 @@ class ModelFamily:
             if d is None:
                 polys.append(None)
                 continue
-            key = (d, element_bits(tensor.dtype) or 0)
+            key = (d, bits[tensor.dtype] or 0)
             if key not in made:
                 made[key] = _bytes_poly(*key)
             polys.append(made[key])
@@ -206,7 +216,7 @@ class ModelFamily:
                 return None  # a buffer shared by tensors whose sizes diverge: the plan may change with value
         if any(timeline.subgraph_bytes):
             return None
-        signatures = sorted({(element_bits(t.dtype) or 0, d) for t, d in zip(graph.tensors, dims, strict=True)
+        signatures = sorted({(bits[t.dtype] or 0, d) for t, d in zip(graph.tensors, dims, strict=True)
                              if d is not None})
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
@@ -252,7 +262,7 @@ class ModelFamily:
         if template is None or not template.plan_holds(value):
             return self._exact_sizing(value)
         default_dim = self.options.get("default_dim")
-        free = input_dims(self.loaded.proto)
+        free = self.free_dims()
         bound, _ = bind_dims(free, self._binding(value), default_dim)
         plan_shapes = None if template.plan_shapes is None else tuple(template.plan_shapes)
         return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
@@ -278,7 +288,7 @@ class ModelFamily:
         if template is None or not template.plan_holds(value) or (value, False) in self._reports:
             report = self.report(value)
             return report.model, dict(report.dims), report.warnings
-        bound, _ = bind_dims(input_dims(self.loaded.proto), self._binding(value), self.options.get("default_dim"))
+        bound, _ = bind_dims(self.free_dims(), self._binding(value), self.options.get("default_dim"))
         return model_name(self.loaded), bound, (*self.loaded.warnings, *template.warnings,
                                                 *template.size_warnings)
 
@@ -342,24 +352,20 @@ def _bytes_poly(affine: Affine, bits: int) -> Poly:
 
 
 def _step_polys(timeline: Timeline, polys: Sequence[Poly | None]) -> list[Poly]:
+    """Give, per step, the live bytes as a polynomial of the value: each coefficient a difference array over the
+    steps and its running sum (liveness.live_bytes, one coefficient at a time)."""
     degree = max((len(p) for p in polys if p is not None), default=1)
     steps = len(timeline.order)
-    delta = [[0] * degree for _ in range(steps + 1)]
+    columns = [[0] * (steps + 1) for _ in range(degree)]  # per coefficient: its change at each step
     for t, first in enumerate(timeline.first_step):
         poly = polys[t]
         if first < 0 or poly is None:
             continue
-        end = delta[timeline.last_step[t] + 1]
-        start = delta[first]
-        for k, c in enumerate(poly):
-            start[k] += c
-            end[k] -= c
-    running = [0] * degree
-    result = []
-    for step in range(steps):
-        running = [a + b for a, b in zip(running, delta[step], strict=True)]
-        result.append(tuple(running))
-    return result
+        end = timeline.last_step[t] + 1
+        for column, c in zip(columns, poly, strict=False):  # (a poly of a lower degree: its own coefficients)
+            column[first] += c
+            column[end] -= c
+    return list(zip(*[accumulate(column[:steps]) for column in columns], strict=True))
 
 
 def _frontier(polys: list[Poly]) -> list[Poly]:

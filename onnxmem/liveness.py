@@ -238,7 +238,9 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                 first[out] = last[out] = -1
         if reuse_freed:
             for tensor_id in dying:  # inputs first, then unread outputs
-                root = tensor_id if owner[tensor_id] == tensor_id else find(tensor_id)
+                root = owner[tensor_id]
+                if owner[root] != root:
+                    root = find(tensor_id)
                 if last[root] == step and activation[root] and root not in is_free:
                     key = keys[root]
                     if key > 0:
@@ -253,7 +255,8 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
     # tensor reused it) has no release action and stays allocated until the run ends (measured; its
     # GenerateDeallocationPlan builds release actions from consumers only).
-    root_of = [t if owner[t] == t else find(t) for t in range(len(tensors))]  # the buffers are planned: final
+    # the buffers are planned: final (a tensor is mostly its own root or one step from it: find() for the rest)
+    root_of = [t if (up := owner[t]) == t else up if owner[up] == up else find(t) for t in range(len(tensors))]
     read = {root_of[t.index] for t in tensors if t.consumers} if rules.reuse_freed else None
     buffer_of = [-1] * len(tensors)
     spans: list[tuple[int, int, int]] = []
