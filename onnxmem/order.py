@@ -24,8 +24,7 @@ def memory_order(graph: ModelGraph, rules: InferenceRules = DEFAULT_INFERENCE_RU
     size = [t.nbytes or 0 for t in tensors]
     # per tensor: whether its buffer is an activation's (views are counted in their root's buffer)
     counted = [t.kind in _OWNS_BUFFER and t.producer is not None for t in tensors]
-    owns = [counted[t] and owner[t] == t for t in range(len(tensors))]  # a buffer's root: its own bytes
-    readers: dict[int, set[int]] = {}  # buffer root -> ops that read any tensor living in it
+    readers: dict[int, int] = {}  # buffer root -> the ops that read any tensor living in it (how many)
     reads: list[list[int]] = []  # per op: the buffers it reads (no graph output's: those stay to the end)
     waits_on = [0] * len(ops)
     unblocks: list[list[int]] = [[] for _ in ops]
@@ -43,21 +42,24 @@ def memory_order(graph: ModelGraph, rules: InferenceRules = DEFAULT_INFERENCE_RU
             root = owner[t]
             if counted[root]:
                 roots.add(root)
-                found = readers.get(root)
-                if found is None:
-                    readers[root] = {index}
-                else:
-                    found.add(index)
+        for root in roots:  # (a set: an op reading a buffer twice is one reader)
+            readers[root] = readers.get(root, 0) + 1
         reads.append([r for r in roots if r not in pinned])
         producers.discard(index)
         waits_on[index] = len(producers)
         for p in producers:
             unblocks[p].append(index)
-    allocates = [sum(size[t] for t in op.outputs if t >= 0 and owns[t]) for op in ops]
-    # what an op frees whatever runs before it: its own outputs that no op reads (and no graph output)
-    unread = [sum(size[t] for t in op.outputs if t >= 0 and owns[t] and t not in readers and t not in pinned)
-              for op in ops]
-    remaining = {root: len(found) for root, found in readers.items()}
+    # per op: the bytes of the buffers it makes (its outputs that are a buffer's root), and what it frees whatever
+    # runs before it: those that no op reads (and no graph output)
+    allocates = [0] * len(ops)
+    unread = [0] * len(ops)
+    for t, tensor in enumerate(tensors):
+        producer = tensor.producer
+        if producer is not None and counted[t] and owner[t] == t:
+            allocates[producer] += size[t]
+            if t not in readers and t not in pinned:
+                unread[producer] += size[t]
+    remaining = dict(readers)
 
     ready = [op.index for op in ops if waits_on[op.index] == 0]
     order: list[int] = []
