@@ -112,8 +112,8 @@ def _json(value: object, pad: str) -> str:
         items = []
         for name in names:  # (a field name is an identifier: written as json writes it, in quotes)
             item = getattr(value, name)
-            kind = type(item)
-            text = int.__repr__(item) if kind is int else _json_string(item) if kind is str else _json(item, inner)
+            of = type(item)
+            text = int.__repr__(item) if of is int else _json_string(item) if of is str else _json(item, inner)
             items.append(f'{inner}"{name}": {text}')
         return "{" + ",".join(items) + pad + "}"
     if isinstance(value, (dict, list, tuple)):
