@@ -3,6 +3,7 @@ analyze runs them, as a table.
 
     python benchmarks/phases.py [--layers 1850] [--repeat 3]
     python benchmarks/phases.py --instructions [--layers 200] [--against OTHER_CHECKOUT]
+    python benchmarks/phases.py --whole --against OTHER_CHECKOUT [--repeat 8]
 
 The graph is the Llama-shaped "deep" stack of benchmarks/llm_graphs.py (1850 layers: about 100k nodes), its
 weights absent. The passes are those of analyze.analysis, in one process, in its order. The floor's passes
@@ -14,6 +15,10 @@ pass's end), once: the same on every run and under any load, so a change of a fe
 shared machine moves by 10-20% between runs). Instructions are not time (memory it touches costs more than its
 count says), but they order the passes and measure a change in one. --against counts a second checkout of the
 source (its onnxmem package) on the same graph, in a column beside. Needs valgrind; about 40 s a run at 200 layers.
+
+--whole times whole `onnxmem report --format json` processes of this checkout and of --against, taking turns with
+the floor's process in each of --repeat rounds: the medians, and each one's ratio to the floor and to this
+checkout within a round (the median over rounds), as speed.py measures.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -85,8 +91,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--instructions", action="store_true",
                         help="count each pass's instructions under callgrind instead of timing it")
+    parser.add_argument("--whole", action="store_true",
+                        help="time whole report processes of this checkout and of --against, with the floor")
     parser.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
-                        help="--instructions: also count the onnxmem package of this checkout")
+                        help="--instructions, --whole: also measure the onnxmem package of this checkout")
     args = parser.parse_args()
     import onnx
 
@@ -101,6 +109,9 @@ def main() -> None:
         onnx.save(model, str(path))
         if args.instructions:
             print_instructions(path, dims, len(model.graph.node), args.against)
+            return
+        if args.whole:
+            print_whole(path, dims, len(model.graph.node), args.against, args.repeat)
             return
         runs: dict[str, list[dict[str, float]]] = {"floor": [], "report": []}
         for _ in range(args.repeat):
@@ -155,6 +166,37 @@ def print_instructions(path: Path, dims: dict[str, int], nodes: int, against: Pa
             rows.append(row)
         print()
         print(markdown_table(headers, rows))
+
+
+FLOOR = ("import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); "
+         "onnx.shape_inference.infer_shapes(m)")
+
+
+def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | None, repeat: int) -> None:
+    import compileall
+
+    here = Path(__file__).resolve().parent.parent
+    sources = {"this checkout": here, **({f"{against}": against.resolve()} if against is not None else {})}
+    for source in sources.values():  # bytecode first, as an installed package has it
+        compileall.compile_dir(str(source / "onnxmem"), quiet=1)
+    report = [sys.executable, "-m", "onnxmem", "report", str(path), "--format", "json",
+              *(a for name, value in dims.items() for a in ("--dim", f"{name}={value}"))]
+    times: dict[str, list[float]] = {"floor": [], **{name: [] for name in sources}}
+    for _ in range(repeat):  # taking turns: the machine's load drifts
+        for name in times:
+            command = [sys.executable, "-c", FLOOR, str(path)] if name == "floor" else report
+            env = {**os.environ, **({"PYTHONPATH": str(sources[name])} if name != "floor" else {})}
+            start = time.perf_counter()
+            subprocess.run(command, capture_output=True, check=True, env=env, cwd=path.parent)
+            times[name].append(time.perf_counter() - start)
+    print(f"{nodes} nodes; whole processes, {repeat} rounds: the median, and the median of the ratios within a round")
+    rows = []
+    for name, samples in times.items():
+        ratio_floor = statistics.median(t / f for t, f in zip(samples, times["floor"], strict=True))
+        ratio_here = statistics.median(t / h for t, h in zip(samples, times["this checkout"], strict=True))
+        label = "floor (onnx.load + infer_shapes)" if name == "floor" else f"report, {name}"
+        rows.append([label, f"{statistics.median(samples):.2f} s", f"{ratio_floor:.2f}x", f"{ratio_here:.3f}x"])
+    print(markdown_table(["process", "time", "x floor", "x this checkout"], rows))
 
 
 if __name__ == "__main__":
