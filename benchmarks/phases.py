@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -168,12 +167,10 @@ def print_instructions(path: Path, dims: dict[str, int], nodes: int, against: Pa
         print(markdown_table(headers, rows))
 
 
-FLOOR = ("import onnx, sys; m = onnx.load(sys.argv[1], load_external_data=False); "
-         "onnx.shape_inference.infer_shapes(m)")
-
-
 def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | None, repeat: int) -> None:
     import compileall
+
+    from benchmarks.speed import FLOOR, take_turns
 
     here = Path(__file__).resolve().parent.parent
     sources = {"this checkout": here, **({f"{against}": against.resolve()} if against is not None else {})}
@@ -181,14 +178,12 @@ def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | No
         compileall.compile_dir(str(source / "onnxmem"), quiet=1)
     report = [sys.executable, "-m", "onnxmem", "report", str(path), "--format", "json",
               *(a for name, value in dims.items() for a in ("--dim", f"{name}={value}"))]
-    times: dict[str, list[float]] = {"floor": [], **{name: [] for name in sources}}
-    for _ in range(repeat):  # taking turns: the machine's load drifts
-        for name in times:
-            command = [sys.executable, "-c", FLOOR, str(path)] if name == "floor" else report
-            env = {**os.environ, **({"PYTHONPATH": str(sources[name])} if name != "floor" else {})}
-            start = time.perf_counter()
-            subprocess.run(command, capture_output=True, check=True, env=env, cwd=path.parent)
-            times[name].append(time.perf_counter() - start)
+    # (run beside the model, not in a checkout: `-m onnxmem` reads the package PYTHONPATH names)
+    times, failed = take_turns({"floor": [sys.executable, "-c", FLOOR, str(path)], **dict.fromkeys(sources, report)},
+                               repeat, {name: {"PYTHONPATH": str(source)} for name, source in sources.items()},
+                               path.parent)
+    if failed:
+        raise SystemExit(f"failed: {failed}")
     print(f"{nodes} nodes; whole processes, {repeat} rounds: the median, and the median of the ratios within a round")
     rows = []
     for name, samples in times.items():

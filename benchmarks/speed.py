@@ -93,24 +93,33 @@ def peak_rss_mb(cmd: list[str]) -> float | None:
     return peak / 1024 if peak else None
 
 
-def run(cmds: dict[str, list[str]], repeat: int, bases: dict[str, str] | None = None) -> dict[str, Timing]:
-    """Give each command's ('m' module or 'c' code, args) median wall time over `repeat` rounds, the commands
-    taking turns within a round (load on a shared machine drifts: each round sees the same), its median ratio to
-    its base command (`bases`: name -> name) within a round, and its peak RSS (peak_rss_mb)."""
-    times: dict[str, list[float]] = {name: [] for name in cmds}
+def take_turns(argvs: dict[str, list[str]], repeat: int, envs: dict[str, dict[str, str]] | None = None,
+               cwd: Path | None = None) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Give each command line's wall times over `repeat` rounds, the commands taking turns within a round (load on a
+    shared machine drifts: each round sees the same), and for each that failed the last line it wrote to stderr (it
+    is not run again). `envs`: per command, variables added to the environment; `cwd`: where they run."""
+    times: dict[str, list[float]] = {name: [] for name in argvs}
     failed: dict[str, str] = {}
     for _ in range(repeat):
-        for name, cmd in cmds.items():
+        for name, command in argvs.items():
             if name in failed:
                 continue
+            env = {**os.environ, **(envs or {}).get(name, {})}
             start = time.perf_counter()
-            proc = subprocess.run(argv(cmd), capture_output=True, text=True)
+            proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
             elapsed = time.perf_counter() - start
             if proc.returncode not in (0, 1):  # fit/check exit 1 for "does not fit", which is an answer
                 last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
                 failed[name] = last[:60]
                 continue
             times[name].append(elapsed)
+    return times, failed
+
+
+def run(cmds: dict[str, list[str]], repeat: int, bases: dict[str, str] | None = None) -> dict[str, Timing]:
+    """Give each command's ('m' module or 'c' code, args) median wall time over `repeat` rounds (take_turns), its
+    median ratio to its base command (`bases`: name -> name) within a round, and its peak RSS (peak_rss_mb)."""
+    times, failed = take_turns({name: argv(cmd) for name, cmd in cmds.items()}, repeat)
     result = {}
     for name, cmd in cmds.items():
         if name in failed:

@@ -1663,7 +1663,8 @@ def mkl_call_gemm(transa: str, transb: str, m: int, n: int, k: int, low_precisio
 
 def mkl_gemm_requests(gemm: Gemm, isa: CpuIsa | None = None) -> list[int]:
     """Give the buffers (bytes, in the order asked) a GEMM takes from MKL's pool: its block; with bf16 operands
-    first an fp32 copy of B and one of A (rules.training.MklGemmBuffers). None for a matrix-vector product."""
+    first an fp32 copy of B and one of A (rules.training.MklGemmBuffers). No buffer (an empty list) for a matrix-vector
+    product."""
     rule = (CPU_ISAS[detect_cpu_isa()] if isa is None else isa).gemm
     block = mkl_gemm_block(gemm.m, gemm.n, gemm.k, 2 if gemm.low_precision else 4, isa)
     if not gemm.low_precision or min(gemm.m, gemm.n) <= 1:
