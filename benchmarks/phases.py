@@ -3,7 +3,7 @@ analyze runs them, as a table.
 
     python benchmarks/phases.py [--layers 1850] [--repeat 3]
     python benchmarks/phases.py --instructions [--layers 200] [--against OTHER_CHECKOUT]
-    python benchmarks/phases.py --whole --against OTHER_CHECKOUT [--repeat 8]
+    python benchmarks/phases.py --whole --against OTHER_CHECKOUT [--repeat 8] [--provider cpu]
 
 The graph is the Llama-shaped "deep" stack of benchmarks/llm_graphs.py (1850 layers: about 100k nodes), its
 weights absent. The passes are those of analyze.analysis, in one process, in its order. The floor's passes
@@ -18,7 +18,7 @@ source (its onnxmem package) on the same graph, in a column beside. Needs valgri
 
 --whole times whole `onnxmem report --format json` processes of this checkout and of --against, taking turns with
 the floor's process in each of --repeat rounds: the medians, and each one's ratio to the floor and to this
-checkout within a round (the median over rounds), as speed.py measures.
+checkout within a round (the median over rounds), as speed.py measures; --provider: the reports' provider.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def main() -> None:
                         help="time whole report processes of this checkout and of --against, with the floor")
     parser.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
                         help="--instructions, --whole: also measure the onnxmem package of this checkout")
+    parser.add_argument("--provider", default=None, help="--whole: the report's --provider (its default if not given)")
     args = parser.parse_args()
     import onnx
 
@@ -110,7 +111,7 @@ def main() -> None:
             print_instructions(path, dims, len(model.graph.node), args.against)
             return
         if args.whole:
-            print_whole(path, dims, len(model.graph.node), args.against, args.repeat)
+            print_whole(path, dims, len(model.graph.node), args.against, args.repeat, args.provider)
             return
         runs: dict[str, list[dict[str, float]]] = {"floor": [], "report": []}
         for _ in range(args.repeat):
@@ -167,7 +168,8 @@ def print_instructions(path: Path, dims: dict[str, int], nodes: int, against: Pa
         print(markdown_table(headers, rows))
 
 
-def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | None, repeat: int) -> None:
+def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | None, repeat: int,
+                provider: str | None = None) -> None:
     import compileall
 
     from benchmarks.speed import FLOOR, take_turns
@@ -177,7 +179,8 @@ def print_whole(path: Path, dims: dict[str, int], nodes: int, against: Path | No
     for source in sources.values():  # bytecode first, as an installed package has it
         compileall.compile_dir(str(source / "onnxmem"), quiet=1)
     report = [sys.executable, "-m", "onnxmem", "report", str(path), "--format", "json",
-              *(a for name, value in dims.items() for a in ("--dim", f"{name}={value}"))]
+              *(a for name, value in dims.items() for a in ("--dim", f"{name}={value}")),
+              *(("--provider", provider) if provider else ())]
     # (run beside the model, not in a checkout: `-m onnxmem` reads the package PYTHONPATH names)
     times, failed = take_turns({"floor": [sys.executable, "-c", FLOOR, str(path)], **dict.fromkeys(sources, report)},
                                repeat, {name: {"PYTHONPATH": str(source)} for name, source in sources.items()},

@@ -212,7 +212,8 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     # values shape inference reads, as onnxruntime's reads its constant initializers (small ones: axes, shapes)
     constants = {t.name: t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL
                  and math.prod(t.dims) <= _INFERENCE_VALUES_UP_TO}
-    inlined = _inline_functions(graph, versions, known, no_kernel, constants)
+    memo: NodeMemo = {}  # (see _infer_node)
+    inlined = _inline_functions(graph, versions, known, no_kernel, constants, memo)
     nodes = list(graph.node) if inlined is None else inlined.nodes
     has_fp16_input = [any(fp16(name) for name in node.input) for node in nodes]
     unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
@@ -293,7 +294,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
             twin = as_fp32[name] = f"{INSERTED_CAST_PREFIX}{name}"
             copy.output[j] = twin
             if first_shapes is None:
-                first_shapes = _first_output_shapes(node, versions, known, declared, constants)
+                first_shapes = _first_output_shapes(node, versions, known, declared, constants, memo)
             shape = first_shapes.get(name)
             if shape is not None and any(d is not None for d in shape):
                 twins.append(onnx.helper.make_tensor_value_info(twin, TensorProto.FLOAT, shape))
@@ -355,7 +356,7 @@ class _Inlined:
 
 def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dict[str, TensorType],
                       no_kernel: Callable[[onnx.NodeProto], bool],
-                      constants: dict[str, TensorProto]) -> _Inlined | None:
+                      constants: dict[str, TensorProto], memo: NodeMemo | None = None) -> _Inlined | None:
     """Replace every ONNX node the CPU provider has no kernel for (`no_kernel`) and whose operator has a function
     body by that body, round after round (a body's own function ops, as CastLike in Gelu's, in the next round),
     as onnxruntime's partitioner does. `known` gains the types of the bodies' tensors, `constants` (the values
@@ -396,7 +397,7 @@ def _inline_functions(graph: GraphProto, versions: Mapping[str, int], known: dic
             for tensor in body_constants:
                 known[tensor.name] = (tensor.data_type, tuple(tensor.dims), None)
             constants.update((tensor.name, tensor) for tensor in body_constants)
-            _type_body(body_nodes, versions, known, constants)
+            _type_body(body_nodes, versions, known, constants, memo)
             ranks = []
             for body_node in body_nodes:
                 seq = next_rank - len(graph.node)
@@ -538,12 +539,31 @@ def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
     return None
 
 
+# ONNX's inference of one node from Python (onnx.shape_inference.infer_node_outputs) costs about a tenth of a
+# millisecond, and the nodes converted or inlined on a float16 model repeat layer after layer: _infer_node keeps
+# each answer, by what decides it (the operator and its opset, its attributes, its inputs' types and constant
+# values; not the tensors' names), in a memo of the caller's (one per transform run).
+NodeMemo = dict[tuple[object, ...], tuple[tuple[int, onnx.TypeProto], ...] | None]
+
+
 def _infer_node(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
                 constants: Mapping[str, TensorProto],
                 view: Callable[[tuple[Dim, ...] | None], tuple[Dim, ...] | None] = lambda shape: shape,
-                ) -> dict[str, onnx.TypeProto] | None:
+                memo: NodeMemo | None = None) -> dict[str, onnx.TypeProto] | None:
     """Give ONNX's inference of one node's output types, on its inputs' `known` types (each shape as `view` gives
-    it) and the values of its `constants` inputs; None where ONNX cannot type it here."""
+    it) and the values of its `constants` inputs; None where ONNX cannot type it here. `memo`: answers kept
+    across calls (see NodeMemo)."""
+    key: tuple[object, ...] | None = None
+    if memo is not None and len(set(node.output)) == len(node.output):
+        key = (node.op_type, node.domain, versions.get("", 1), len(node.output),
+               b"".join(a.SerializeToString() for a in node.attribute),
+               *(name if not name else
+                 ((known[name][0], view(known[name][1])) if name in known and known[name][0] else None,
+                  _constant_content(constants[name]) if name in constants else None)
+                 for name in node.input))
+        if key in memo:
+            kept = memo[key]
+            return None if kept is None else {node.output[k]: type_proto for k, type_proto in kept}
     try:
         schema = onnx.defs.get_schema(node.op_type, versions.get("", 1), node.domain)
         inputs = {}
@@ -552,17 +572,30 @@ def _infer_node(node: onnx.NodeProto, versions: Mapping[str, int], known: Mappin
                 dtype, shape, _ = known[name]
                 inputs[name] = onnx.helper.make_tensor_type_proto(dtype, view(shape))
         data = {name: constants[name] for name in node.input if name in constants}
-        return dict(onnx.shape_inference.infer_node_outputs(schema, node, inputs, data))
+        found: dict[str, onnx.TypeProto] | None = dict(
+            onnx.shape_inference.infer_node_outputs(schema, node, inputs, data))
     except Exception:  # noqa: BLE001 - onnx raises several types here; any of them means "not typed"
-        return None
+        found = None
+    if key is not None and memo is not None and (found is None or found.keys() <= set(node.output)):
+        memo[key] = None if found is None else tuple(
+            (k, found[name]) for k, name in enumerate(node.output) if name in found)
+    return found
+
+
+def _constant_content(tensor: TensorProto) -> bytes:
+    """Give a constant's type, dims and values as bytes, without its name."""
+    nameless = TensorProto()
+    nameless.CopyFrom(tensor)
+    nameless.ClearField("name")
+    return nameless.SerializeToString()
 
 
 def _type_body(nodes: Sequence[onnx.NodeProto], versions: Mapping[str, int], known: dict[str, TensorType],
-               constants: Mapping[str, TensorProto]) -> None:
+               constants: Mapping[str, TensorProto], memo: NodeMemo | None = None) -> None:
     """Add the element types (and shapes, where ONNX infers them) of the body's outputs to `known`, node by node
     (a node ONNX cannot type here: its outputs stay unknown to the transform)."""
     for node in nodes:
-        for name, type_proto in (_infer_node(node, versions, known, constants) or {}).items():
+        for name, type_proto in (_infer_node(node, versions, known, constants, memo=memo) or {}).items():
             known[name] = decode_type(type_proto)
 
 
@@ -585,6 +618,7 @@ def with_inserted_cast_shapes(ran: ModelProto, types: Mapping[str, TensorType]) 
         return name[len(INSERTED_CAST_PREFIX):] if name.startswith(INSERTED_CAST_PREFIX) else name
 
     twins = []
+    memo: NodeMemo = {}  # (see _infer_node)
     for node in _topological(graph):
         if node.op_type == "Cast" or not any(out.startswith(INSERTED_CAST_PREFIX) for out in node.output):
             continue
@@ -595,7 +629,7 @@ def with_inserted_cast_shapes(ran: ModelProto, types: Mapping[str, TensorType]) 
                 view.input[j] = half(name)
         for j, name in enumerate(node.output):
             view.output[j] = half(name)
-        shapes = _first_output_shapes(view, versions, known, declared, constants)
+        shapes = _first_output_shapes(view, versions, known, declared, constants, memo)
         for name in node.output:
             shape = shapes.get(half(name))
             if shape is None or not name.startswith(INSERTED_CAST_PREFIX):
@@ -632,11 +666,12 @@ def _topological(graph: GraphProto) -> list[onnx.NodeProto]:
 
 
 def _first_output_shapes(node: onnx.NodeProto, versions: Mapping[str, int], known: Mapping[str, TensorType],
-                         declared: Container[str], constants: Mapping[str, TensorProto]) -> dict[str, tuple[Dim, ...]]:
+                         declared: Container[str], constants: Mapping[str, TensorProto],
+                         memo: NodeMemo | None = None) -> dict[str, tuple[Dim, ...]]:
     """Give the output shapes ONNX's inference gives the node on its inputs' shapes as onnxruntime holds them
     (planner.runtime_view: an undeclared 'unk__N' is an empty dim), by output name; {} where it cannot (no first
     shape: inference's later one stands)."""
-    inferred = _infer_node(node, versions, known, constants, lambda shape: runtime_view(shape, declared))
+    inferred = _infer_node(node, versions, known, constants, lambda shape: runtime_view(shape, declared), memo)
     shapes = {}
     for name, type_proto in (inferred or {}).items():
         shape = decode_type(type_proto)[1]
