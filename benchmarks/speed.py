@@ -4,12 +4,12 @@
 
 Every figure is a whole process (Python start and imports included), the median of --repeat rounds in which
 the commands take turns; a ratio is the median of the ratios within a round (the load of a shared machine
-drifts; each round sees the same). Peak RSS comes from one more run, sampled every 5 ms over the whole process
-tree (any child process a command starts counts; onnxmem starts none). onnxmem's
-modules are compiled to bytecode first, as pip does when it installs a package (the floor's onnx is installed
-so). The floor is what any ONNX tool pays: onnx.load(load_external_data=False) plus ONNX shape inference.
-onnx-tool (pip install onnx-tool) profiles the same model where it can run: it reads weight data, so it cannot
-run where the weight file is absent (every generated LLM graph here).
+drifts; each round sees the same), followed by the lowest and highest of them. Peak RSS comes from one more
+run, sampled every 5 ms over the whole process tree (any child process a command starts counts; onnxmem starts
+none). onnxmem's modules are compiled to bytecode first, as pip does when it installs a package (the floor's
+onnx is installed so). The floor is what any ONNX tool pays: onnx.load(load_external_data=False) plus ONNX
+shape inference. onnx-tool (pip install onnx-tool) profiles the same model where it can run: it reads weight
+data, so it cannot run where the weight file is absent (every generated LLM graph here).
 Prints one table; ratios compare figures taken in the same run.
 """
 
@@ -53,6 +53,7 @@ class Timing:
     rss_mb: float | None
     note: str = ""
     ratio: float | None = None  # to the floor (report, training) or to the report (fit): the median over rounds
+    spread: tuple[float, float] | None = None  # the lowest and highest of those ratios
 
 
 def argv(cmd: list[str]) -> list[str]:
@@ -129,7 +130,8 @@ def run(cmds: dict[str, list[str]], repeat: int, bases: dict[str, str] | None = 
         ratios = [t / b for t, b in zip(times[name], times[base], strict=True)] \
             if base is not None and base not in failed else []
         result[name] = Timing(statistics.median(times[name]), peak_rss_mb(cmd),
-                              ratio=statistics.median(ratios) if ratios else None)
+                              ratio=statistics.median(ratios) if ratios else None,
+                              spread=(min(ratios), max(ratios)) if ratios else None)
     return result
 
 
@@ -219,7 +221,8 @@ def fmt(t: Timing, base: Timing | None = None) -> str:
         return t.note or "failed"
     text = f"{t.seconds:.2f}s"
     if base is not None and t.ratio is not None:
-        text += f" ({t.ratio:.2f}x)"
+        spread = f", {t.spread[0]:.2f}-{t.spread[1]:.2f}" if t.spread is not None and len(set(t.spread)) > 1 else ""
+        text += f" ({t.ratio:.2f}x{spread})"
     return text
 
 
