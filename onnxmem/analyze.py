@@ -8,6 +8,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -26,7 +27,6 @@ from .report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, Op
 from .rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
 from .shapes import SizedModel, bind_and_infer
 from .tensor_types import UNKNOWN_TYPE, Dim, TensorType
-from .training import TrainingOptions, micro_batch_dims, training_memory, training_warnings
 from .transforms import (
     DEFAULT_PROVIDER,
     INSERTED_CAST_PREFIX,
@@ -35,6 +35,9 @@ from .transforms import (
     has_float16,
     inlined_function_ops,
 )
+
+if TYPE_CHECKING:
+    from .training import TrainingOptions
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 
@@ -225,6 +228,9 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     report = summarize(sized.loaded, graph, sized.dims, [*sized.warnings, *loop_warnings(graph, trips)], timeline,
                        order, sized.provider)
     if training is not None:
+        # (imported here: the training step's modules and tables are start-up that an inference report never needs)
+        from .training import micro_batch_dims, training_memory, training_warnings
+
         # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
         # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
         proto = (sized.given or sized.loaded).proto

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import click
@@ -21,17 +22,15 @@ from click.core import ParameterSource
 
 from .analyze import analysis, analyze
 from .dims import parse_dims
-from .errors import OnnxMemError, one_line
+from .errors import OnnxMemError, TrainingOptionError, one_line
 from .formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from .orders import DEFAULT_ORDER, ORDERS, orders_help
 from .plan import RUNTIMES, SHARD_STAGES
 from .plan import check as plan_check
 from .plan import fit as plan_fit
 from .render import json_text, render_targets, render_validation, targets_document
-from .rules.training import CPU_ISAS, LOSSES, OPTIMIZER_ALIASES, OPTIMIZERS
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
-from .training import DEVICES, PRECISIONS, TrainingOptionError, training_options
 from .transforms import DEFAULT_PROVIDER, PROVIDERS
 
 EXIT_BAD_INPUT = 2
@@ -208,12 +207,46 @@ def _progress_line() -> Iterator[_Progress | None]:
             progress.close()
 
 
+class _TableChoice(click.Choice[str]):
+    """A click.Choice of a table's names, read at first need: a command without --training never imports the
+    training step's modules and tables (start-up an inference report does not need). Click converts an option's
+    default at every call; the default (one of the names: tests check it) is taken as it is, without the table."""
+
+    def __init__(self, names: Callable[[], Iterable[str]], default: str | None = None) -> None:
+        self._names = names
+        self._choices: tuple[str, ...] | None = None
+        self._default = default
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._choices is None:
+            self._choices = tuple(self._names())
+        return self._choices
+
+    @choices.setter
+    def choices(self, names: Iterable[str]) -> None:
+        self._choices = tuple(names)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value is not None and value == self._default:
+            return str(value)
+        return super().convert(value, param, ctx)
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(name, __package__)
+
+
 # Training options, shared by report, fit and check.
 _TRAINING_OPTIONS = [
     click.option("--training", is_flag=True, help="Also report the memory of one training step."),
-    click.option("--optimizer", type=click.Choice(sorted([*OPTIMIZERS, *OPTIMIZER_ALIASES])), default="adamw",
+    click.option("--optimizer", default="adamw",
+                 type=_TableChoice(lambda: sorted([*_module(".rules.training").OPTIMIZERS,
+                                                   *_module(".rules.training").OPTIMIZER_ALIASES]), "adamw"),
                  show_default=True, help="Training: the optimizer (sgd-momentum, adam8bit, ...)."),
-    click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+    click.option("--precision", type=_TableChoice(lambda: _module(".training").PRECISIONS, "fp32"), default="fp32",
+                 show_default=True,
                  help="Training: fp32, autocast mixed precision with fp32 master weights, or pure bf16."),
     click.option("--freeze", multiple=True, metavar="PATTERN",
                  help="Training: freeze parameters whose name or module path matches (fnmatch; repeatable)."),
@@ -225,14 +258,16 @@ _TRAINING_OPTIONS = [
                  help="Training: the micro-batch size (the batch dim given with --dim is divided into steps of M)."),
     click.option("--checkpoint", default=None, metavar="K|auto",
                  help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops)."),
-    click.option("--device", type=click.Choice(DEVICES), default="cuda", show_default=True,
+    click.option("--device", type=_TableChoice(lambda: _module(".training").DEVICES, "cuda"), default="cuda",
+                 show_default=True,
                  help="Training: where PyTorch trains (dropout masks and the optimizer update differ)."),
-    click.option("--loss", type=click.Choice(sorted(LOSSES)), default="cross_entropy", show_default=True,
+    click.option("--loss", type=_TableChoice(lambda: sorted(_module(".rules.training").LOSSES), "cross_entropy"),
+                 default="cross_entropy", show_default=True,
                  help="Training: the loss after the model's first output."),
     click.option("--cpu-threads", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                  help="Training with --device cpu: PyTorch's intra-op threads (torch.get_num_threads()); they pick "
                       "the convolution kernel and multiply its scratch."),
-    click.option("--cpu-isa", type=click.Choice(sorted(CPU_ISAS)), default=None,
+    click.option("--cpu-isa", type=_TableChoice(lambda: sorted(_module(".rules.training").CPU_ISAS)), default=None,
                  help="Training with --device cpu: the instruction set of the CPU that trains (oneDNN's channel "
                       "block and bf16 kernels differ); default: this machine's."),
 ]
@@ -303,6 +338,8 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
         paths.extend(_model_paths(models))
         options = None
         if training:
+            from .training import training_options
+
             options = training_options(optimizer=optimizer, precision=precision, freeze=freeze,
                                        train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
                                        checkpoint=checkpoint, device=device, loss=loss,
@@ -541,6 +578,8 @@ def _training_from(flags: dict[str, Any]) -> Any:
     if not flags.pop("training"):
         return None
     flags["train"] = flags.pop("train_only")
+    from .training import training_options
+
     return training_options(**flags)
 
 

@@ -27,6 +27,10 @@ class RuntimeMeasurementError(OnnxMemError):
     """onnxruntime could not load or run the model; the message carries onnxruntime's reason."""
 
 
+class TrainingOptionError(OnnxMemError, ValueError):
+    """A training option is unknown or out of range (optimizer, precision, segments, accumulation)."""
+
+
 def require_extra(module: str, extra: str, purpose: str) -> MissingExtraError:
     """Give the error to raise when an optional module is missing."""
     return MissingExtraError(

@@ -12,12 +12,19 @@ from typing import Any
 
 import click
 
-from .errors import DimError, MissingExtraError, ModelFileError, OnnxMemError, RuntimeMeasurementError, TargetError
+from .errors import (
+    DimError,
+    MissingExtraError,
+    ModelFileError,
+    OnnxMemError,
+    RuntimeMeasurementError,
+    TargetError,
+    TrainingOptionError,
+)
 from .errors import one_line as _one_line
 from .render import json_text, render_check, render_fit, render_markdown, render_table, render_validation
 from .report import CheckResult, FitResult, Report, plain
 from .series import series_of
-from .training import TrainingOptionError
 
 
 @dataclass(frozen=True)

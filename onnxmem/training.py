@@ -29,7 +29,7 @@ from typing import NamedTuple
 import onnx
 from onnx import TensorProto
 
-from .errors import OnnxMemError
+from .errors import TrainingOptionError
 from .graph import ACTIVATION, INPUT, OUTPUT, WEIGHT, ModelGraph, fx_arguments
 from .liveness import live_bytes
 from .report import (
@@ -246,10 +246,6 @@ class _Model:
     primitives: dict[int, tuple[tuple[tuple[object, ...], int, bool], ...]] = field(default_factory=dict)
     # node -> the GEMMs it runs through MKL on CPU, in order
     gemms: dict[int, tuple[Gemm, ...]] = field(default_factory=dict)
-
-
-class TrainingOptionError(OnnxMemError, ValueError):
-    """A training option is unknown or out of range (optimizer, precision, segments, accumulation)."""
 
 
 def micro_batch_dims(model: onnx.ModelProto, dims: dict[str, int], options: TrainingOptions) -> dict[str, int]:
