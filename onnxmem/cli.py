@@ -25,9 +25,6 @@ from .dims import parse_dims
 from .errors import OnnxMemError, TrainingOptionError, one_line
 from .formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from .orders import DEFAULT_ORDER, ORDERS, orders_help
-from .plan import RUNTIMES, SHARD_STAGES
-from .plan import check as plan_check
-from .plan import fit as plan_fit
 from .render import json_text, render_targets, render_validation, targets_document
 from .runtime.cpu import OPT_LEVELS
 from .series import series_of
@@ -476,7 +473,7 @@ def _plan_options(command: Any) -> Any:
                      help="The memory to fit in: 24GiB, 16GB, 80000MB (GB = 10^9 bytes, GiB = 2^30)."),
         click.option("--gpu", default=None, metavar="NAME",
                      help="A GPU of the catalog (A100-80GB, H100-80GB, L4-24GB, ...; `onnxmem gpus` lists them)."),
-        click.option("--runtime", type=click.Choice(sorted(RUNTIMES)), default=None,
+        click.option("--runtime", type=_TableChoice(lambda: sorted(_module(".plan").RUNTIMES)), default=None,
                      help="Count this runtime's fixed costs and its allocator's rounding."),
         click.option("--reserve", default=None, metavar="SIZE",
                      help="Fixed costs taken off the memory before the model (replaces the stated defaults)."),
@@ -489,7 +486,7 @@ def _plan_options(command: Any) -> Any:
                      help=PROVIDER_HELP),
         click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                      help="Training: data-parallel GPUs; with --shard, model states are divided across them."),
-        click.option("--shard", type=click.Choice(SHARD_STAGES), default=None,
+        click.option("--shard", type=_TableChoice(lambda: _module(".plan").SHARD_STAGES), default=None,
                      help="Training: divide weights, gradients and optimizer states as ZeRO/FSDP do."),
         click.option("--what-if/--no-what-if", default=True, show_default=True,
                      help="Evaluate the single changes that would lower the peak."),
@@ -519,6 +516,8 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
     def work() -> None:
+        from .plan import fit as plan_fit  # (fit's and check's modules: start-up a report does not need)
+
         with _progress_line() as progress:
             result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
                               dims=parse_dims(dims), default_dim=default_dim, order=order,
@@ -553,6 +552,8 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
 
     def work() -> None:
         nonlocal fits
+        from .plan import check as plan_check
+
         bound = parse_dims(dims)
         with _progress_line() as progress:
             result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,

@@ -1,5 +1,5 @@
 """The CLI's training options read their tables at first need: each default must be one of the names, and an
-inference report must not load the training step's modules."""
+inference report must not load the training step's modules, nor fit's."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _table_options() -> list[tuple[str, click.Option]]:
 
 def test_every_table_option_is_found() -> None:
     names = {param.name for _, param in _table_options()}
-    assert {"optimizer", "precision", "device", "loss", "cpu_isa"} <= names
+    assert {"optimizer", "precision", "device", "loss", "cpu_isa", "runtime", "shard"} <= names
     assert {command for command, _ in _table_options()} >= {"report", "fit", "check"}
 
 
@@ -61,9 +61,10 @@ def _modules_after(*args: str) -> list[str]:
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
-def test_an_inference_report_does_not_load_the_training_modules() -> None:
+def test_an_inference_report_does_not_load_the_training_or_fit_modules() -> None:
     args = ("report", str(FIXTURES / "gpt_decoder.onnx"), "--dim", "batch=1", "--dim", "seq=8", "--format", "json")
     loaded = _modules_after(*args)
     assert "onnxmem.analyze" in loaded
     assert "onnxmem.training" not in loaded and "onnxmem.rules.training" not in loaded
+    assert "onnxmem.plan" not in loaded and "onnxmem.family" not in loaded
     assert "onnxmem.training" in _modules_after(*args, "--training")
