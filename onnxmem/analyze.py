@@ -298,6 +298,9 @@ def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDi
     return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
 
 
+_UNCONVERTED: tuple[Dim, ...] = ("not converted yet",)  # (compared by identity: no view is this tuple)
+
+
 def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
                    model: onnx.ModelProto | None = None, data: bytes | None = None) -> \
         list[tuple[Dim, ...] | None] | None:
@@ -308,13 +311,12 @@ def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
         return None
     views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
     declared: frozenset[str] | None = None  # read from the model where a shape has a 'unk__N' name
-    get = symbolic.get
+    get, seen = symbolic.get, views.get
     shapes = []
     for t in graph.tensors:
         shape = get(t.name, UNKNOWN_TYPE)[1]
-        if shape in views:
-            view = views[shape]
-        else:
+        view = seen(shape, _UNCONVERTED)
+        if view is _UNCONVERTED:
             if declared is None and model is not None and shape is not None and \
                     any(isinstance(d, str) and d.startswith("unk__") for d in shape):
                 # (bytes that hold no 'unk__' declare none: a search instead of a walk of every declared dim)

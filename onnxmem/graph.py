@@ -253,8 +253,9 @@ class _Builder:
                 tensors[in_id].consumers.append(op_index)
             if metadata:
                 layer, origin = _layer_and_origin(node, name, metadata)
-            else:  # (_layer_and_origin without metadata, inlined)
-                layer = name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
+            else:  # (_layer_and_origin without metadata, inlined: the scope before the name's last '/')
+                head, _, rest = name.rpartition("/")
+                layer = (head if head.strip("/") else "") if rest else _scope_of(name)
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
                                tuple(implicit) if implicit else (), subgraphs, layer, origin))
@@ -317,6 +318,12 @@ def _all_names(graph: GraphProto) -> set[str]:
     return names
 
 
+def _scope_of(name: str) -> str:
+    """Give the scope a node's name carries: what comes before its last '/', where a '/' stands between two other
+    characters ('/model/layers.0/MatMul' -> '/model/layers.0'; 'MatMul', '/MatMul': '')."""
+    return name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
+
+
 def _layer_and_origin(node: onnx.NodeProto, name: str, metadata: bool = True) -> tuple[str, str]:
     layer = origin = ""
     for prop in node.metadata_props if metadata and len(node.metadata_props) else ():
@@ -324,8 +331,8 @@ def _layer_and_origin(node: onnx.NodeProto, name: str, metadata: bool = True) ->
             layer = prop.value
         elif prop.key == "pkg.torch.onnx.fx_node":
             origin = _fx_origin(prop.value)
-    if not layer and "/" in name.strip("/"):
-        layer = name.rsplit("/", 1)[0]
+    if not layer:
+        layer = _scope_of(name)
     return layer, origin
 
 

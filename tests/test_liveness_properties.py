@@ -220,3 +220,27 @@ def test_size_numbers_equal_exactly_where_the_planner_compares_equal() -> None:
     assert len({keys["a"], keys["c"], keys["d"]}) == 3 and min(keys["c"], keys["d"]) > 0
     assert keys["e"] == keys["f"] < -1
     assert keys["g"] == -1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab/", max_size=8), min_size=1, max_size=6),
+       st.lists(st.tuples(st.just("pkg.torch.onnx.name_scopes"), st.text(alphabet="ab/", max_size=6)), max_size=1))
+def test_an_ops_layer_is_the_scope_its_name_carries(names: list[str], scopes: list[tuple[str, str]]) -> None:
+    """The build's layer of an op is the name before its last '/', where a '/' stands between other characters
+    ('/m/l/MatMul' -> '/m/l'; 'MatMul', '/MatMul', '//x', 'a/' -> ''), or the exporter's scope where it names
+    one: the same whether the build reads node metadata or not."""
+    nodes = [oh.make_node("Relu", [f"t{i - 1}" if i else "x"], [f"t{i}"], name=name) for i, name in enumerate(names)]
+    for node in nodes:
+        for key, value in scopes:
+            node.metadata_props.add(key=key, value=value)
+    model = oh.make_model(oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                        [oh.make_tensor_value_info(f"t{len(names) - 1}", TensorProto.FLOAT, [2])]))
+
+    def scope(name: str) -> str:  # (the definition, by other means)
+        inner = name.strip("/")
+        return name[:name.rindex("/")] if "/" in inner else ""
+
+    own = [scopes[0][1] if scopes and scopes[0][1] else scope(n or f"Relu_{i}") for i, n in enumerate(names)]
+    assert [op.layer for op in build_graph(model, metadata=True).ops] == own
+    if not scopes:
+        assert [op.layer for op in build_graph(model, metadata=False).ops] == own
