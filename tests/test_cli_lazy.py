@@ -1,5 +1,6 @@
-"""The CLI's training options read their tables at first need: each default must be one of the names, and an
-inference report must not load the training step's modules, nor fit's."""
+"""The CLI's options whose choices are tables of the training step or of fit (optimizers, losses, runtimes, ...)
+read them at first need: each default must be one of the names, and an inference report must not load the
+training step's modules, nor fit's."""
 
 from __future__ import annotations
 
