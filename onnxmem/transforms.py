@@ -206,8 +206,17 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     def fp16(name: str) -> bool:
         return bool(name) and known.get(name, (0, None, None))[0] == TensorProto.FLOAT16
 
+    kernels: dict[tuple[str, str], bool] = {}  # (op type, domain) -> _cpu_float16_kernel: asked once per kind
+
+    def has_kernel(node: onnx.NodeProto) -> bool:
+        kind = (node.op_type, node.domain)
+        found = kernels.get(kind)
+        if found is None:
+            found = kernels[kind] = _cpu_float16_kernel(node, versions)
+        return found
+
     def no_kernel(node: onnx.NodeProto) -> bool:
-        return any(fp16(name) for name in node.input) and not _cpu_float16_kernel(node, versions)
+        return any(fp16(name) for name in node.input) and not has_kernel(node)
 
     # values shape inference reads, as onnxruntime's reads its constant initializers (small ones: axes, shapes)
     constants = {t.name: t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL
@@ -216,7 +225,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     inlined = _inline_functions(graph, versions, known, no_kernel, constants, memo)
     nodes = list(graph.node) if inlined is None else inlined.nodes
     has_fp16_input = [any(fp16(name) for name in node.input) for node in nodes]
-    unassigned = [has_fp16_input[i] and not _cpu_float16_kernel(node, versions) for i, node in enumerate(nodes)]
+    unassigned = [has_fp16_input[i] and not has_kernel(node) for i, node in enumerate(nodes)]
     if not any(unassigned) and inlined is None:
         return None
     # the node making each tensor, but Constant nodes: onnxruntime makes them initializers first (no edges)
@@ -259,6 +268,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     # inference from the converted producers leaves a dim empty.
     declared = declared_dim_names(model)
     twins: list[onnx.ValueInfoProto] = []
+    float_types: dict[tuple[Dim, ...], onnx.TypeProto] = {}  # (see _float_value)
     out_rank: list[int] = []  # per node: onnxruntime's node index, up to order (the inserted Casts after all)
     inserted_rank = len(nodes) if inlined is None else max(inlined.rank, default=0) + 1
 
@@ -297,7 +307,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
                 first_shapes = _first_output_shapes(node, versions, known, declared, constants, memo)
             shape = first_shapes.get(name)
             if shape is not None and any(d is not None for d in shape):
-                twins.append(onnx.helper.make_tensor_value_info(twin, TensorProto.FLOAT, shape))
+                twins.append(_float_value(twin, shape, float_types))
             # a Cast back where a float16 reader or a graph output needs it, or where nothing reads the output
             # (InsertCastTransformer casts every float16 output back; the duplicate remover drops only the Casts
             # a converted reader makes redundant: an LSTM's unread Y_h keeps its Cast)
@@ -619,6 +629,7 @@ def with_inserted_cast_shapes(ran: ModelProto, types: Mapping[str, TensorType]) 
 
     twins = []
     memo: NodeMemo = {}  # (see _infer_node)
+    float_types: dict[tuple[Dim, ...], onnx.TypeProto] = {}  # (see _float_value)
     for node in _topological(graph):
         if node.op_type == "Cast" or not any(out.startswith(INSERTED_CAST_PREFIX) for out in node.output):
             continue
@@ -637,11 +648,22 @@ def with_inserted_cast_shapes(ran: ModelProto, types: Mapping[str, TensorType]) 
             if half(name) not in known:  # removed with its Casts: its shape is the one first inferred
                 known[half(name)] = (TensorProto.FLOAT16, shape, None)
             if any(d is not None for d in shape):
-                twins.append(onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+                twins.append(_float_value(name, shape, float_types))
     changed = ModelProto()
     changed.CopyFrom(ran)
     changed.graph.value_info.extend(twins)
     return changed
+
+
+def _float_value(name: str, shape: tuple[Dim, ...], types: dict[tuple[Dim, ...], onnx.TypeProto]) -> \
+        onnx.ValueInfoProto:
+    """Give onnx.helper.make_tensor_value_info(name, FLOAT, shape), each distinct shape's type made once (`types`)."""
+    value = onnx.ValueInfoProto(name=name)
+    made = types.get(shape)
+    if made is None:
+        made = types[shape] = onnx.helper.make_tensor_type_proto(TensorProto.FLOAT, shape)
+    value.type.CopyFrom(made)
+    return value
 
 
 def _topological(graph: GraphProto) -> list[onnx.NodeProto]:
