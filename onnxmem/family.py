@@ -19,7 +19,6 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 import onnx
@@ -40,7 +39,7 @@ from .analyze import (
 from .dims import InputDim, bind_dims, input_dims
 from .dtypes import element_bits, tensor_bytes
 from .graph import INPUT, WEIGHT, ModelGraph, build_graph
-from .liveness import Lifetimes, Timeline, lifetimes, liveness
+from .liveness import Lifetimes, Timeline, lifetimes, live_bytes, liveness
 from .load import load_model
 from .orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from .report import Report, Warning
@@ -352,20 +351,14 @@ def _bytes_poly(affine: Affine, bits: int) -> Poly:
 
 
 def _step_polys(timeline: Timeline, polys: Sequence[Poly | None]) -> list[Poly]:
-    """Give, per step, the live bytes as a polynomial of the value: each coefficient a difference array over the
-    steps and its running sum (liveness.live_bytes, one coefficient at a time)."""
+    """Give, per step, the live bytes as a polynomial of the value: the live bytes of each coefficient
+    (liveness.live_bytes, the sweep of inference and training)."""
     degree = max((len(p) for p in polys if p is not None), default=1)
-    steps = len(timeline.order)
-    columns = [[0] * (steps + 1) for _ in range(degree)]  # per coefficient: its change at each step
-    for t, first in enumerate(timeline.first_step):
-        poly = polys[t]
-        if first < 0 or poly is None:
-            continue
-        end = timeline.last_step[t] + 1
-        for column, c in zip(columns, poly, strict=False):  # (a poly of a lower degree: its own coefficients)
-            column[first] += c
-            column[end] -= c
-    return list(zip(*[accumulate(column[:steps]) for column in columns], strict=True))
+    spans = [(poly, first, last) for poly, first, last in zip(polys, timeline.first_step, timeline.last_step,
+                                                                strict=True) if first >= 0 and poly is not None]
+    columns = [live_bytes([(poly[k], first, last) for poly, first, last in spans if k < len(poly)],
+                          len(timeline.order)) for k in range(degree)]  # (a poly of a lower degree: its own)
+    return list(zip(*columns, strict=True))
 
 
 def _frontier(polys: list[Poly]) -> list[Poly]:
