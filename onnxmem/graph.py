@@ -259,13 +259,10 @@ class _Builder:
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
                                tuple(implicit) if implicit else (), subgraphs, layer, origin))
-            is_known = known.get(op_type) if not domain else None  # (ONNX's domain '': by op type alone)
+            operator = op_type if not domain else (domain, op_type)  # (ONNX's domain '': by op type alone)
+            is_known = known.get(operator)
             if is_known is None:
-                is_known = known.get((domain, op_type))
-                if is_known is None:
-                    is_known = known[(domain, op_type)] = self._lookup_known(node)
-                if not domain:
-                    known[op_type] = is_known
+                is_known = known[operator] = self._lookup_known(node)
             if not is_known:
                 key = f"{domain + '::' if domain else ''}{op_type}"
                 unknown_ops[key] = unknown_ops.get(key, 0) + 1

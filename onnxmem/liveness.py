@@ -54,17 +54,13 @@ def alias_roots(graph: ModelGraph, rules: InferenceRules, loop_body: bool = Fals
     passed_through = {t for t in graph.inputs[1:]} | {t.index for t in tensors if t.kind == OUTER} \
         if loop_body else set()
     root = list(range(len(tensors)))
-    # the rules' answer per operator kind, asked once each (by op type alone in ONNX's domain '')
+    # the rules' answer per operator kind, asked once each (keyed by op type alone in ONNX's domain '')
     sources: dict[tuple[str, str] | str, int | None] = {}
     for op in graph.ops:
-        source = sources.get(op.op_type, -1) if not op.domain else -1  # (ONNX's domain: by op type alone)
+        kind = op.op_type if not op.domain else (op.op_type, op.domain)
+        source = sources.get(kind, -1)
         if source == -1:
-            kind = (op.op_type, op.domain)
-            source = sources.get(kind, -1)
-            if source == -1:
-                source = sources[kind] = rules.alias_input(*kind)
-            if not op.domain:
-                sources[op.op_type] = source
+            source = sources[kind] = rules.alias_input(op.op_type, op.domain)
         if source is None or source >= len(op.inputs) or op.inputs[source] < 0 or not op.outputs:
             continue
         out = op.outputs[0]
@@ -140,15 +136,12 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
     transient: list[tuple[int, int]] = []  # (step, op) of the ops with transient bytes: subgraphs, expanded functions
     for step, op_index in enumerate(order):
         op = ops[op_index]
-        answer = answers.get(op.op_type) if not op.domain else None  # (ONNX's domain: by op type alone)
+        kind = op.op_type if not op.domain else (op.op_type, op.domain)  # (ONNX's domain: by op type alone)
+        answer = answers.get(kind)
         if answer is None:
-            kind = (op.op_type, op.domain)
-            answer = answers.get(kind)
-            if answer is None:
-                answer = answers[kind] = (rules.in_place_input(*kind), rules.may_take_freed(*kind),
-                                          kind[0] in EXPANDED_INTERMEDIATES and kind[1] in ("", "ai.onnx"))
-            if not op.domain:
-                answers[op.op_type] = answer
+            answer = answers[kind] = (rules.in_place_input(op.op_type, op.domain),
+                                      rules.may_take_freed(op.op_type, op.domain),
+                                      op.op_type in EXPANDED_INTERMEDIATES and op.domain in ("", "ai.onnx"))
         if answer[2] or op.subgraphs:
             transient.append((step, op_index))
         outputs = op.outputs
