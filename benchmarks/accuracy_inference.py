@@ -3,7 +3,7 @@
     python benchmarks/accuracy_inference.py [--batch 8]
 
 For every fixture: onnxruntime CPU, optimizations disabled, one thread, first run, activations measured to the
-byte by the profiler's allocator statistics (onnxmem.runtime.cpu). Estimates: `onnxmem report` as a user runs
+byte by the profiler's allocator statistics (onnxmem.measure.ort_cpu). Estimates: `onnxmem report` as a user runs
 it with --provider cpu (the model's own node order) and with --order ort (onnxruntime's order); both on the raw
 graph, default rules.
 Prints one table; the last column names what explains a difference.
@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import onnxmem  # noqa: E402
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 from benchmarks.tables import markdown_table  # noqa: E402
-from onnxmem.runtime import make_feeds, measure_cpu  # noqa: E402
+from onnxmem.measure.inputs import make_feeds  # noqa: E402
+from onnxmem.measure.ort_cpu import measure_cpu  # noqa: E402
 
 
 def percent(estimate: int, measured: int) -> str:
@@ -35,7 +36,7 @@ def main() -> None:
     errors_model, errors_ort = [], []
     for path in fixture_paths():
         dims = dims_for(path, args.batch)
-        model = onnxmem.load.load_model(path).proto
+        model = onnxmem.ir.load.load_model(path).proto
         try:
             measured = measure_cpu(path, make_feeds(model, dims), opt_level="disable", runs=1)
         except onnxmem.OnnxMemError as exc:
@@ -60,7 +61,7 @@ def main() -> None:
 
 def explain(path: Path) -> str:
     """Give the known reason a fixture's estimate can differ, from what its graph contains."""
-    model = onnxmem.load.load_model(path).proto
+    model = onnxmem.ir.load.load_model(path).proto
     ops = {n.op_type for n in model.graph.node}
     notes = []
     if "If" in ops:

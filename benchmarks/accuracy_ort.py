@@ -37,8 +37,11 @@ from benchmarks.zoo import DEFAULT_OUT as DEFAULT_ZOO  # noqa: E402
 from benchmarks.zoo import INDEX as ZOO_INDEX  # noqa: E402
 from benchmarks.zoo2 import DEFAULT_OUT as DEFAULT_ZOO2  # noqa: E402
 from benchmarks.zoo3 import DEFAULT_OUT as DEFAULT_ZOO3  # noqa: E402
-from onnxmem import MissingExtraError, OnnxMemError  # noqa: E402
-from onnxmem.validate import Validation, validate  # noqa: E402
+from onnxmem import (
+    MissingExtraError,
+    OnnxMemError,  # noqa: E402
+)
+from onnxmem.measure.validate import Validation, validate  # noqa: E402
 
 HEADERS = ("fixture", "opt level", "batch", "run 1 measured B", "run 1 est-meas", "run 2 measured B",
            "run 2 est-meas", "arena weights B / est-meas", "note")

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 import onnxmem  # noqa: E402
 from benchmarks.torch_memory import c10_peak  # noqa: E402
 from benchmarks.zoo import quiet  # noqa: E402
-from onnxmem.training import TrainingOptions  # noqa: E402
+from onnxmem.training.step import TrainingOptions  # noqa: E402
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.01),
@@ -331,8 +331,8 @@ def export(case: Case, module: nn.Module, folder: Path) -> Path:
 
 
 def batch_dims(path: Path, batch: int) -> dict[str, int]:
-    from onnxmem.dims import input_dims
-    from onnxmem.load import load_model
+    from onnxmem.ir.load import load_model
+    from onnxmem.shapes.dims import input_dims
 
     # The batch axis takes the batch; a sequence axis the length the fixture's example inputs use (16).
     return {d.name: batch if d.axis == 0 else 16 for d in input_dims(load_model(path).proto)}

@@ -1,11 +1,12 @@
-"""The bytes onnxruntime's CPU arena holds after each run, measured, against onnxmem.arena's BFC simulation.
+"""The bytes onnxruntime's CPU arena holds after each run, measured, against onnxmem.targets.ort.arena's BFC simulation.
 
     python benchmarks/arena.py [--batches 1 8 32] [--set fixtures|real|real2|real3] [--levels disable ...] [--zoo DIR]
                                [--models NAME ...]
 
 For each fixture and batch, `onnxmem validate` (onnxruntime CPU, level disable, one thread, arena on, memory
 pattern on, two runs) reads `mem_arena_held` on each run's last node event: what the arena holds from the system
-then (its regions and its reserved bytes). The estimate replays, through the simulated BFC arena (onnxmem.arena),
+then (its regions and its reserved bytes). The estimate replays, through the simulated BFC arena
+(onnxmem.targets.ort.arena),
 the weights the session reserves (validate.arena_weight_bytes) and the first run's allocations and frees on the
 estimate's own timeline (arena.first_run_events); for the second run, then the memory pattern's block and the
 graph outputs (arena.later_run_events). Prints one table; "exact" counts the runs that agree to the byte.
@@ -31,7 +32,7 @@ from benchmarks.zoo import DEFAULT_OUT as DEFAULT_ZOO  # noqa: E402
 from benchmarks.zoo import INDEX as ZOO_INDEX  # noqa: E402
 from benchmarks.zoo2 import DEFAULT_OUT as DEFAULT_ZOO2  # noqa: E402
 from benchmarks.zoo3 import DEFAULT_OUT as DEFAULT_ZOO3  # noqa: E402
-from onnxmem.validate import validate  # noqa: E402
+from onnxmem.measure.validate import validate  # noqa: E402
 
 
 def main() -> None:

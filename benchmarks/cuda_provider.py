@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import onnxmem  # noqa: E402
 from benchmarks.fixture_dims import dims_for, fixture_paths  # noqa: E402
 from benchmarks.tables import markdown_table  # noqa: E402
-from onnxmem.analyze import analysis  # noqa: E402
-from onnxmem.graph import HOST  # noqa: E402
+from onnxmem.ir.graph import HOST  # noqa: E402
+from onnxmem.passes.pipeline import analysis  # noqa: E402
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnx
 
-from onnxmem.dims import input_dims
+from onnxmem.shapes.dims import input_dims
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 OTHER_DIMS = {"seq": 32, "past": 8}  # any other symbolic dim: 16

@@ -40,7 +40,7 @@ BUILD_ONLY = r"""
 import gc, json, statistics, sys, time
 gc.disable()
 import onnx
-from onnxmem.graph import build_graph
+from onnxmem.ir.graph import build_graph
 model = onnx.load(sys.argv[1], load_external_data=False)
 times = []
 for _ in range(int(sys.argv[2])):
@@ -59,7 +59,7 @@ def field_reads(graph):  # type: ignore[no-untyped-def]
 
 def bare_build(graph):  # type: ignore[no-untyped-def]
     """The reads above, into one Op and one Tensor per op and tensor, wired, with no check of any kind."""
-    from onnxmem.graph import ACTIVATION, WEIGHT, Op, Tensor
+    from onnxmem.ir.graph import ACTIVATION, WEIGHT, Op, Tensor
 
     tensors: list[Tensor] = []
     index: dict[str, int] = {"": -1}
@@ -91,7 +91,7 @@ def bare_build(graph):  # type: ignore[no-untyped-def]
 def in_process(path: Path, repeat: int) -> dict[str, float]:
     import onnx
 
-    from onnxmem.graph import build_graph
+    from onnxmem.ir.graph import build_graph
 
     model = onnx.load(str(path), load_external_data=False)
     runs = {"build_graph (as report runs it)": lambda: build_graph(model, metadata=False),
@@ -113,7 +113,7 @@ def compiled(path: Path, repeat: int) -> dict[str, float]:
         copy = Path(tmp) / "src"
         shutil.copytree(HERE / "onnxmem", copy / "onnxmem", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(HERE / "pyproject.toml", copy / "pyproject.toml")  # (mypy's settings)
-        subprocess.run([sys.executable, "-m", "mypyc", "onnxmem/graph.py", "onnxmem/liveness.py"], cwd=copy,
+        subprocess.run([sys.executable, "-m", "mypyc", "onnxmem/ir/graph.py", "onnxmem/passes/liveness.py"], cwd=copy,
                        check=True, capture_output=True)
         if not list((copy / "onnxmem").glob("graph*.so")):
             raise SystemExit("mypyc made no extension module")

@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onnxmem.rules.training import CPU_ISAS  # noqa: E402
-from onnxmem.training import (  # noqa: E402
+from onnxmem.training.rules import CPU_ISAS  # noqa: E402
+from onnxmem.training.step import (  # noqa: E402
     Gemm,
     flash_attention_gemms,
     lstm_primitives,

@@ -109,8 +109,8 @@ def _scrub(text: str) -> str:
 def write(out: Path, zoos: list[Path], quick: bool) -> None:
     """Run every case and write its output to OUT (one file each)."""
     from click.testing import CliRunner
-
     from fixture_dims import dims_for, fixture_paths
+
     from onnxmem.cli import main
 
     out.mkdir(parents=True, exist_ok=True)

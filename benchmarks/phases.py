@@ -43,14 +43,14 @@ start = T()
 DUMP = bool(os.environ.get("ONNXMEM_PHASE_DUMPS"))  # --instructions: callgrind dumps its counts at getppid()
 gc.disable()  # as the CLI does
 import onnx
-A = importlib.import_module("onnxmem.analyze")  # the package's `analyze` is the function
-from onnxmem import render
-from onnxmem.dims import input_dims
-from onnxmem.graph import build_graph
-from onnxmem.liveness import liveness
-from onnxmem.load import load_model
-from onnxmem.orders import execution_order
-from onnxmem.rules import DEFAULT_INFERENCE_RULES as R
+A = importlib.import_module("onnxmem.passes.pipeline")  # the package's `analyze` is the function
+from onnxmem.views import render
+from onnxmem.shapes.dims import input_dims
+from onnxmem.ir.graph import build_graph
+from onnxmem.passes.liveness import liveness
+from onnxmem.ir.load import load_model
+from onnxmem.passes.orders import execution_order
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES as R
 marks = []
 
 

@@ -7,13 +7,10 @@ the `onnxmem` command can answer an interrupt while it starts: see console.py).
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .analyze import Analysis, analysis, analyze
-    from .errors import (
+    from onnxmem.errors import (
         DimError,
         MissingExtraError,
         ModelFileError,
@@ -21,22 +18,23 @@ if TYPE_CHECKING:
         RuntimeMeasurementError,
         TargetError,
     )
-    from .plan import check, fit, parse_size
-    from .report import CheckResult, FitResult, InferenceReport, Report, Warning
-    from .training import TrainingOptions
-    from .validate import Validation, validate
+    from onnxmem.measure.validate import Validation, validate
+    from onnxmem.passes.pipeline import Analysis, analysis, analyze
+    from onnxmem.plan.fit import check, fit, parse_size
+    from onnxmem.training.step import TrainingOptions
+    from onnxmem.views.report import CheckResult, FitResult, InferenceReport, Report, Warning
 
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
-    **dict.fromkeys(("Analysis", "analysis", "analyze"), "analyze"),
+    **dict.fromkeys(("Analysis", "analysis", "analyze"), "passes.pipeline"),
     **dict.fromkeys(("DimError", "MissingExtraError", "ModelFileError", "OnnxMemError", "RuntimeMeasurementError",
                      "TargetError"), "errors"),
-    **dict.fromkeys(("check", "fit", "parse_size"), "plan"),
-    **dict.fromkeys(("CheckResult", "FitResult", "InferenceReport", "Report", "Warning"), "report"),
-    "TrainingOptions": "training",
-    **dict.fromkeys(("Validation", "validate"), "validate"),
+    **dict.fromkeys(("check", "fit", "parse_size"), "plan.fit"),
+    **dict.fromkeys(("CheckResult", "FitResult", "InferenceReport", "Report", "Warning"), "views.report"),
+    "TrainingOptions": "training.step",
+    **dict.fromkeys(("Validation", "validate"), "measure.validate"),
 }
 
 __all__ = [
@@ -63,29 +61,8 @@ __all__ = [
 ]
 
 
-def _function(name: str) -> property:
-    """Give the package attribute `name` that is a function of the submodule of the same name (analyze, validate):
-    the import system binds the submodule to the package when it is imported, and the function wins, as the
-    package's own `from .analyze import analyze` made it win."""
-    def get(package: types.ModuleType) -> Any:
-        return getattr(importlib.import_module(f".{name}", __name__), name)
-
-    def bind(package: types.ModuleType, value: Any) -> None:
-        pass  # the submodule, bound by the import system: sys.modules keeps it
-
-    return property(get, bind)
-
-
-class _Package(types.ModuleType):
-    analyze = _function("analyze")
-    validate = _function("validate")
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __getattr__(name: str) -> Any:
-    """Give a public name (imported from its module on first use) or a submodule (onnxmem.shapes, ...)."""
+    """Give a public name (imported from its module on first use) or a submodule (onnxmem.shapes.sizing, ...)."""
     if name in _PUBLIC:
         value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
         globals()[name] = value

@@ -1,5 +1,5 @@
 """`python -m onnxmem`: the same as the `onnxmem` command."""
 
-from .console import run
+from onnxmem.cli.console import run
 
 run()

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import OnnxMemError, require_extra
-from .rules.training import EXPORT_MODE_PROPERTY
+from onnxmem.errors import OnnxMemError, require_extra
+from onnxmem.training.rules import EXPORT_MODE_PROPERTY
 
 # An axis per dim name: the same axis of every input of higher rank, or one entry per input (None: not there).
 DynamicAxes = Mapping[str, int | Sequence[int | None]]

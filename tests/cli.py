@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 from click.testing import CliRunner
 
-from onnxmem.cli import main
+from onnxmem.cli.commands import main
 
 
 def run(*args: str) -> tuple[int, str, str]:

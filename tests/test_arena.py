@@ -1,12 +1,12 @@
-"""onnxruntime's BFC arena, simulated (onnxmem/arena.py): regions, best fit, splitting and coalescing worked out by
+"""onnxruntime's BFC arena, simulated (onnxmem/targets/ort/arena.py): regions, best fit, splitting and coalescing worked out by
 hand from bfc_arena.cc, and the first run's held bytes of small graphs."""
 
 from __future__ import annotations
 
 import pytest
 
-from onnxmem.analyze import analysis
-from onnxmem.arena import INITIAL_REGION, BFCArena, first_run_events, held_after, rounded
+from onnxmem.passes.pipeline import analysis
+from onnxmem.targets.ort.arena import INITIAL_REGION, BFCArena, first_run_events, held_after, rounded
 
 from . import graphs
 
@@ -63,7 +63,7 @@ def test_validate_reports_the_arenas_held_bytes_as_simulated() -> None:
     from pathlib import Path
 
     from benchmarks.fixture_dims import dims_for
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     for name, batch in (("mlp", 8), ("transformer_encoder", 32), ("gpt_decoder", 32)):
         path = Path(__file__).resolve().parent.parent / "fixtures" / f"{name}.onnx"
@@ -84,7 +84,7 @@ def _first_run_held(model: object, dims: dict[str, int] | None = None) -> tuple[
     import pytest
 
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     run = validate(model, dims or {}, runs=1).runs[0]  # type: ignore[arg-type]
     return run.measured.arena_held_bytes, run.estimated.arena_held_bytes
@@ -168,7 +168,7 @@ def test_external_initializers_stay_out_of_the_arena() -> None:
     pytest.importorskip("onnxruntime")
     from pathlib import Path
 
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     path = Path(__file__).resolve().parent.parent / "fixtures" / "mlp_external.onnx"
     run = validate(path, {"batch": 1}, runs=1).runs[0]
@@ -188,7 +188,7 @@ def test_qlinear_conv_scratch_grows_the_arena(weight_type: str) -> None:
     from onnx import TensorProto, numpy_helper
 
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     dtype = np.int8 if weight_type == "int8" else np.uint8
     weights = [numpy_helper.from_array(np.array(0.5, np.float32), "s"),

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import onnxmem
-from onnxmem.cli import _Progress
-from onnxmem.dims import bind_dims, input_dims
+from onnxmem.cli.commands import _Progress
 from onnxmem.errors import DimError, TargetError
-from onnxmem.plan import resolve_target
-from onnxmem.series import round_ticks
-from onnxmem.training import TrainingOptions
+from onnxmem.plan.fit import resolve_target
+from onnxmem.shapes.dims import bind_dims, input_dims
+from onnxmem.training.step import TrainingOptions
+from onnxmem.views.series import round_ticks
 
 from . import graphs
 from .cli import run, save
@@ -302,7 +302,7 @@ def test_no_progress_outside_a_terminal(mlp: str) -> None:
 
 @pytest.mark.parametrize("largest", [1, 7, 999, 1000, 1024, 3 * 2**20 + 5, 80 * 2**30, 10**13 + 7])
 def test_round_ticks_are_four_to_six_round_steps(largest: int) -> None:
-    from onnxmem.series import byte_unit
+    from onnxmem.views.series import byte_unit
 
     unit = byte_unit(largest)
     ticks = round_ticks(largest, unit)

@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from onnxmem import cli
+from onnxmem.cli import commands as cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -65,7 +65,7 @@ def _modules_after(*args: str) -> list[str]:
 def test_an_inference_report_does_not_load_the_training_or_fit_modules() -> None:
     args = ("report", str(FIXTURES / "gpt_decoder.onnx"), "--dim", "batch=1", "--dim", "seq=8", "--format", "json")
     loaded = _modules_after(*args)
-    assert "onnxmem.analyze" in loaded
-    assert "onnxmem.training" not in loaded and "onnxmem.rules.training" not in loaded
-    assert "onnxmem.plan" not in loaded and "onnxmem.family" not in loaded
-    assert "onnxmem.training" in _modules_after(*args, "--training")
+    assert "onnxmem.passes.pipeline" in loaded
+    assert "onnxmem.training.step" not in loaded and "onnxmem.training.rules" not in loaded
+    assert "onnxmem.plan.fit" not in loaded and "onnxmem.plan.family" not in loaded
+    assert "onnxmem.training.step" in _modules_after(*args, "--training")

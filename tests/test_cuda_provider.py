@@ -1,4 +1,5 @@
-"""The CUDA provider's placement (onnxmem.cuda_placement, rules.cuda): taken from onnxruntime's source, as no GPU is
+"""The CUDA provider's placement (onnxmem.targets.ort.cuda.placement and tables):
+taken from onnxruntime's source, as no GPU is
 available; each test checks what one rule does to a small graph, its bytes worked out by hand."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
-from onnxmem.analyze import analysis
-from onnxmem.graph import HOST
-from onnxmem.training import TrainingOptions
+from onnxmem.ir.graph import HOST
+from onnxmem.passes.pipeline import analysis
+from onnxmem.training.step import TrainingOptions
 
 F32 = TensorProto.FLOAT
 
@@ -150,8 +151,8 @@ def test_the_training_step_reads_the_model_as_given() -> None:
 
 def test_the_placement_is_applied_once() -> None:
     # a model the transform made is left as it is (fit and the what-ifs re-run the pipeline on it)
-    from onnxmem.cuda_placement import on_cuda
-    from onnxmem.load import load_model
+    from onnxmem.ir.load import load_model
+    from onnxmem.targets.ort.cuda.placement import on_cuda
 
     placed, notes = on_cuda(load_model(no_cuda_kernel()))
     again, more = on_cuda(placed)

@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto
 
 from benchmarks.llm_graphs import SHAPES, make_llama
-from onnxmem.analyze import analyze
-from onnxmem.family import ModelFamily
+from onnxmem.passes.pipeline import analyze
+from onnxmem.plan.family import ModelFamily
 
 from . import graphs
 from .test_qdq import shared_dq_model

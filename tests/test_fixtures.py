@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 import onnxmem
-from onnxmem.cli import main
-from onnxmem.dims import input_dims
-from onnxmem.graph import build_graph
+from onnxmem.cli.commands import main
+from onnxmem.ir.graph import build_graph
+from onnxmem.shapes.dims import input_dims
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODELS = sorted(FIXTURES.glob("*.onnx"))
@@ -20,7 +20,7 @@ DIMS = {"batch": 4, "seq": 24}
 
 
 def dim_args(path: Path) -> list[str]:
-    names = {d.name for d in input_dims(onnxmem.load.load_model(path).proto)}
+    names = {d.name for d in input_dims(onnxmem.ir.load.load_model(path).proto)}
     return [a for name in sorted(names) for a in ("--dim", f"{name}={DIMS[name]}")]
 
 
@@ -73,10 +73,11 @@ def test_symbolic_types_evaluated_at_the_dims_equal_inference_at_the_dims(path: 
     # analyze() infers once on the symbolic model, evaluates the dims where every dim is named and infers only
     # the part that makes the rest (shape_inference._infer_rest); that must give exactly what inference of the
     # whole graph with the dims bound gives.
-    from onnxmem import planner, shapes
-    from onnxmem.dims import input_dims
+    from onnxmem.shapes import sizing as shapes
+    from onnxmem.shapes.dims import input_dims
+    from onnxmem.targets.ort import planner
 
-    model = onnxmem.load.load_model(path).proto
+    model = onnxmem.ir.load.load_model(path).proto
     names = {d.name for d in input_dims(model)}
     dims = {name: DIMS[name] for name in names}
     whole = shapes.bind_and_infer(model, dims)
@@ -109,23 +110,23 @@ def test_planner_merges_concat_dims_as_onnxruntime_does() -> None:
     # Resize loses the batch dim (its scale on it is 1, but inference computes no symbolic product); the Concat
     # with a skip connection takes 'batch' from the skip for onnxruntime's planner, where ONNX's 'unk__N' name
     # for the lost dim would win the merge (measured on fixtures/unet.onnx, see rules.inference.PLANNER_MERGES_DIMS).
-    from onnxmem.planner import infer_symbolic, runtime_view
+    from onnxmem.targets.ort.planner import infer_symbolic, runtime_view
 
     model = _merge_model()
     types = infer_symbolic(model)
     assert runtime_view(types["up"][1]) == (None, 4, 16, 16)
     assert runtime_view(types["cat"][1]) == ("batch", 8, 16, 16)
-    sized = onnxmem.shapes.bind_and_infer(model, {"batch": 3}, symbolic=types)
+    sized = onnxmem.shapes.sizing.bind_and_infer(model, {"batch": 3}, symbolic=types)
     assert sized.types["cat"][1] == (3, 8, 16, 16)
 
 
 def test_planner_merges_alike_from_a_file_and_its_graph(tmp_path: Path) -> None:
     # The same merge where the model comes from a file and the merging nodes are found from the caller's graph
     # (a merge learned means a second inference).
-    from onnxmem import planner
-    from onnxmem.dims import input_dims
-    from onnxmem.graph import build_graph
-    from onnxmem.load import load_model
+    from onnxmem.ir.graph import build_graph
+    from onnxmem.ir.load import load_model
+    from onnxmem.shapes.dims import input_dims
+    from onnxmem.targets.ort import planner
 
     onnx.save(_merge_model(), str(tmp_path / "merge.onnx"))
     loaded = load_model(tmp_path / "merge.onnx")
@@ -164,7 +165,8 @@ def _shape_arithmetic_model() -> onnx.ModelProto:
 
 
 def test_shape_values_data_propagation_misses_are_computed() -> None:
-    from onnxmem import planner, shapes
+    from onnxmem.shapes import sizing as shapes
+    from onnxmem.targets.ort import planner
 
     model = _shape_arithmetic_model()
     for symbolic in (None, planner.infer_symbolic(model)):  # the whole graph, and only the part left unknown
@@ -177,7 +179,7 @@ def test_shape_values_stay_small() -> None:
     # An Expand of a constant to an activation's shape is no shape value: it is neither computed nor built.
     import numpy as np
 
-    from onnxmem.shape_values import SHAPE_VALUE_OPS
+    from onnxmem.shapes.values import SHAPE_VALUE_OPS
 
     expand = SHAPE_VALUE_OPS["Expand"]
     assert expand is not None

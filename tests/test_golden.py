@@ -8,11 +8,11 @@ import pytest
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.graph import build_graph
-from onnxmem.liveness import liveness
-from onnxmem.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
-from onnxmem.schedule import model_order
-from onnxmem.shapes import bind_and_infer
+from onnxmem.ir.graph import build_graph
+from onnxmem.passes.liveness import liveness
+from onnxmem.passes.schedule import model_order
+from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
 
 from . import graphs
 from .graphs import T

@@ -13,9 +13,10 @@ import pytest
 
 import onnxmem
 from benchmarks.llm_graphs import LlamaShape, make_llama
-from onnxmem import planner, shapes
-from onnxmem.dims import input_dims
-from onnxmem.graph import build_graph
+from onnxmem.ir.graph import build_graph
+from onnxmem.shapes import sizing as shapes
+from onnxmem.shapes.dims import input_dims
+from onnxmem.targets.ort import planner
 
 # The 7B model's layer shapes with grouped-query attention (8 KV heads), two layers of them.
 SEVEN_B_TWO_LAYERS = LlamaShape(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
@@ -73,7 +74,7 @@ def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypa
                                                                         kv_heads: int) -> None:
     # ONNX names the Concat of past and new keys 'unk__N' (it adds no symbols); the rule sums the axis, and the
     # attention scores, softmax and context that carry the name are sized with it: nothing is inferred again.
-    from onnxmem.graph import build_graph
+    from onnxmem.ir.graph import build_graph
 
     model = make_llama(LlamaShape(layers=3, hidden=64, heads=4, kv_heads=kv_heads, ffn=128, vocab=256))
     symbolic = planner.infer_symbolic(model)
@@ -107,7 +108,7 @@ def test_dims_by_rule(rule: str, rank: int, inputs: list[tuple[object, ...]], ax
 def test_report_imports_no_runtime_plotting_or_torch(extra: list[str]) -> None:
     # Start-up counts on every graph: report loads only what it needs.
     script = ("import sys, runpy; sys.argv = ['onnxmem', *sys.argv[1:]]\n"
-              "try:\n    runpy.run_module('onnxmem.cli', run_name='not_main').get('main')()\n"
+              "try:\n    runpy.run_module('onnxmem.cli.commands', run_name='not_main').get('main')()\n"
               "except SystemExit:\n    pass\n"
               "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('onnxruntime', 'matplotlib', 'torch', "
               "'sympy', 'networkx'))\nprint('HEAVY', heavy, file=sys.stderr)\n")
@@ -154,8 +155,8 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "fixtures").glob("*.onnx")))
 def test_node_kinds_told_from_the_bytes_miss_nothing(name: str) -> None:
     # NodeKinds searches the file's bytes: where a kind of node is there, it must say so (it may say so wrongly).
-    from onnxmem.load import load_model
-    from onnxmem.rules.inference import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
+    from onnxmem.ir.load import load_model
+    from onnxmem.targets.ort.tables import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
 
     loaded = load_model(ROOT / "fixtures" / name)
     assert loaded.nodes is not None
@@ -170,7 +171,7 @@ def test_node_kinds_told_from_the_bytes_miss_nothing(name: str) -> None:
 
 
 def test_node_kinds_of_a_plain_llama_are_exact(tmp_path: Path) -> None:
-    from onnxmem.load import load_model
+    from onnxmem.ir.load import load_model
 
     nodes = load_model(save_without_weights(MANY_LAYERS, tmp_path)).nodes
     assert nodes is not None and (nodes.prepared, nodes.graphs, nodes.merges, nodes.metadata) == \
@@ -196,7 +197,7 @@ def test_layers_named_by_node_metadata_in_a_file(tmp_path: Path) -> None:
 def test_the_inference_with_the_graphs_nodes_equals_the_one_from_the_model(name: str) -> None:
     # The planner rounds find their nodes from the caller's graph where the model needed no preparation: the same
     # types as from a model inferred with nothing else known.
-    from onnxmem.load import load_model
+    from onnxmem.ir.load import load_model
 
     path = ROOT / "fixtures" / name
     loaded = load_model(path)
@@ -242,8 +243,8 @@ def test_a_model_read_from_a_pipe_is_the_files_model(tmp_path: Path) -> None:
 def test_declared_types_read_from_inference_bytes_equal_the_parsed_model(name: str) -> None:
     # The planner types' fast path reads inference's answer without parsing its nodes back: the same types, in the
     # same order, as the parsed model's graph gives (its initializers and subgraphs apart).
-    from onnxmem.infer import _collect_types, _inferred, inferred_declared_types
-    from onnxmem.tensor_types import TypeDecoder
+    from onnxmem.ir.tensor_types import TypeDecoder
+    from onnxmem.shapes.infer import _collect_types, _inferred, inferred_declared_types
 
     data = (ROOT / "fixtures" / f"{name}.onnx").read_bytes()
     parsed = _collect_types(_inferred(data, data_prop=False).graph, TypeDecoder(), subgraphs=False,
@@ -256,7 +257,7 @@ def test_declared_types_read_from_inference_bytes_equal_the_parsed_model(name: s
 def test_planner_types_fast_path_equals_the_full_rounds(tmp_path: Path) -> None:
     # A model that takes the fast path (no node holds a graph, no operator needs onnxruntime's inference) gets the
     # planner types the rounds give on the parsed inference.
-    from onnxmem.load import load_model
+    from onnxmem.ir.load import load_model
 
     path = tmp_path / "m.onnx"
     onnx.save(make_llama(MANY_LAYERS, data_file="weights.bin"), str(path))

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from onnxmem.graph import ACTIVATION, OUTPUT, ModelGraph, build_graph
-from onnxmem.liveness import _size_keys, liveness
-from onnxmem.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
-from onnxmem.schedule import model_order, ort_order
-from onnxmem.shapes import bind_and_infer
+from onnxmem.ir.graph import ACTIVATION, OUTPUT, ModelGraph, build_graph
+from onnxmem.passes.liveness import _size_keys, liveness
+from onnxmem.passes.schedule import model_order, ort_order
+from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, NO_REUSE_RULES, InferenceRules
 
 UNARY = ("Relu", "Sigmoid", "Neg", "Identity", "Exp")
 

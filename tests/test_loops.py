@@ -1,4 +1,4 @@
-"""A Loop's run on onnxruntime's CPU provider (onnxmem/loops.py): what its body allocates on every iteration, in
+"""A Loop's run on onnxruntime's CPU provider (onnxmem/passes/loops.py): what its body allocates on every iteration, in
 the peak and in the arena's held bytes, worked out by hand from loop.cc and checked against onnxruntime."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxmem.analyze import analysis
-from onnxmem.graph import build_graph
-from onnxmem.loops import loop_run, loop_trip_counts, loop_warnings, replayed
-from onnxmem.rules import DEFAULT_INFERENCE_RULES
-from onnxmem.shapes import bind_and_infer
+from onnxmem.ir.graph import build_graph
+from onnxmem.passes.loops import loop_run, loop_trip_counts, loop_warnings, replayed
+from onnxmem.passes.pipeline import analysis
+from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 
 MiB = 1 << 20
 SCALARS = 8 + 1  # the Loop's iteration number (int64) and condition (bool)
@@ -109,7 +109,7 @@ def test_scan_outputs_are_kept_until_the_loop_ends() -> None:
     (MiB, 3, 1, True), (1000, 7, 2, True)])
 def test_validate_is_exact_on_loops_peak_and_arena(tmp_path, n: int, trips: int, steps: int, scan: bool) -> None:
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     path = tmp_path / f"loop_{n}_{trips}_{steps}_{scan}.onnx"
     onnx.save(_loop_model(n, trips, steps, scan), str(path))
@@ -149,7 +149,7 @@ def test_an_if_branch_allocates_in_the_arena(tmp_path, steps: int) -> None:
     # x (4 MiB: a 4 MiB region), the branch's first intermediate (4 MiB: a second 4 MiB region), then the If's
     # output: the next region is 8 MiB. 16 MiB held, where the If's output alone would leave 8 MiB.
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     path = tmp_path / f"if_{steps}.onnx"
     onnx.save(_if_model(MiB, steps), str(path))

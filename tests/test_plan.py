@@ -13,10 +13,11 @@ from onnx import TensorProto
 import onnxmem
 from benchmarks.llm_graphs import SHAPES, make_llama
 from onnxmem.errors import DimError, TargetError
-from onnxmem.graph import build_graph
-from onnxmem.liveness import liveness
-from onnxmem.order import memory_order
-from onnxmem.plan import (
+from onnxmem.ir.graph import build_graph
+from onnxmem.passes.liveness import liveness
+from onnxmem.passes.order import memory_order
+from onnxmem.passes.schedule import model_order
+from onnxmem.plan.fit import (
     ALLOCATORS,
     GPUS,
     MiB,
@@ -28,10 +29,9 @@ from onnxmem.plan import (
     resolve_target,
     shard_states,
 )
-from onnxmem.rules import DEFAULT_INFERENCE_RULES
-from onnxmem.schedule import model_order
-from onnxmem.shapes import bind_and_infer
-from onnxmem.training import TrainingOptions
+from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
+from onnxmem.training.step import TrainingOptions
 
 from . import graphs
 from .cli import run, save
@@ -416,7 +416,7 @@ def test_fit_and_check_on_onnxruntime_count_what_its_arena_holds() -> None:
     # 1, 2, 4 ... MiB, the kernel's scratch, the memory pattern's block): the simulation validate checks against
     # onnxruntime's own count, equal here to the byte at each value, in check, in fit's search and in onnxruntime.
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     model = _lstm()
     target = {"memory": "64GiB", "runtime": "onnxruntime", "reserve": 0, "provider": "cpu"}

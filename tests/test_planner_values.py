@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxmem.planner import infer_symbolic, ort_shape_inputs, ort_shape_values
+from onnxmem.targets.ort.planner import infer_symbolic, ort_shape_inputs, ort_shape_values
 
 
 def _model(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto] = (),  # type: ignore[assignment]
@@ -72,7 +72,7 @@ def _reuse_model() -> onnx.ModelProto:
 
 def test_validate_is_exact_where_the_planner_reuses_a_propagated_shape(tmp_path) -> None:
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     path = tmp_path / "shape_of_shape.onnx"
     onnx.save(_reuse_model(), str(path))

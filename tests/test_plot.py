@@ -12,9 +12,9 @@ from onnx import TensorProto
 import onnxmem
 from benchmarks.llm_graphs import SHAPES, make_llama
 from onnxmem.errors import MissingExtraError, OnnxMemError
-from onnxmem.html import check_page, fit_page, report_page
-from onnxmem.series import inference_series, series_of, training_series
-from onnxmem.training import TrainingOptions
+from onnxmem.training.step import TrainingOptions
+from onnxmem.views.html import check_page, fit_page, report_page
+from onnxmem.views.series import inference_series, series_of, training_series
 
 from . import graphs
 from .cli import run, save
@@ -61,7 +61,7 @@ def test_inference_timeline_is_worked_by_hand() -> None:
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_plots_are_written(tmp_path: Path, suffix: str) -> None:
     pytest.importorskip("matplotlib")
-    from onnxmem.plot import save_plot
+    from onnxmem.views.plot import save_plot
 
     result = onnxmem.fit(graphs.symbolic_mlp(), memory="1MiB")
     assert result.report is not None and result.report.dims["batch"] == result.max_value
@@ -86,14 +86,14 @@ def test_cli_plots_for_report_fit_and_check(tmp_path: Path) -> None:
 
 def test_plot_needs_a_png_or_svg_name(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from onnxmem.plot import save_plot
+    from onnxmem.views.plot import save_plot
 
     with pytest.raises(OnnxMemError, match=r"\.png or \.svg"):
         save_plot(tmp_path / "fit.bmp", timeline=series_of(onnxmem.analyze(graphs.chain())))
 
 
 def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxmem.plot import save_plot
+    from onnxmem.views.plot import save_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(MissingExtraError, match=r'pip install "onnxmem\[plot\]"'):
@@ -160,7 +160,7 @@ def _svg_texts(page: str) -> list[tuple[float, str]]:
 
 
 def test_training_page_leads_with_the_training_answer_and_keeps_labels_apart() -> None:
-    from onnxmem import html
+    from onnxmem.views import html
 
     model = make_llama(SHAPES["tiny"], TensorProto.FLOAT)
     report = onnxmem.analyze(model, {"batch": 2, "seq": 16, "past": 1}, training=TrainingOptions())
@@ -189,7 +189,7 @@ def test_fit_page_says_nothing_fits_once() -> None:
 
 def test_fit_curve_axes_are_linear_where_the_peak_is() -> None:
     pytest.importorskip("matplotlib")
-    from onnxmem.plot import _pyplot, draw_curve, draw_timeline
+    from onnxmem.views.plot import _pyplot, draw_curve, draw_timeline
 
     plt = _pyplot()
     linear = onnxmem.fit(graphs.symbolic_mlp(), memory="64MiB", what_if=False)

@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
-from onnxmem.load import load_model
-from onnxmem.planner import infer_symbolic
-from onnxmem.transforms import cpu_float16_casts
+from onnxmem.ir.load import load_model
+from onnxmem.targets.ort.cpu.float16 import cpu_float16_casts
+from onnxmem.targets.ort.planner import infer_symbolic
 
 F16 = TensorProto.FLOAT16
 
@@ -60,7 +60,7 @@ def test_a_float32_model_is_the_same_on_both_providers() -> None:
 @pytest.mark.parametrize("batch", [1, 8])
 def test_the_cpu_report_equals_onnxruntimes_first_run(batch: int) -> None:
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     result = validate(half_mlp(), {"batch": batch}, opt_level="disable", runs=1)
     measured = result.runs[0].measured.peak_activation_bytes
@@ -125,7 +125,7 @@ def test_the_cpu_report_runs_the_inserted_casts_where_onnxruntime_does(build) ->
     # the plain report on the file as given (the provider's Casts placed as onnxruntime places and orders them)
     # equals onnxruntime's first run; before, half_residual came out -1,536 B at batch 1 and +2,048 B at batch 8
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     for batch in (1, 8):
         result = validate(build(), {"batch": batch}, opt_level="disable", runs=1)
@@ -138,7 +138,7 @@ def test_a_float16_layer_norms_scale_and_bias_are_held_as_float32(norms: int) ->
     # float32 copies when the session is created (LayerNormImpl::PrePack): 2 x 64 x 4 B in the arena, for each
     # norm, even where two norms read the same scale and bias
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     scale = numpy_helper.from_array(np.ones((64,), np.float16), "g")
     shift = numpy_helper.from_array(np.zeros((64,), np.float16), "b")

@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
-from onnxmem.load import load_model
-from onnxmem.planner import infer_symbolic
-from onnxmem.transforms import INLINED_NODE_PREFIX, cpu_float16_casts, inlined_function_ops
+from onnxmem.ir.load import load_model
+from onnxmem.targets.ort.cpu.float16 import INLINED_NODE_PREFIX, cpu_float16_casts, inlined_function_ops
+from onnxmem.targets.ort.planner import infer_symbolic
 
 F16 = TensorProto.FLOAT16
 
@@ -119,7 +119,7 @@ def test_the_cpu_report_equals_onnxruntimes_first_run(build) -> None:  # type: i
     # before the bodies were inlined, attention with declared scores came out -8,192 B at batch 1 and -65,536 B at
     # batch 8, in the plain report and in validate alike
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     for batch in (1, 8):
         dims = {"batch": batch, "mbatch": batch, "seq": 32} if build().graph.input[0].name == "q" else {"batch": batch}
@@ -132,7 +132,7 @@ def test_the_cpu_report_equals_onnxruntimes_first_run(build) -> None:  # type: i
 @pytest.mark.parametrize("opt_level", ["basic", "extended", "all"])
 def test_validate_is_exact_at_every_level(opt_level: str) -> None:
     pytest.importorskip("onnxruntime")
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     result = validate(attention(declare_scores=True), {"batch": 8, "mbatch": 8, "seq": 32}, opt_level=opt_level)
     assert result.exact

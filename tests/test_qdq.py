@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
-from onnxmem.load import load_model
-from onnxmem.qdq import unique_dequantize
+from onnxmem.ir.load import load_model
+from onnxmem.targets.ort.qdq import unique_dequantize
 
 WIDTH = 1024
 
@@ -74,7 +74,7 @@ def test_the_plain_report_equals_onnxruntime_first_run(tmp_path: Path, graph_out
     pytest.importorskip("onnxruntime")
     import onnxruntime as ort
 
-    from onnxmem.validate import validate
+    from onnxmem.measure.validate import validate
 
     model = shared_dq_model(graph_output)
     path = tmp_path / "shared_dq.onnx"

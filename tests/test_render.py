@@ -9,8 +9,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxmem.render import json_text
-from onnxmem.report import plain
+from onnxmem.views.render import json_text
+from onnxmem.views.report import plain
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text()
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
@@ -31,7 +31,7 @@ def test_a_report_is_written_as_its_dict() -> None:
     from pathlib import Path
 
     import onnxmem
-    from onnxmem.render import render_json
+    from onnxmem.views.render import render_json
 
     report = onnxmem.analyze(Path(__file__).resolve().parent.parent / "fixtures" / "gpt_decoder.onnx",
                              default_dim=3, training=onnxmem.TrainingOptions())

@@ -1,4 +1,4 @@
-"""onnxmem.runtime against the real onnxruntime on tiny graphs whose peak is worked out by hand.
+"""onnxmem.measure (ort_cpu, inputs) against the real onnxruntime on tiny graphs whose peak is worked out by hand.
 
 T = one float32 [1,1024,1024] tensor = 4 MiB. Counted: bytes onnxruntime's CPU arena hands out while the graph
 runs (activations and graph outputs). Not counted: graph inputs (fed from numpy) and plain initializers.
@@ -17,7 +17,8 @@ from onnx import TensorProto, numpy_helper
 pytest.importorskip("onnxruntime")
 
 from onnxmem.errors import DimError, RuntimeMeasurementError  # noqa: E402
-from onnxmem.runtime import make_feeds, measure_cpu  # noqa: E402
+from onnxmem.measure.inputs import make_feeds  # noqa: E402
+from onnxmem.measure.ort_cpu import measure_cpu  # noqa: E402
 
 SHAPE = [1, 1024, 1024]
 T = 4 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""onnxmem.runtime.cuda: the counting allocator by hand, the C callback glue with a fake device, and measure_cuda
+"""onnxmem.measure.ort_cuda: the counting allocator by hand, the C callback glue with a fake device, and measure_cuda
 against a fake onnxruntime that calls the callbacks through their addresses as the CUDA provider would.
 
 Only the last test needs a real GPU (onnxruntime-gpu with a CUDA provider); it is skipped elsewhere.
@@ -19,8 +19,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from onnxmem.errors import MissingExtraError, RuntimeMeasurementError
-from onnxmem.runtime import cuda
-from onnxmem.runtime.cuda import (
+from onnxmem.measure import ort_cuda as cuda
+from onnxmem.measure.ort_cuda import (
     ALLOC_FN,
     EMPTY_CACHE_FN,
     FREE_FN,

@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxmem
-from onnxmem.planner import infer_symbolic
-from onnxmem.rules.shapes import NCHWC_BLOCK, SHAPE_RULES, broadcast, matmul
-from onnxmem.shapes import bind_and_infer
+from onnxmem.shapes.rules import NCHWC_BLOCK, SHAPE_RULES, broadcast, matmul
+from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort.planner import infer_symbolic
 
 F, U8, I8, I32, I64, F16 = (TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.INT32,
                             TensorProto.INT64, TensorProto.FLOAT16)

@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
-from onnxmem.shapes import bind_and_infer
+from onnxmem.shapes.sizing import bind_and_infer
 
 I64, F = TensorProto.INT64, TensorProto.FLOAT
 
@@ -207,7 +207,7 @@ def test_a_torchscript_pad_list_is_reversed_and_transposed_into_onnx_order() -> 
 
 
 def test_a_2d_slice_and_transpose_of_shape_values() -> None:
-    from onnxmem.shape_values import SHAPE_VALUE_OPS
+    from onnxmem.shapes.values import SHAPE_VALUE_OPS
 
     paired = np.array([[0, 1], [2, 3], [4, 5]], dtype=np.int64)
     reverse = SHAPE_VALUE_OPS["Slice"]

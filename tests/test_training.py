@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.cli import main
-from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.rules.training import CPU_ISAS, MklGemmBuffers
-from onnxmem.training import TrainingOptionError, TrainingOptions
+from onnxmem.cli.commands import main
+from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
+from onnxmem.training.rules import CPU_ISAS, MklGemmBuffers
+from onnxmem.training.step import TrainingOptionError, TrainingOptions
 
 from . import graphs
 

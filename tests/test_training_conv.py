@@ -16,9 +16,9 @@ import pytest
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.report import TrainingReport
-from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS, OnednnPrimitives
-from onnxmem.training import TrainingOptions, cpu_convolution_primitives, cpu_convolution_scratch, detect_cpu_isa
+from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS, OnednnPrimitives
+from onnxmem.training.step import TrainingOptions, cpu_convolution_primitives, cpu_convolution_scratch, detect_cpu_isa
+from onnxmem.views.report import TrainingReport
 
 from . import graphs
 

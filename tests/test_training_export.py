@@ -9,9 +9,9 @@ import onnx.helper as oh
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.rules.training import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.rules.training import MklGemmBuffers
-from onnxmem.training import TrainingOptions
+from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
+from onnxmem.training.rules import MklGemmBuffers
+from onnxmem.training.step import TrainingOptions
 
 from . import graphs
 

@@ -17,8 +17,8 @@ import onnx.helper as oh
 import pytest
 
 import onnxmem
-from onnxmem.rules.training import CPU_ISAS, MklGemmBuffers
-from onnxmem.training import (
+from onnxmem.training.rules import CPU_ISAS, MklGemmBuffers
+from onnxmem.training.step import (
     Gemm,
     TrainingOptions,
     TrainingReport,

@@ -11,7 +11,7 @@ import pytest
 
 import onnxmem
 from onnxmem.errors import MissingExtraError
-from onnxmem.training import TrainingOptions
+from onnxmem.training.step import TrainingOptions
 
 
 def test_without_torch_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def _head_only_step(model: object, tmp_path: Path) -> tuple[int, int]:
     # the profiler sees PyTorch's allocator only, not MKL's malloc'd sgemm blocks: leave them out of the estimate
     import dataclasses
 
-    from onnxmem.rules.training import CPU_ISAS
+    from onnxmem.training.rules import CPU_ISAS
 
     with pytest.MonkeyPatch.context() as patch:
         for isa, rule in list(CPU_ISAS.items()):

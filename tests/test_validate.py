@@ -10,14 +10,14 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxmem.cli import main
+from onnxmem.cli.commands import main
 
 from . import graphs
 from .graphs import T
 
 pytest.importorskip("onnxruntime")
 
-from onnxmem.validate import validate  # noqa: E402
+from onnxmem.measure.validate import validate  # noqa: E402
 
 
 @pytest.mark.parametrize(

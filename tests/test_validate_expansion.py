@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxmem.validate import validate
+from onnxmem.measure.validate import validate
 
 pytest.importorskip("onnxruntime")
 

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 import onnxmem
 from benchmarks.fixture_dims import dims_for, fixture_paths
-from onnxmem.cli import main
-from onnxmem.html import check_page, report_page
-from onnxmem.load import load_model
-from onnxmem.render import format_bytes
-from onnxmem.series import aggregated, series_of
-from onnxmem.transforms import half_precision
+from onnxmem.cli.commands import main
+from onnxmem.ir.load import load_model
+from onnxmem.targets.ort.cpu.float16 import half_precision
+from onnxmem.views.html import check_page, report_page
+from onnxmem.views.render import format_bytes
+from onnxmem.views.series import aggregated, series_of
 
 from . import graphs
 
@@ -182,7 +182,7 @@ def test_a_model_whose_weights_dominate_is_drawn_above_them() -> None:
 def test_a_training_what_if_reads_the_model_as_given_as_the_report_does() -> None:
     # On the CPU provider onnxruntime casts a float16 decoder's ops without a float16 kernel (another model); the
     # training step reads the model as given, in the report and in the what-if at half the batch alike.
-    from onnxmem.training import TrainingOptions
+    from onnxmem.training.step import TrainingOptions
 
     path = Path(__file__).resolve().parent.parent / "fixtures" / "gpt_decoder.onnx"
     model = half_precision(load_model(path))

@@ -1,0 +1,532 @@
+"""The model's own structure, checked once as it is loaded: text that is not UTF-8, duplicate initializers,
+element types, dims, initializer data against its dims, external-data locations, the attributes that hold
+control-flow bodies, opsets and local functions.
+
+An invalid model is a ModelFileError naming the tensor or node and what is wrong (PROBLEMS); a model that stands
+but that the installed onnx does not fully know gets a named warning (WARNINGS). Every check reads lists the
+model keeps short (opsets, functions, graph inputs and outputs, initializers); nodes are read only where the
+loader's search of the bytes says a node may hold a graph, so a 100k-node graph costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import onnx
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
+
+from onnxmem.errors import ModelFileError, quoted
+from onnxmem.ir.dtypes import dtype_name, element_bits
+from onnxmem.targets.ort.tables import CONTROL_FLOW
+from onnxmem.views.report import Warning
+
+# What makes a model invalid, by code: each a one-line message (the CLI prints it after "onnxmem: error: <file>:").
+PROBLEMS: dict[str, str] = {
+    "not-a-model": "not a valid ONNX model (no IR version, opset or graph); the file may be truncated or not ONNX "
+                   "at all",
+    "not-utf8": "{place} is not valid UTF-8 ({value}): protobuf strings must be UTF-8",
+    "bad-opset": "opset_import: {problem}",
+    "duplicate-initializer": "initializer {name} is given twice{scope}",
+    "bad-data-type": "{what} {name} has data_type {dtype}, which is no ONNX element type",
+    "negative-dim": "{what} {name} has a negative dim: dims {dims}",
+    "too-many-elements": "{what} {name} has dims {dims}: {count} elements, more than 64-bit sizes can count",
+    "data-size": "{what} {name} ({dtype}, dims {dims}) holds {actual} bytes of data where its dims need "
+                 "{expected}",
+    "data-count": "{what} {name} ({dtype}, dims {dims}) holds {actual} values in {field} where its dims need "
+                  "{expected}",
+    "no-data": "{what} {name} ({dtype}, dims {dims}) holds no data and is not stored externally",
+    "external-location": "{what} {name}: external-data location {location} {problem}",
+    "bad-elem-type": "{what} {name} has elem_type {dtype}, which is no ONNX element type",
+    "long-int-vector": "{what} {name} is declared as a vector of {length} integers: more than {limit}, the longest "
+                       "onnxmem gives ONNX's shape inference (it expands such a vector value by value, without "
+                       "bound)",
+    "graph-attribute": "node {node} ({op_type}): attribute {attribute} {problem}",
+    "body-arity": "node {node} ({op_type}): its {attribute} graph has {actual} {part} where the node needs "
+                  "{expected}",
+    "recursive-function": "local function {name} calls itself ({path}): a model must not recurse",
+}
+
+# What the installed onnx does not know but leaves the estimate standing, by code (the warning's stable code).
+WARNINGS: dict[str, str] = {
+    "newer-opset": "the model imports opset {version} of domain {domain}; the installed onnx {onnx} knows up to "
+                   "{known}, and infers its operators by those rules (pip install -U onnx)",
+    "newer-ir-version": "the model's IR version {version} is newer than the installed onnx {onnx} knows ({known}) "
+                        "(pip install -U onnx)",
+}
+
+# The longest integer vector declared on a graph input that is given to ONNX's shape inference: its data
+# propagation holds such a vector as a shape of that many dims (2^40 takes minutes and terabytes).
+LONGEST_INT_VECTOR = 1 << 20
+# Initializers up to this size have their data measured exactly (reading a larger raw_data copies it).
+_EXACT_DATA_BYTES = 64 * 1024 * 1024
+_PATH_MAX, _NAME_MAX = 4096, 255
+# A negative dim as protobuf writes it (field 1, tag 0x08, a ten-byte varint whose last byte is 0x01): bytes
+# without one hold no negative dim (a tensor whose dims have an odd number of negatives has a count <= 0 and is
+# read anyway); with one, every initializer's dims are read. Writers never pack dims, which this search assumes.
+_NEGATIVE_VARINT = re.compile(rb"\x08[\x80-\xff]{9}\x01")
+_STANDARD = ("", "ai.onnx")
+_INT_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.UINT64, TensorProto.UINT32,
+                        TensorProto.INT16, TensorProto.UINT16, TensorProto.INT8, TensorProto.UINT8})
+_DATA_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
+_ELEM_TYPES = frozenset(TensorProto.DataType.values())  # UNDEFINED: the type is unknown, which stays honest
+# The graph attributes each control-flow operator needs, and the body arity it implies (see _check_bodies).
+_BODIES: dict[str, tuple[str, ...]] = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",),
+                                       "SequenceMap": ("body",)}
+# Where a typed field holds a tensor's values: (field, elements per stored value) by data type; 0 for packed types
+# whose values share one int32 (see _stored_values).
+_TYPED_FIELDS: dict[int, str] = {
+    TensorProto.FLOAT: "float_data", TensorProto.COMPLEX64: "float_data", TensorProto.DOUBLE: "double_data",
+    TensorProto.COMPLEX128: "double_data", TensorProto.INT64: "int64_data", TensorProto.UINT64: "uint64_data",
+    TensorProto.UINT32: "uint64_data", TensorProto.STRING: "string_data",
+}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the check found that loading goes on with: warnings, and the external-data locations of the
+    initializers (location -> the number of tensors stored there)."""
+
+    warnings: tuple[Warning, ...]
+    external: dict[str, int]
+
+
+def check_model(model: ModelProto, where: str, data: bytes | None = None, subgraphs: bool = True,
+                constants: bool = True) -> Checked:
+    """Give what the model's structure tells (see Checked), or raise ModelFileError where the model is invalid.
+
+    `where` names the model in messages; `data`, its serialized bytes where the caller has them (their strings
+    are then checked for UTF-8 in one parse); `subgraphs` False: the caller knows no node holds a graph (see
+    load.NodeKinds), so only the main graph's lists are read; `constants` False: the caller knows the model has
+    no Constant node, whose values are otherwise checked as initializers are.
+    """
+    _check_is_model(model, where)
+    _check_utf8(model, where, data)
+    warnings = _check_opsets(model, where)
+    graphs = list(_graphs(model, subgraphs)) if subgraphs else [model.graph]
+    external: dict[str, int] = {}
+    negatives = data is None or _NEGATIVE_VARINT.search(data) is not None
+    for graph in graphs:
+        _check_initializers(graph, where, external, graph is not model.graph, negatives)
+        _check_values(graph, where)
+        if constants:
+            _check_constants(graph.node, where, {}, negatives)
+    if constants:
+        for function in model.functions:
+            _check_constants(function.node, where, {}, negatives)
+    if subgraphs:
+        for graph in [*graphs, *model.functions]:
+            _check_bodies(graph.node, where)
+    _check_functions(model, where)
+    return Checked(tuple(warnings), external)
+
+
+def all_initializers(graph: GraphProto) -> Iterator[TensorProto]:
+    """Give the initializers of a graph and of every graph its control-flow nodes hold."""
+    for sub in _subgraphs_of(graph):
+        yield from sub.initializer
+
+
+def _fail(where: str, code: str, **fields: object) -> ModelFileError:
+    return ModelFileError(f"{where}: invalid model: {PROBLEMS[code].format(**fields)}")
+
+
+def _warning(code: str, **fields: object) -> Warning:
+    return Warning(code, WARNINGS[code].format(**fields))
+
+
+def _check_is_model(model: ModelProto, where: str) -> None:
+    # Protobuf parses many non-ONNX byte strings without complaint (an empty file is a valid empty message),
+    # so a model must at least declare an IR version, an opset and a graph with something in it.
+    graph = model.graph
+    if model.ir_version <= 0 or not model.opset_import or not (graph.node or graph.output):
+        raise ModelFileError(f"{where}: {PROBLEMS['not-a-model']}")
+
+
+# --- strings ------------------------------------------------------------------------------------------------
+
+def _verifying_model_class() -> type[Message]:
+    """Give a ModelProto class that rejects strings that are not UTF-8 as it parses (ONNX's schema is proto2,
+    whose parser hands such a string back as bytes): onnx's own schema, as edition 2023 with UTF-8 verified."""
+    source = descriptor_pb2.FileDescriptorProto()
+    onnx.ModelProto.DESCRIPTOR.file.CopyToProto(source)
+    source.syntax, source.edition = "editions", descriptor_pb2.EDITION_2023
+    features = source.options.features
+    features.utf8_validation = descriptor_pb2.FeatureSet.VERIFY
+    features.enum_type = descriptor_pb2.FeatureSet.CLOSED
+    features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED
+    features.field_presence = descriptor_pb2.FeatureSet.EXPLICIT
+
+    def proto2_fields(message: descriptor_pb2.DescriptorProto) -> None:
+        for field in message.field:
+            if field.label == field.LABEL_REQUIRED:
+                field.label = field.LABEL_OPTIONAL
+                field.options.features.field_presence = descriptor_pb2.FeatureSet.LEGACY_REQUIRED
+            if field.name == "doc_string":  # free text that nothing reads: not worth refusing a model over
+                field.options.features.utf8_validation = descriptor_pb2.FeatureSet.NONE
+        for nested in message.nested_type:
+            proto2_fields(nested)
+
+    for message in source.message_type:
+        proto2_fields(message)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(source)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{source.package}.ModelProto"))
+
+
+_VERIFYING: list[type[Message]] = []  # made at first use (a few milliseconds)
+
+
+def _check_utf8(model: ModelProto, where: str, data: bytes | None) -> None:
+    """Raise where a string of the model is not UTF-8: one C parse of its bytes, and a walk to name the string
+    only when that parse fails."""
+    if data is None:
+        if model.ByteSize() > _EXACT_DATA_BYTES:
+            _find_bytes(model, where)  # a walk over the strings: no second copy of embedded weights
+            return
+        data = model.SerializeToString()
+    if not _VERIFYING:
+        _VERIFYING.append(_verifying_model_class())
+    try:
+        _VERIFYING[0].FromString(data)
+    except DecodeError:
+        _find_bytes(model, where)
+
+
+def _find_bytes(model: ModelProto, where: str) -> None:
+    """Raise naming the first string of the model that protobuf gave back as bytes (not UTF-8)."""
+    for place, value in _strings(model):
+        if isinstance(value, bytes):
+            raise _fail(where, "not-utf8", place=place, value=quoted(value))
+
+
+def _strings(model: ModelProto) -> Iterator[tuple[str, str | bytes]]:
+    for opset in model.opset_import:
+        yield "an opset_import domain", opset.domain
+    for entry in model.metadata_props:
+        yield "a metadata_props entry", entry.key
+        yield "a metadata_props entry", entry.value
+    for text in (model.producer_name, model.producer_version, model.domain):
+        yield "the model's producer or domain", text
+    for function in model.functions:
+        for text in (function.name, function.domain, *function.input, *function.output, *function.attribute):
+            yield f"local function {quoted(function.name)}", text
+        yield from _node_strings(function.node)
+    for graph in _subgraphs_of(model.graph):
+        yield from _graph_strings(graph)
+
+
+def _graph_strings(graph: GraphProto) -> Iterator[tuple[str, str | bytes]]:
+    yield "a graph name", graph.name
+    for tensor in graph.initializer:
+        yield "an initializer name", tensor.name
+        for entry in tensor.external_data:
+            yield f"initializer {quoted(tensor.name)}: external data", entry.key
+            yield f"initializer {quoted(tensor.name)}: external-data {quoted(entry.key)}", entry.value
+    for sparse in graph.sparse_initializer:
+        yield "a sparse initializer name", sparse.values.name
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        yield "a value name", value.name
+        for dim in value.type.tensor_type.shape.dim:
+            yield f"value {quoted(value.name)}: a dim name", dim.dim_param
+    yield from _node_strings(graph.node)
+
+
+def _node_strings(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[str, str | bytes]]:
+    for position, node in enumerate(nodes):
+        where = f"node #{position} ({quoted(node.name)})"
+        yield f"node #{position}: its name", node.name
+        yield f"{where}: its op_type", node.op_type
+        yield f"{where}: its domain", node.domain
+        for text in (*node.input, *node.output):
+            yield f"{where}: an input or output name", text
+        for attribute in node.attribute:
+            yield f"{where}: an attribute name", attribute.name
+            yield f"{where}: attribute {quoted(attribute.name)}", attribute.ref_attr_name
+        for entry in node.metadata_props:
+            yield f"{where}: metadata_props", entry.key
+            yield f"{where}: metadata_props", entry.value
+
+
+# --- opsets and functions -----------------------------------------------------------------------------------
+
+def _check_opsets(model: ModelProto, where: str) -> list[Warning]:
+    known = onnx.defs.C.schema_version_map()  # domain -> (first, last) opset version the installed onnx knows
+    warnings: list[Warning] = []
+    seen: set[str] = set()
+    for opset in model.opset_import:
+        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        if domain in seen:
+            raise _fail(where, "bad-opset", problem=f"domain {quoted(opset.domain)} is imported twice")
+        seen.add(domain)
+        if opset.version <= 0:
+            raise _fail(where, "bad-opset",
+                        problem=f"domain {quoted(opset.domain)} has version {opset.version} (versions start at 1)")
+        last = known.get(domain, (0, 0))[1]
+        if last and opset.version > last:
+            warnings.append(_warning("newer-opset", version=opset.version, domain=quoted(opset.domain or "ai.onnx"),
+                                     onnx=onnx.__version__, known=last))
+    if model.ir_version > onnx.IR_VERSION:
+        warnings.append(_warning("newer-ir-version", version=model.ir_version, onnx=onnx.__version__,
+                                 known=onnx.IR_VERSION))
+    return warnings
+
+
+def _check_functions(model: ModelProto, where: str) -> None:
+    """Raise where a local function calls itself, directly or through others (inference would not end)."""
+    if not model.functions:
+        return
+    calls: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for function in model.functions:
+        calls[(function.domain, function.name)] = {(n.domain, n.op_type) for n in function.node}
+    for key in calls:
+        calls[key] &= calls.keys()
+    done: set[tuple[str, str]] = set()
+    for start in calls:  # an iterative depth-first search: a long chain of functions must not exhaust the stack
+        path: list[tuple[str, str]] = []
+        on_path: set[tuple[str, str]] = set()
+        stack: list[tuple[tuple[str, str], Iterator[tuple[str, str]]]] = []
+        if start not in done:
+            path.append(start)
+            on_path.add(start)
+            stack.append((start, iter(sorted(calls[start]))))
+        while stack:
+            current, callees = stack[-1]
+            callee = next(callees, None)
+            if callee is None:
+                stack.pop()
+                path.pop()
+                on_path.discard(current)
+                done.add(current)
+                continue
+            if callee in on_path:
+                cycle = [*path[path.index(callee):], callee]
+                raise _fail(where, "recursive-function", name=quoted(_function_name(callee)),
+                            path=" -> ".join(_function_name(c) for c in cycle[:10])
+                            + (f" ... ({len(cycle) - 10} more)" if len(cycle) > 10 else ""))
+            if callee not in done:
+                path.append(callee)
+                on_path.add(callee)
+                stack.append((callee, iter(sorted(calls[callee]))))
+
+
+def _function_name(key: tuple[str, str]) -> str:
+    return f"{key[0]}::{key[1]}" if key[0] else key[1]
+
+
+# --- graphs -------------------------------------------------------------------------------------------------
+
+def _graphs(model: ModelProto, subgraphs: bool) -> Iterator[GraphProto]:
+    yield from _subgraphs_of(model.graph) if subgraphs else (model.graph,)
+    if subgraphs:
+        for function in model.functions:
+            for node in function.node:
+                for attribute in node.attribute:
+                    for graph in _attribute_graphs(attribute):
+                        yield from _subgraphs_of(graph)
+
+
+def _subgraphs_of(graph: GraphProto) -> Iterator[GraphProto]:
+    """Give the graph and every graph its nodes hold, depth first (iteratively: nesting depth is the file's)."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        yield current
+        for node in current.node:
+            if node.op_type not in CONTROL_FLOW and node.domain in _STANDARD:
+                continue  # a standard operator holds no graph (reading every node's attributes is costly)
+            for attribute in node.attribute:
+                stack.extend(_attribute_graphs(attribute))
+
+
+def _attribute_graphs(attribute: AttributeProto) -> list[GraphProto]:
+    if attribute.type == AttributeProto.GRAPH:
+        return [attribute.g]
+    if attribute.type == AttributeProto.GRAPHS:
+        return list(attribute.graphs)
+    return []
+
+
+def _check_initializers(graph: GraphProto, where: str, external: dict[str, int], nested: bool,
+                        negatives: bool) -> None:
+    _check_tensors(graph.initializer, where, external, nested, negatives, graph.name, "initializer")
+
+
+def _check_constants(nodes: Iterable[onnx.NodeProto], where: str, external: dict[str, int],
+                     negatives: bool) -> None:
+    """Raise where the value of a Constant node is invalid as an initializer would be (inference folds it into one)."""
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain in _STANDARD:
+            values = [a.t for a in node.attribute if a.type == AttributeProto.TENSOR]
+            label = quoted(node.output[0] if node.output else node.name)
+            _check_tensors(values, where, external, False, negatives, "", "the value of Constant", label)
+
+
+def _check_tensors(initializers: Iterable[TensorProto], where: str, external: dict[str, int], nested: bool,
+                   negatives: bool, graph_name: str, what: str, label: str = "") -> None:
+    """Raise where an initializer is given twice, has no ONNX element type, a negative dim, more elements than
+    64-bit sizes count, data that its dims do not fit, or an unusable external-data location; count the external
+    locations into `external`. `negatives` False: the bytes hold no negative varint, so no dim is negative."""
+    initializers = list(initializers)
+    if not label and len({t.name for t in initializers}) != len(initializers):
+        seen: set[str] = set()
+        for tensor in initializers:
+            if tensor.name in seen:
+                scope = f" (in graph {quoted(graph_name)})" if nested else ""
+                raise _fail(where, "duplicate-initializer", name=_shown(tensor, label), scope=scope)
+            seen.add(tensor.name)
+    data_types, prod, largest = _DATA_TYPES, math.prod, 1 << 62
+    for tensor in initializers:  # 16k initializers on a large model: every step here counts
+        if tensor.data_type not in data_types:
+            raise _fail(where, "bad-data-type", what=what, name=_shown(tensor, label), dtype=tensor.data_type)
+        dims = tensor.dims[:]  # (a list made at once: prod and min over the protobuf field take twice as long)
+        count = prod(dims)
+        if (negatives or count <= 0) and dims and min(dims) < 0:
+            raise _fail(where, "negative-dim", what=what, name=_shown(tensor, label), dims=list(dims))
+        if count >= largest:
+            raise _fail(where, "too-many-elements", what=what, name=_shown(tensor, label),
+                        dims=list(dims), count=count)
+        if tensor.data_location == TensorProto.EXTERNAL:
+            entries = tensor.external_data
+            first = entries[0] if entries else None
+            location = first.value if first is not None and first.key == "location" else \
+                next((e.value for e in entries if e.key == "location"), "")
+            known = external.get(location)
+            if known is None:
+                problem = _location_problem(location)
+                if problem:
+                    raise _fail(where, "external-location", what=what, name=_shown(tensor, label),
+                                location=quoted(location), problem=problem)
+                known = 0
+            external[location] = known + 1
+        else:
+            _check_data(tensor, where, count, what, label)
+
+
+def _shown(tensor: TensorProto, label: str) -> str:
+    return label or quoted(tensor.name)
+
+
+def _location_problem(location: str) -> str:
+    """Give what makes an external-data location unusable (onnx and onnxruntime refuse the same), or ''."""
+    if not location:
+        return "is empty"
+    if len(location) > _PATH_MAX or any(len(part) > _NAME_MAX for part in location.split("/")):
+        return f"is too long for a file name ({len(location)} characters)"
+    if "\0" in location:
+        return "holds a NUL character"
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+        return "is absolute: external data must lie in the model's folder"
+    if ".." in location.replace("\\", "/").split("/"):
+        return "leaves the model's folder ('..')"
+    return ""
+
+
+def _check_data(tensor: TensorProto, where: str, count: int, what: str, label: str = "") -> None:
+    """Raise where an initializer stored in the file holds more or less data than its dims need."""
+    dtype = tensor.data_type
+    bits = element_bits(dtype)
+    if tensor.HasField("raw_data"):
+        if bits is None:
+            return  # a string tensor's raw_data has no fixed size
+        expected = (count * bits + 7) // 8
+        size = tensor.ByteSize()
+        if expected > size:  # the whole tensor is smaller than its data would be: no read of the data needed
+            raise _fail(where, "data-size", what=what, name=_shown(tensor, label), dtype=dtype_name(dtype),
+                        dims=list(tensor.dims), actual=f"at most {size}", expected=expected)
+        if size <= _EXACT_DATA_BYTES and len(tensor.raw_data) != expected:
+            raise _fail(where, "data-size", what=what, name=_shown(tensor, label), dtype=dtype_name(dtype),
+                        dims=list(tensor.dims), actual=len(tensor.raw_data), expected=expected)
+        return
+    field, stored, expected = _stored_values(tensor, count)
+    if stored == expected:
+        return
+    if stored == 0 and count > 0:
+        raise _fail(where, "no-data", what=what, name=_shown(tensor, label), dtype=dtype_name(dtype),
+                    dims=list(tensor.dims))
+    raise _fail(where, "data-count", what=what, name=_shown(tensor, label), dtype=dtype_name(dtype),
+                dims=list(tensor.dims), actual=stored, field=field, expected=expected)
+
+
+def _stored_values(tensor: TensorProto, count: int) -> tuple[str, int, int]:
+    """Give the field that holds a tensor's values, how many it holds, and how many its dims need."""
+    dtype = tensor.data_type
+    field = _TYPED_FIELDS.get(dtype, "int32_data")
+    stored = len(getattr(tensor, field))
+    if dtype in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+        return field, stored, 2 * count
+    bits = element_bits(dtype)
+    if field == "int32_data" and bits is not None and bits < 8:
+        per_value = 8 // bits  # 4-bit and 2-bit types: packed into bytes, one byte per int32 value
+        return field, stored, -(-count // per_value)
+    return field, stored, count
+
+
+def _check_values(graph: GraphProto, where: str) -> None:
+    """Raise where a graph input or output has an element type ONNX does not define, more elements than 64-bit
+    sizes count, or (inputs) is an integer vector too long to give to ONNX's shape inference."""
+    problems: dict[tuple[bytes, str], tuple[str, dict[str, object]] | None] = {}  # a KV cache repeats one type
+    for values, what in ((graph.input, "input"), (graph.output, "output")):
+        for value in values:
+            key = (value.type.SerializeToString(), what)
+            if key not in problems:
+                problems[key] = _type_problem(value.type, what)
+            found = problems[key]
+            if found is not None:
+                code, fields = found
+                raise _fail(where, code, what=f"graph {what}", name=quoted(value.name), **fields)
+
+
+def _type_problem(type_proto: onnx.TypeProto, what: str) -> tuple[str, dict[str, object]] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor_type = type_proto.tensor_type
+    if tensor_type.elem_type not in _ELEM_TYPES:
+        return "bad-elem-type", {"dtype": tensor_type.elem_type}
+    dims = [d.dim_value for d in tensor_type.shape.dim if d.HasField("dim_value")]
+    count = math.prod(d for d in dims if d > 0)
+    if count >= 1 << 62:
+        return "too-many-elements", {"dims": dims, "count": count}
+    if what == "input" and tensor_type.elem_type in _INT_TYPES and len(tensor_type.shape.dim) == 1 \
+            and count > LONGEST_INT_VECTOR:
+        return "long-int-vector", {"length": count, "limit": LONGEST_INT_VECTOR}
+    return None
+
+
+def _check_bodies(nodes: Iterable[onnx.NodeProto], where: str) -> None:
+    """Raise where a control-flow node lacks a body graph, holds it in an attribute of another type, or holds a
+    body whose inputs and outputs do not match the node's."""
+    for position, node in enumerate(nodes):
+        required = _BODIES.get(node.op_type) if node.domain in _STANDARD else None
+        if required is None:
+            continue
+        name = quoted(node.name or f"{node.op_type}_{position}")
+        attributes = {a.name: a for a in node.attribute}
+        for attribute_name in required:
+            attribute = attributes.get(attribute_name)
+            if attribute is None:
+                raise _fail(where, "graph-attribute", node=name, op_type=node.op_type,
+                            attribute=quoted(attribute_name), problem="is missing")
+            if attribute.type != AttributeProto.GRAPH:
+                kind = AttributeProto.AttributeType.Name(attribute.type) \
+                    if attribute.type in AttributeProto.AttributeType.values() else str(attribute.type)
+                raise _fail(where, "graph-attribute", node=name, op_type=node.op_type,
+                            attribute=quoted(attribute_name), problem=f"must be a graph (GRAPH), not {kind}")
+            body = attribute.g
+            outputs = len(node.output)
+            if node.op_type == "If" and len(body.output) != outputs:
+                raise _fail(where, "body-arity", node=name, op_type=node.op_type, attribute=quoted(attribute_name),
+                            actual=len(body.output), part="outputs", expected=outputs)
+            if node.op_type == "Loop":
+                carried = max(len(node.input) - 2, 0)
+                if len(body.input) != 2 + carried:
+                    raise _fail(where, "body-arity", node=name, op_type="Loop", attribute="'body'",
+                                actual=len(body.input), part="inputs", expected=2 + carried)
+                if len(body.output) != 1 + outputs:
+                    raise _fail(where, "body-arity", node=name, op_type="Loop", attribute="'body'",
+                                actual=len(body.output), part="outputs", expected=1 + outputs)

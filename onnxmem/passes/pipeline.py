@@ -1,0 +1,478 @@
+"""The pipeline: model -> Analysis, by the passes load, graph, planner types, bind + infer, order, liveness,
+summarize (and the training step). Every view reads an Analysis or its Report; a what-if is the same pipeline
+run again on a changed model or with changed options."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import onnx
+
+from onnxmem.errors import OnnxMemError
+from onnxmem.ir.dtypes import dtype_name
+from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from onnxmem.ir.load import LoadedModel, load_model
+from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
+from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
+from onnxmem.passes.loops import loop_trip_counts, loop_warnings
+from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
+from onnxmem.shapes.dims import InputDim, input_dims
+from onnxmem.shapes.sizing import SizedModel, bind_and_infer
+from onnxmem.targets.ort.cpu.float16 import (
+    DEFAULT_PROVIDER,
+    INSERTED_CAST_PREFIX,
+    PROVIDERS,
+    cpu_float16_casts,
+    has_float16,
+    inlined_function_ops,
+)
+from onnxmem.targets.ort.cuda.placement import on_cuda
+from onnxmem.targets.ort.planner import declared_dim_names, infer_symbolic, runtime_view
+from onnxmem.targets.ort.qdq import unique_dequantize
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
+from onnxmem.views.report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
+
+if TYPE_CHECKING:
+    from onnxmem.training.step import TrainingOptions
+
+_TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
+
+Model = str | os.PathLike[str] | onnx.ModelProto | LoadedModel
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The passes up to sizing: the model's graph sized at its bound dims, and the shapes onnxruntime's planner
+    compares. What follows (order, liveness, summaries, training) reads it and never changes it, so one Sizing
+    serves every order and every training option."""
+
+    loaded: LoadedModel
+    graph: ModelGraph  # sized at `dims`
+    dims: dict[str, int]  # every input dim, bound
+    plan_shapes: tuple[tuple[Dim, ...] | None, ...] | None  # per tensor, the shape onnxruntime's planner compares
+    warnings: tuple[Warning, ...]
+    symbolic: Mapping[str, TensorType] | None  # the planner types (to size the graph at other dims)
+    free: tuple[InputDim, ...]  # the model's free input dims
+    default_dim: int | None
+    # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
+    # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
+    provider: str = DEFAULT_PROVIDER
+    # the model as given, where onnxruntime's changes made another (its QDQ copies, the CPU provider's Casts, the CUDA
+    # provider's placement): a training step (PyTorch's, not onnxruntime's) reads this one
+    given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
+    schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One model analysed at one binding of its dims: what every pass made, and the report they give.
+
+    The report, its JSON timeline, the plots, the HTML page, fit, check and the what-ifs all read this (or the
+    Analysis of a changed model): the numbers a user sees are the numbers of one run of the passes.
+    """
+
+    sizing: Sizing
+    graph: ModelGraph  # the inference graph, sized at `dims` (the training step reads its own: see after_sizing)
+    order: tuple[int, ...]  # the ops in execution order
+    timeline: Timeline  # inference liveness in that order
+    report: Report
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.sizing.loaded
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return self.sizing.dims
+
+    @property
+    def plan_shapes(self) -> tuple[tuple[Dim, ...] | None, ...] | None:
+        return self.sizing.plan_shapes
+
+
+def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+             progress: Callable[[str], None] | None = None) -> Analysis:
+    """Run the passes once and give their results (see Analysis).
+
+    Parameters
+    ----------
+    model
+        A path to an ONNX file, a ModelProto, a model already loaded (load.load_model), or the Sizing of one (an
+        earlier analysis's, or a changed one: the passes after sizing run on it; `dims` and `default_dim` are then
+        not read).
+    dims
+        Values of the model's symbolic input dims, by name (e.g. {"batch": 8, "seq": 512}).
+    default_dim
+        The value of every symbolic dim not in `dims` (a warning names them); None: an unbound dim is an error.
+    order
+        An order's name (ort: onnxruntime's, the default; model: the file's node order; memory; topological) or
+        the node names in the order they run.
+    rules
+        The buffer rules (aliases, in-place reuse) of the runtime.
+    training
+        Also simulate one training step with these options (report.training).
+    provider
+        The onnxruntime execution provider the inference report assumes: cuda (the default: the question is a
+        GPU's) or cpu, whose missing float16 kernels add Casts (transforms.cpu_float16_casts).
+    progress
+        Called with a few words as each stage begins (the CLI shows them on a terminal); None: nothing is said.
+
+    Returns
+    -------
+    Analysis
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a readable ONNX model.
+    DimError
+        A symbolic dim is unbound or bound to a bad value.
+    """
+    if progress is not None and not isinstance(model, Sizing):
+        progress("loading the model and sizing its tensors")
+    sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules,
+                                                           provider=provider)
+    if progress is not None:
+        progress("order and liveness" + (", then the training step" if training is not None else ""))
+    return after_sizing(sized, order, rules, training)
+
+
+def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+           rules: InferenceRules = DEFAULT_INFERENCE_RULES, provider: str = DEFAULT_PROVIDER) -> Sizing:
+    """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
+    Sizing, and analysis for the parameters."""
+    given = model if isinstance(model, LoadedModel) else load_model(model)
+    rules = provider_rules(provider, rules)
+    loaded, notes = runtime_model(given, provider, rules)
+    free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
+    graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+    symbolic = planner_types(loaded, rules, free, graph)
+    sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
+    plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
+    return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
+                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
+                  given if loaded is not given else None)
+
+
+def runtime_model(given: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
+        tuple[LoadedModel, list[Warning]]:
+    """Give the model as onnxruntime runs it on `provider`, and a note of what changed: its own change to QDQ
+    models (every level, every provider: qdq.unique_dequantize), made before it partitions the graph, then the
+    provider's (for_provider). The one place both are made, for every view (a report, fit's family)."""
+    runtime = unique_dequantize(given) or given
+    return for_provider(runtime, provider, rules)
+
+
+def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
+        tuple[LoadedModel, list[Warning]]:
+    """Give the model as the onnxruntime execution provider runs it, and a note of what changed: on the CPU
+    provider, float16 data meeting an operator without a float16 kernel is cast to float32 and back
+    (transforms.cpu_float16_casts); on the CUDA provider, the nodes it leaves on the CPU and the copies between
+    host and device memory (cuda_placement)."""
+    if provider not in PROVIDERS:
+        raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
+    if provider == "cuda":
+        return on_cuda(loaded)
+    if not has_float16(loaded.proto):
+        return loaded, []
+    changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
+    holds_graphs = (loaded.nodes is None or loaded.nodes.graphs) and any(  # (the bytes' search says "may")
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in loaded.proto.graph.node for a in n.attribute)
+    if changed is None:
+        if not holds_graphs:
+            return loaded, []
+        return loaded, [Warning("cpu-float16-casts",
+                                "onnxruntime's CPU provider casts float16 data to float32 around operators without "
+                                "a float16 kernel inside If/Loop/Scan bodies too: not modelled there (their nodes "
+                                "are counted as given); on a GPU pass --provider cuda")]
+    casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
+                and n.name.startswith(INSERTED_CAST_PREFIX))
+    readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
+                      any(i.startswith(INSERTED_CAST_PREFIX) for i in n.input)})
+    inlined = inlined_function_ops(changed.proto)
+    bodies = f"; {', '.join(inlined)} run as their ONNX function bodies, which it inlines" if inlined else ""
+    subgraphs = "; the nodes of If/Loop/Scan bodies are counted as given (it casts there too: not modelled)" \
+        if holds_graphs else ""
+    return changed, [Warning("cpu-float16-casts",
+                             f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
+                             f"them in float32 between {casts} Casts it inserts (counted here){bodies}{subgraphs}; "
+                             "on a GPU pass --provider cuda")]
+
+
+def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
+                 rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None,
+                 scheduled: tuple[Sequence[int], Lifetimes] | None = None) -> Analysis:
+    """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
+    order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
+    as_given = rules
+    rules = provider_rules(sized.provider, rules)
+    graph = sized.graph
+    if scheduled is None and isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
+        memo = sized.schedules.get(order)
+        if memo is None or memo[0] is not rules:
+            made = execution_order(graph, order, rules)
+            memo = sized.schedules[order] = (rules, made, lifetimes(graph, made, rules))
+        scheduled = memo[1], memo[2]
+    steps: Sequence[int]
+    steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
+    trips = loop_trip_counts(graph, sized.loaded.proto)
+    timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared, loop_trips=trips)
+    report = summarize(sized.loaded, graph, sized.dims, [*sized.warnings, *loop_warnings(graph, trips)], timeline,
+                       order, sized.provider)
+    if training is not None:
+        # (imported here: the training step's modules and tables are start-up that an inference report never needs)
+        from onnxmem.training.step import micro_batch_dims, training_memory, training_warnings
+
+        # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
+        # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
+        proto = (sized.given or sized.loaded).proto
+        micro = micro_batch_dims(proto, dict(sized.dims), training)
+        training_graph = graph
+        if micro != sized.dims or sized.given is not None:
+            training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
+                                                               symbolic=sized.symbolic, free=list(sized.free)).types)
+        # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
+        # of that order (the engine runs the ready function made last first), whatever order inference assumes
+        result = training_memory(training_graph, execution_order(training_graph, "model", as_given), training)
+        report = dataclasses.replace(report, training=result,
+                                     warnings=(*report.warnings, *training_warnings(result)))
+    return Analysis(sized, graph, tuple(steps), timeline, report)
+
+
+def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+            order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+            training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+            progress: Callable[[str], None] | None = None) -> Report:
+    """Give the memory report of a model at the given binding of its dims: analysis(...).report.
+
+    Parameters
+    ----------
+    model, dims, default_dim, order, rules, training, provider, progress
+        As analysis's.
+
+    Returns
+    -------
+    Report
+        Inference (weights, inputs, the activation peak and where it is, by op type and by layer), and with
+        `training` the memory of one training step (report.training).
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a readable ONNX model.
+    DimError
+        A symbolic dim is unbound or bound to a bad value.
+    """
+    return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
+                    provider=provider, progress=progress).report
+
+
+def size_graph(graph: ModelGraph, model: onnx.ModelProto, dims: Mapping[str, int], default_dim: int | None,
+               symbolic: Mapping[str, TensorType] | None, free: list[InputDim] | None = None) -> SizedModel:
+    """Size the model's graph in place at the dims (see bind_and_infer; `free`: the model's input_dims where the
+    caller has them); give the bound dims and warnings."""
+    sized = bind_and_infer(model, dims, default_dim, symbolic=symbolic, graph=graph, free=free)
+    graph.set_types(sized.types)
+    return sized
+
+
+def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDim] | None = None,
+                  wiring: ModelGraph | None = None) -> dict[str, TensorType] | None:
+    """Give the types onnxruntime's planner compares to reuse buffers: the model's before its dims are bound
+    (None where the graph's own shapes serve: no symbolic input dim, or no rule that compares shapes).
+
+    The same types, evaluated at the bound dims, size the tensors without a second inference where they name
+    every dim (see bind_and_infer). `free`: the model's input_dims, `wiring`: its graph, where the caller has them.
+    """
+    if not (rules.in_place or rules.reuse_freed):
+        return None
+    free = input_dims(loaded.proto) if free is None else free
+    return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
+
+
+_UNCONVERTED: tuple[Dim, ...] = ("not converted yet",)  # (compared by identity: no view is this tuple)
+
+
+def planner_shapes(graph: ModelGraph, symbolic: Mapping[str, TensorType] | None,
+                   model: onnx.ModelProto | None = None, data: bytes | None = None) -> \
+        list[tuple[Dim, ...] | None] | None:
+    """Give, per tensor of the graph, its shape as the planner sees it (see planner_types; `model`: the model the
+    graph is of, whose declared 'unk__N' names onnxruntime keeps: planner.runtime_view; `data`: its bytes as read,
+    where the caller has them)."""
+    if symbolic is None:
+        return None
+    views: dict[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = {}  # shapes repeat: convert each once
+    declared: frozenset[str] | None = None  # read from the model where a shape has a 'unk__N' name
+    get, seen = symbolic.get, views.get
+    shapes = []
+    for t in graph.tensors:
+        shape = get(t.name, UNKNOWN_TYPE)[1]
+        view = seen(shape, _UNCONVERTED)
+        if view is _UNCONVERTED:
+            if declared is None and model is not None and shape is not None and \
+                    any(isinstance(d, str) and d.startswith("unk__") for d in shape):
+                # (bytes that hold no 'unk__' declare none: a search instead of a walk of every declared dim)
+                declared = frozenset() if data is not None and b"unk__" not in data else declared_dim_names(model)
+            view = views[shape] = runtime_view(shape, declared or ())
+        shapes.append(view)
+    return shapes
+
+
+def summarize(loaded: LoadedModel, graph: ModelGraph, dims: Mapping[str, int], warnings: list[Warning],
+              timeline: Timeline, order: str | Sequence[str], provider: str = DEFAULT_PROVIDER) -> Report:
+    """Give the report of a sized graph and its inference timeline (the last pass)."""
+    return Report(
+        model=model_name(loaded),
+        dims=dict(dims),
+        order=order if isinstance(order, str) else "given",
+        nodes=len(graph.ops),
+        tensors=len(graph.tensors),
+        opsets={(o.domain or "ai.onnx"): o.version for o in loaded.proto.opset_import},
+        inference=summarize_inference(graph, timeline),
+        warnings=(*loaded.warnings, *warnings, *size_warnings(graph, timeline)),
+        provider=provider,
+    )
+
+
+def model_name(loaded: LoadedModel) -> str:
+    """Give the name a report shows for the model: its path, else its graph's name."""
+    return str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>")
+
+
+def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
+    """Give the inference part of a report from the graph and its timeline."""
+    ops, buffer_of, view_of = graph.ops, timeline.buffer_of, timeline.view_of
+    position = [0] * len(ops)
+    for step, op_index in enumerate(timeline.order):
+        position[op_index] = step
+    weights_of = [0] * len(ops)  # per op: the bytes of the weights it is the first to read (as an input)
+    allocated_of = [0] * len(ops)  # per op: the bytes of its outputs' own buffers
+    by_dtype: dict[int, int] = {}
+    input_bytes = computed_bytes = host_bytes = 0
+    for t in graph.tensors:  # one pass: a large graph has hundreds of thousands
+        kind = t.kind
+        if kind == WEIGHT:
+            by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
+            first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
+            for c in t.consumers:
+                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
+                    first = c
+            if first >= 0:
+                weights_of[first] += t.nbytes or 0
+            continue
+        if kind == INPUT:
+            input_bytes += t.nbytes or 0
+            continue
+        index = t.index
+        if t.producer is not None:
+            if buffer_of[index] == index:
+                allocated_of[t.producer] += t.nbytes or 0
+            if view_of[index] == index and kind in (ACTIVATION, OUTPUT):
+                computed_bytes += t.nbytes or 0
+                continue
+        if kind == HOST and view_of[index] == index:
+            host_bytes += t.nbytes or 0
+    by_op_type, by_layer = _op_rows(graph, timeline, weights_of, allocated_of)
+    weights_bytes = sum(by_dtype.values())
+    output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
+    step = timeline.peak_step
+    peak_op = graph.ops[timeline.order[step]] if step >= 0 else None
+    live = [graph.tensors[t] for t in timeline.live_at(step)] if step >= 0 else []
+    live.sort(key=lambda t: -(t.nbytes or 0))
+    ops = graph.ops
+    ordered_ops = [ops[i] for i in timeline.order]
+    base = weights_bytes + input_bytes
+    return InferenceReport(
+        weights_bytes=weights_bytes,
+        weights_by_dtype={dtype_name(k): v for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1])},
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        peak_activation_bytes=timeline.peak_bytes,
+        peak_bytes=weights_bytes + input_bytes + timeline.peak_bytes,
+        peak_node=peak_op.name if peak_op else "",
+        peak_op_type=peak_op.op_type if peak_op else "",
+        peak_step=step,
+        sum_activation_bytes=computed_bytes,
+        live_at_peak=tuple(_live_tensor(graph, t) for t in live[:_TOP_LIVE]),
+        by_op_type=by_op_type,
+        by_layer=by_layer,
+        unsized_tensors=len(timeline.unsized),
+        host_activation_bytes=host_bytes,
+        timeline=InferenceTimeline(tuple([op.name for op in ordered_ops]), tuple([op.op_type for op in ordered_ops]),
+                                   tuple([base + live for live in timeline.live_bytes])),
+    )
+
+
+def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
+    producer = graph.ops[t.producer] if t.producer is not None else None
+    return LiveTensor(
+        name=t.name, shape=t.shape, dtype=dtype_name(t.dtype), bytes=t.nbytes,
+        producer=producer.name if producer else "", op_type=producer.op_type if producer else "",
+        layer=producer.layer if producer else "",
+    )
+
+
+def _op_rows(graph: ModelGraph, timeline: Timeline, weights_of: list[int], allocated_of: list[int]) -> \
+        tuple[tuple[OpTypeRow, ...], tuple[LayerRow, ...]]:
+    """Give the rows by op type (the most bytes first) and by layer (in order of execution): nodes, the weight
+    bytes they are the first to read (`weights_of`, per op), the bytes their outputs' buffers own
+    (`allocated_of`), and (layers) the highest live bytes."""
+    ops, live = graph.ops, timeline.live_bytes
+    types: dict[str, list[int]] = {}
+    layers: dict[str, list[int]] = {}
+    row: list[int] = []
+    layer = None
+    for step, op_index in enumerate(timeline.order):
+        op = ops[op_index]
+        weights, allocated = weights_of[op_index], allocated_of[op_index]
+        kind = types.get(op.op_type)
+        if kind is None:
+            kind = types[op.op_type] = [0, 0, 0]
+        kind[0] += 1
+        kind[1] += weights
+        kind[2] += allocated
+        if op.layer != layer:  # (the ops of a layer mostly run one after another)
+            layer = op.layer
+            name = layer or "(top level)"
+            found = layers.get(name)
+            row = layers[name] = [0, 0, 0, 0] if found is None else found
+        row[0] += 1
+        row[1] += weights
+        row[2] += allocated
+        if live[step] > row[3]:
+            row[3] = live[step]
+    ordered = sorted(types.items(), key=lambda kv: (-kv[1][2] - kv[1][1], kv[0]))
+    return tuple(OpTypeRow(k, *v) for k, v in ordered), tuple(LayerRow(k, *v) for k, v in layers.items())
+
+
+def size_warnings(graph: ModelGraph, timeline: Timeline) -> list[Warning]:
+    """Give the unknown-shape warning naming the activations the timeline could not size, if any."""
+    if not timeline.unsized:
+        return []
+    names = []
+    for t in timeline.unsized[:10]:
+        tensor = graph.tensors[t]
+        producer = graph.ops[tensor.producer] if tensor.producer is not None else None
+        where = f" from {producer.op_type} node '{producer.name}'" if producer else ""
+        names.append(f"'{tensor.name}'{where} (shape {_shape_text(tensor.shape)})")
+    more = f" and {len(timeline.unsized) - 10} more" if len(timeline.unsized) > 10 else ""
+    return [Warning(
+        "unknown-shape",
+        f"{len(timeline.unsized)} activations have no known size and are not counted, so the activation peak "
+        f"is a lower bound: {', '.join(names)}{more}",
+    )]
+
+
+def _shape_text(shape: tuple[object, ...] | None) -> str:
+    if shape is None:
+        return "unknown rank"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+

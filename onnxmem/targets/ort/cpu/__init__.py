@@ -1,0 +1,1 @@
+"""targets.ort.cpu"""

@@ -1,0 +1,495 @@
+"""Render reports as a terminal table, JSON or markdown: the only place sizes become text."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from onnxmem.views.report import (
+    CheckResult,
+    FitResult,
+    Report,
+    Sharding,
+    Target,
+    TrainingReport,
+    Warning,
+    WhatIf,
+    field_names,
+    plain,
+)
+
+if TYPE_CHECKING:
+    from onnxmem.measure.validate import Validation
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: int | None) -> str:
+    """Give a size for people: '12.0 MiB'; exact bytes under 1 KiB; 'unknown' for None."""
+    if n is None:
+        return "unknown"
+    value, unit = float(n), 0
+    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{n} B" if unit == 0 else f"{value:.2f} {_UNITS[unit]}"
+
+
+def format_tick(n: int, unit: int) -> str:
+    """Give an axis tick for people: `n` bytes in `unit` (1, KiB, MiB, ...; series.byte_unit) with no trailing
+    zeros: '0', '2.5 MiB', '200 MiB'."""
+    if n == 0:
+        return "0"
+    name = _UNITS[max(0, unit.bit_length() - 1) // 10]
+    return f"{n / unit:.3f}".rstrip("0").rstrip(".") + f" {name}"
+
+
+def render(report: Report, fmt: str, top: int = 10, timeline: bool = False) -> str:
+    """Give the report in the named format: table, json or markdown (`timeline`: JSON with the timelines, see
+    Report.to_dict)."""
+    if fmt == "json":
+        return json_text(report.to_dict(timeline=True)) if timeline else render_json(report)
+    if fmt == "markdown":
+        return render_markdown(report, top)
+    return render_table(report, top)
+
+
+def render_json(report: Report) -> str:
+    """Give the report as its versioned JSON document (report.to_dict(), written)."""
+    return json_text(report)
+
+
+def json_text(value: object) -> str:
+    """Give json.dumps(report.plain(value), indent=2): the same text, made faster (the standard library writes
+    indented JSON in pure Python, generator by generator, after plain() has copied every dataclass into a dict;
+    this reads the dataclasses as it writes them)."""
+    try:
+        return _json(value, "\n")
+    except _NotPlain:
+        return json.dumps(plain(value), indent=2)
+
+
+class _NotPlain(Exception):
+    """A value json_text leaves to json.dumps: a dict key that is not a str, a type JSON does not know."""
+
+
+def _json(value: object, pad: str) -> str:
+    kind = type(value)
+    if kind is dict:
+        if not value:
+            return "{}"
+        inner = pad + "  "
+        items = []
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise _NotPlain
+            items.append(f"{inner}{_json_string(key)}: {_json(item, inner)}")
+        return "{" + ",".join(items) + pad + "}"
+    if kind is list or kind is tuple:
+        if not value:
+            return "[]"
+        inner = pad + "  "
+        return "[" + ",".join([inner + _json(item, inner) for item in value]) + pad + "]"  # type: ignore[attr-defined]
+    if kind is str:
+        return _json_string(value)  # type: ignore[arg-type]
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if kind is float and math.isfinite(value):  # type: ignore[arg-type]
+        return float.__repr__(value)
+    names = field_names(kind)  # type: ignore[arg-type]  # classes are hashable
+    if names is not None:  # a dataclass: the dict plain() makes of it, written as it is read
+        if not names:
+            return "{}"
+        inner = pad + "  "
+        items = []
+        for name in names:  # (a field name is an identifier: written as json writes it, in quotes)
+            item = getattr(value, name)
+            of = type(item)
+            text = int.__repr__(item) if of is int else _json_string(item) if of is str else _json(item, inner)
+            items.append(f'{inner}"{name}": {text}')
+        return "{" + ",".join(items) + pad + "}"
+    if isinstance(value, (dict, list, tuple)):
+        raise _NotPlain
+    return json.dumps(value)  # NaN, Infinity, a subclass of a builtin: json's own words; else its TypeError
+
+
+_json_string = json.encoder.encode_basestring_ascii  # as json.dumps writes strings (ensure_ascii)
+
+
+def _shape(shape: Sequence[object] | None) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        cells_and_widths = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in cells_and_widths).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _summary_rows(report: Report) -> list[tuple[str, str, str]]:
+    inf = report.inference
+    rows = [
+        ("weights", format_bytes(inf.weights_bytes), f"{inf.weights_bytes:,} B"),
+        ("inputs", format_bytes(inf.input_bytes), f"{inf.input_bytes:,} B"),
+        ("peak activations", format_bytes(inf.peak_activation_bytes), f"{inf.peak_activation_bytes:,} B"),
+        ("total peak", format_bytes(inf.peak_bytes), f"{inf.peak_bytes:,} B"),
+    ]
+    return rows
+
+
+def report_headline(report: Report) -> list[str]:
+    """Give the answer of a report in a line or two: the total peak, where it is, and what is live there (with
+    training, the training step's peak first)."""
+    inf = report.inference
+    lines = []
+    t = report.training
+    if t is not None:
+        live = sum(r.bytes for r in t.live_at_peak if r.category not in _STATE_CATEGORIES)
+        lines.append(f"training step peak {format_bytes(t.peak_bytes)} in {t.peak_phase} of the {t.peak_step} step "
+                     f"({t.peak_event}): model states {format_bytes(t.peak_bytes - live)} (weights, gradients, "
+                     f"optimizer), all else live {format_bytes(live)}")
+    lines.append(f"{'inference peak' if t is not None else 'total peak'} {format_bytes(inf.peak_bytes)} at step "
+                 f"{inf.peak_step} ({inf.peak_op_type} node '{inf.peak_node}'): activations live "
+                 f"{format_bytes(inf.peak_activation_bytes)}, weights {format_bytes(inf.weights_bytes)}, inputs "
+                 f"{format_bytes(inf.input_bytes)}")
+    return lines
+
+
+_STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
+
+
+def render_table(report: Report, top: int = 10) -> str:
+    """Give the report as text for a terminal: the answer first (report_headline), then the detail."""
+    inf = report.inference
+    dims = ", ".join(f"{k}={v}" for k, v in report.dims.items()) or "none"
+    out = [
+        f"onnxmem report: {report.model}",
+        *report_headline(report),
+        "",
+        f"dims: {dims}   nodes: {report.nodes}   order: {report.order}",
+        "",
+        "Inference memory",
+        *_table(("part", "size", "bytes"), _summary_rows(report), right=(1, 2)),
+        f"peak at step {inf.peak_step}: {inf.peak_op_type} node '{inf.peak_node}'",
+        f"sum of all activations (what a hand count adds up): {format_bytes(inf.sum_activation_bytes)}; "
+        f"live at once at most: {format_bytes(inf.peak_activation_bytes)}",
+    ]
+    if inf.host_activation_bytes:
+        out.append(f"in host memory, not counted on the device (onnxruntime's CUDA provider): "
+                   f"{format_bytes(inf.host_activation_bytes)} of activations")
+    if inf.weights_by_dtype:
+        out.append("weights by dtype: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in inf.weights_by_dtype.items()))
+    out += ["", f"Live at the peak (largest {min(top, len(inf.live_at_peak))} of {len(inf.live_at_peak)})"]
+    out += _table(
+        ("tensor", "shape", "dtype", "size", "producer"),
+        [(t.name, _shape(t.shape), t.dtype, format_bytes(t.bytes), f"{t.op_type} {t.producer}")
+         for t in inf.live_at_peak[:top]],
+        right=(3,),
+    )
+    out += ["", "By operator type"]
+    out += _table(
+        ("op type", "nodes", "weights", "activations"),
+        [(r.op_type, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes))
+         for r in inf.by_op_type[:top]],
+        right=(1, 2, 3),
+    )
+    layers = sorted(inf.by_layer, key=lambda r: -r.peak_live_bytes)[:top]
+    if len(inf.by_layer) > 1:
+        out += ["", "Layers with the highest live memory"]
+        out += _table(
+            ("layer", "nodes", "weights", "activations", "peak live"),
+            [(r.layer, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes),
+              format_bytes(r.peak_live_bytes)) for r in layers],
+            right=(1, 2, 3, 4),
+        )
+    if report.training is not None:
+        out += _training_lines(report.training, top, markdown=False)
+    if report.warnings:
+        out += ["", "Warnings"] + [f"- {w}" for w in report.warnings]
+    return "\n".join(out)
+
+
+def render_markdown(report: Report, top: int = 10) -> str:
+    """Give the report as a markdown document."""
+    inf = report.inference
+    dims = ", ".join(f"`{k}={v}`" for k, v in report.dims.items()) or "none"
+    out = [f"# onnxmem report: `{report.model}`", "", *(f"**{line}**  " for line in report_headline(report)), "",
+           f"dims: {dims} · nodes: {report.nodes} · order: {report.order}",
+           "", "| part | size | bytes |", "|---|---:|---:|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in _summary_rows(report)]
+    out += ["", f"Peak at step {inf.peak_step}: `{inf.peak_op_type}` node `{inf.peak_node}`.", "",
+            "## Live at the peak", "", "| tensor | shape | dtype | size | producer |", "|---|---|---|---:|---|"]
+    out += [f"| `{t.name}` | {_shape(t.shape)} | {t.dtype} | {format_bytes(t.bytes)} | {t.op_type} `{t.producer}` |"
+            for t in inf.live_at_peak[:top]]
+    out += ["", "## By operator type", "", "| op type | nodes | weights | activations |", "|---|---:|---:|---:|"]
+    out += [f"| {r.op_type} | {r.nodes} | {format_bytes(r.weight_bytes)} | {format_bytes(r.output_bytes)} |"
+            for r in inf.by_op_type[:top]]
+    if report.training is not None:
+        out += _training_lines(report.training, top, markdown=True)
+    if report.warnings:
+        out += ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in report.warnings]
+    return "\n".join(out) + "\n"
+
+
+def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
+    """Give the training section: the parts, the step's peak and its phase, the per-phase profile, what-ifs."""
+
+    def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+        if not markdown:
+            return _table(headers, rows, right)
+        align = ["---:" if i in right else "---" for i in range(len(headers))]
+        return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
+                *("| " + " | ".join(r) + " |" for r in rows)]
+
+    def heading(text: str) -> list[str]:
+        return ["", f"## {text}", ""] if markdown else ["", text]
+
+    def size(n: int) -> tuple[str, str]:
+        return format_bytes(n), f"{n:,} B"
+
+    trainable = f"{t.trainable_parameters:,} of {t.parameters:,} parameters trainable"
+    out = heading(f"Training memory ({t.optimizer}, {t.precision}, {t.export_mode}-mode export; {trainable})")
+    parts = [("weights", t.weights_bytes), ("gradients", t.gradient_bytes),
+             ("optimizer states", t.optimizer_state_bytes), ("saved activations (backward start)",
+                                                             t.saved_activation_bytes),
+             ("input batch", t.input_bytes), ("peak of the step", t.peak_bytes),
+             ("hand formula (params x (2 + states) + 2 x activations)", t.hand_formula_bytes)]
+    out += table(("part", "size", "bytes"), [(name, *size(n)) for name, n in parts], right=(1, 2))
+    out += ["", f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"]
+    out += heading("Training step by phase (live bytes: peak during the phase, and at its end)")
+    rows = []
+    for step in (t.first_step, t.later_step):
+        rows += [(step.step, p.phase, format_bytes(p.peak_bytes), format_bytes(p.end_bytes), p.peak_event)
+                 for p in step.phases]
+    out += table(("step", "phase", "peak", "at end", "where"), rows, right=(2, 3))
+    out += heading("Live at the training peak")
+    out += table(("category", "size", "buffers", "largest"),
+                 [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest) for r in t.live_at_peak],
+                 right=(1, 2))
+    if t.saved_by_op_type:
+        out += heading("Kept for backward, by operator type")
+        out += table(("op type", "kept"), [(k, format_bytes(v)) for k, v in t.saved_by_op_type[:top]], right=(1,))
+    if t.recompute:
+        out += heading(f"Recompute in backward instead of keeping (peak then {format_bytes(t.recompute_peak_bytes)})")
+        out += table(("node", "op type", "tensor", "kept bytes saved"),
+                     [(r.node, r.op_type, r.tensor, format_bytes(r.saved_bytes)) for r in t.recompute[:top]],
+                     right=(3,))
+    if t.checkpoint is not None:
+        c = t.checkpoint
+        extra = f"{100 * c.extra_forward_flops / c.forward_flops:.0f}%" if c.forward_flops else "?"
+        out += heading("Activation checkpointing (what-if)")
+        out += [f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves {format_bytes(c.memory_saved_bytes)}"
+                f"), kept for backward {format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
+                f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)"]
+    out += heading("Assumed")
+    out += [f"- {a}" for a in t.assumptions]
+    return out
+
+
+# --- Plan: fit and check ----------------------------------------------------------------------------------------
+
+
+def render_fit(result: FitResult, fmt: str) -> str:
+    """Give a fit result in the named format: table, json or markdown."""
+    if fmt == "json":
+        return json_text(result)
+    markdown = fmt == "markdown"
+    dim = result.dim
+    others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    answer = fit_answer(result)
+    out = [f"# onnxmem fit: `{result.model}`" if markdown else f"onnxmem fit: {result.model}",
+           *([""] if markdown else []), f"**{answer}**" if markdown else answer, "",
+           f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
+           *_target_lines(result.target, result.budget_bytes, markdown), ""]
+    out += [f"- {n}" for n in result.notes if not n.startswith(("nothing fits", "largest "))]  # (the answer's)
+    if result.linear:
+        lin = result.linear
+        checked = f"verified at {len(lin.checked_values)} other values" if lin.verified else "not verified"
+        out.append(f"peak = {format_bytes(lin.intercept_bytes)} + {format_bytes(lin.slope_bytes)} x {dim}   "
+                   f"({lin.intercept_bytes} + {lin.slope_bytes} x {dim} bytes; {checked})")
+    headers = (dim, "peak", "required", "fits")
+    rows = [(str(p.value), format_bytes(p.peak_bytes), format_bytes(p.required_bytes), "yes" if p.fits else "no")
+            for p in result.curve if _shown(p.value, result)]
+    out += ["", "Memory against " + dim, *(_markdown_table(headers, rows) if markdown else
+                                            _table(headers, rows, right=(0, 1, 2)))]
+    out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + result.step} fit", markdown)
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")
+
+
+def fit_answer(result: FitResult) -> str:
+    """Give a fit's answer in one line: the largest value that fits and against what budget, or nothing fits."""
+    dim, budget = result.dim, format_bytes(result.budget_bytes)
+    if result.max_value == 0:
+        return (f"nothing fits: {dim}={result.step} needs {format_bytes(_point(result, result.step))}, more than the "
+                f"budget {budget}")
+    if not result.bounded:
+        return f"every {dim} up to {result.search_limit} fits in {budget} (the peak barely grows with {dim})"
+    return (f"largest {dim} that fits: {result.max_value} (largest power of two: {result.max_power_of_two}; budget "
+            f"{budget})")
+
+
+def check_answer(result: CheckResult) -> str:
+    """Give a check's verdict in one line: FITS or DOES NOT FIT, what it needs of the budget, and the headroom."""
+    verdict = "FITS" if result.fits else "DOES NOT FIT"
+    headroom = "headroom" if result.headroom_bytes >= 0 else "short by"
+    return (f"{verdict}: needs {format_bytes(result.required_bytes)} of {format_bytes(result.budget_bytes)} "
+            f"({headroom} {format_bytes(abs(result.headroom_bytes))})")
+
+
+def render_check(result: CheckResult, fmt: str) -> str:
+    """Give a check result in the named format: table, json or markdown."""
+    if fmt == "json":
+        return json_text(result)
+    markdown = fmt == "markdown"
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    answer = check_answer(result)
+    out = [f"# onnxmem check: `{result.model}`" if markdown else f"onnxmem check: {result.model}",
+           *([""] if markdown else []), f"**{answer}**" if markdown else answer,
+           f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}", "",
+           f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
+           *_target_lines(result.target, result.budget_bytes, markdown)]
+    if result.sharding:
+        s = result.sharding
+        out.append(f"model states per GPU: weights {format_bytes(s.weights_bytes)}, gradients "
+                   f"{format_bytes(s.gradient_bytes)}, optimizer states {format_bytes(s.optimizer_state_bytes)}, "
+                   f"gathered {format_bytes(s.gathered_bytes)} (one GPU alone: {format_bytes(s.unsharded_bytes)})")
+    out += _what_if_lines(result.what_ifs, "What would lower the peak", markdown)
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")
+
+
+def target_label(target: Target, budget: int) -> str:
+    """Give what a budget figure includes, in one line: memory, fixed costs taken off, allocator."""
+    reserve = " + ".join(f"{r.name} {format_bytes(r.bytes)}" for r in target.reserve) or "no fixed costs"
+    where = target.gpu or "memory"
+    return f"{where} {format_bytes(target.memory_bytes)} - ({reserve}) = budget {format_bytes(budget)}; " \
+           f"allocator: {target.allocator}"
+
+
+def _target_lines(target: Target, budget: int, markdown: bool = False) -> list[str]:
+    indent = "- " if markdown else "  "
+    lines = [f"target: {target_label(target, budget)}", *([""] if markdown else []),
+             f"{indent}memory: {target.memory_source}"]
+    lines += [f"{indent}{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve]
+    lines.append(f"{indent}allocator {target.allocator}: {target.allocator_rule}")
+    return lines
+
+
+def _shard_words(sharding: Sharding | None) -> str:
+    return f"   sharding: {sharding.stage} over {sharding.gpus} GPUs (per-GPU figures)" if sharding else ""
+
+
+def _shown(value: int, result: FitResult) -> bool:
+    # the table shows powers of two (of the multiplier, with a step), the answer and the value after it; JSON has
+    # every value evaluated
+    multiple = value // result.step
+    return multiple & (multiple - 1) == 0 or value in (result.max_value, result.max_value + result.step)
+
+
+def _point(result: FitResult, value: int) -> int:
+    return next((p.required_bytes for p in result.curve if p.value == value), 0)
+
+
+def _what_if_lines(what_ifs: Sequence[WhatIf], title: str, markdown: bool) -> list[str]:
+    if not what_ifs:
+        return []
+    judged = any(w.fits is not None for w in what_ifs)  # a budget to fit: say whether each change alone fits
+    headers = ("change", "peak", "saves", *(("fits",) if judged else ()), "how")
+    rows = [(w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes),
+             *((("yes" if w.fits else "no"),) if judged else ()), w.detail) for w in what_ifs]
+    body = _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(1, 2))
+    return ["", f"## {title}" if markdown else title, *(["", *body] if markdown else body)]
+
+
+def _warning_lines(warnings: Sequence[Warning], markdown: bool) -> list[str]:
+    if not warnings:
+        return []
+    if markdown:
+        return ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in warnings]
+    return ["", "Warnings"] + [f"- {w}" for w in warnings]
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+TARGETS_SCHEMA = "onnxmem.targets/1"
+
+
+def targets_document() -> dict[str, object]:
+    """Give the GPU catalog, the runtimes' fixed costs and the allocators as a JSON-ready document (schema
+    onnxmem.targets/1; sizes in bytes)."""
+    from onnxmem.plan.fit import ALLOCATORS, GPUS, RUNTIMES
+
+    return {
+        "schema": TARGETS_SCHEMA,
+        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes, "source": g.source} for g in GPUS.values()],
+        "runtimes": [{"name": r.name, "allocator": r.allocator,
+                      "fixed_costs": [{"name": c.name, "bytes": c.bytes, "source": c.source} for c in r.fixed_costs]}
+                     for r in RUNTIMES.values()],
+        "allocators": [{"name": a.name, "rule": a.rule} for a in ALLOCATORS.values()],
+    }
+
+
+def render_targets() -> str:
+    """Give the GPU catalog, the runtimes' fixed costs and the allocators, with where each figure comes from."""
+    from onnxmem.plan.fit import ALLOCATORS, GPUS, RUNTIMES
+
+    out = ["GPUs (--gpu NAME)", *_table(("name", "memory", "bytes"), [
+        (g.name, format_bytes(g.memory_bytes), f"{g.memory_bytes:,}") for g in GPUS.values()], right=(1, 2))]
+    sources = sorted({g.source for g in GPUS.values()})
+    out += [f"memory: {s}" for s in sources]
+    out += ["", "Runtimes (--runtime NAME): fixed costs taken off the memory (--reserve SIZE replaces them)"]
+    for runtime in RUNTIMES.values():
+        out.append(f"{runtime.name}: allocator {runtime.allocator}")
+        out += [f"  {r.name} {format_bytes(r.bytes)}: {r.source}" for r in runtime.fixed_costs]
+    out += ["", "Allocators"] + [f"{a.name}: {a.rule}" for a in ALLOCATORS.values()]
+    return "\n".join(out)
+
+
+def render_validation(result: Validation, fmt: str) -> str:
+    """Give a validation (estimate against onnxruntime's allocations) as a table, JSON or markdown."""
+    if fmt == "json":
+        return json_text(result)
+    markdown = fmt == "markdown"
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.2f}%"
+
+    rows = []
+    for run in result.runs:
+        rows.append((f"run {run.run_index} ({run.phase})", "activations",
+                     format_bytes(run.measured.peak_activation_bytes),
+                     format_bytes(run.estimated.peak_activation_bytes),
+                     f"{run.activation_difference_bytes:+,} B", pct(run.activation_difference_percent)))
+        rows.append(("", "weights in arena", format_bytes(run.measured.weights_bytes),
+                     format_bytes(run.estimated.weights_bytes), f"{run.weights_difference_bytes:+,} B", ""))
+    headers = ("run", "part", "measured", "estimated", "difference", "%")
+    verdict = "exact: every run agrees to the byte" if result.exact else "differs: see the notes"
+    out = [f"{'# ' if markdown else ''}onnxmem validate: {result.model}", "",
+           f"provider: {result.provider}   opt level: {result.opt_level}   dims: {dims}   "
+           f"nodes run: {result.nodes_run}", ""]
+    out += _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(2, 3, 4, 5))
+    out += ["", f"{verdict}; `onnxmem report` on the model as given estimates "
+                f"{format_bytes(result.raw_estimate.peak_activation_bytes)} of activations", ""]
+    out += [("- " if markdown else "") + "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items())]
+    out += [("- " if markdown else "note: ") + note for note in result.notes]
+    out += _warning_lines(result.warnings, markdown)
+    return "\n".join(out) + ("\n" if markdown else "")
