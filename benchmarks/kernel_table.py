@@ -1,5 +1,5 @@
-"""Write onnxmem/targets/ort/cpu/kernels.py: the float16 kernels of onnxruntime's CPU execution provider, from the kernel
-registrations of the installed onnxruntime (onnxruntime.capi's get_all_opkernel_def).
+"""Write onnxmem/targets/ort/cpu/kernels.py: the float16 kernels of onnxruntime's CPU execution provider, from the
+kernel registrations of the installed onnxruntime (onnxruntime.capi's get_all_opkernel_def).
 
     python benchmarks/kernel_table.py [--check]
 

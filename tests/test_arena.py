@@ -1,5 +1,5 @@
-"""onnxruntime's BFC arena, simulated (onnxmem/targets/ort/arena.py): regions, best fit, splitting and coalescing worked out by
-hand from bfc_arena.cc, and the first run's held bytes of small graphs."""
+"""onnxruntime's BFC arena, simulated (onnxmem/targets/ort/arena.py): regions, best fit, splitting and coalescing
+worked out by hand from bfc_arena.cc, and the first run's held bytes of small graphs."""
 
 from __future__ import annotations
 
