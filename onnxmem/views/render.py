@@ -19,6 +19,7 @@ from onnxmem.views.report import (
     field_names,
     plain,
 )
+from onnxmem.views.safe import markdown_code, markdown_text, terminal_text
 
 if TYPE_CHECKING:
     from onnxmem.measure.validate import Validation
@@ -220,29 +221,30 @@ def render_table(report: Report, top: int = 10) -> str:
         out += _training_lines(report.training, top, markdown=False)
     if report.warnings:
         out += ["", "Warnings"] + [f"- {w}" for w in report.warnings]
-    return "\n".join(out)
+    return terminal_text("\n".join(out))
 
 
 def render_markdown(report: Report, top: int = 10) -> str:
     """Give the report as a markdown document."""
     inf = report.inference
-    dims = ", ".join(f"`{k}={v}`" for k, v in report.dims.items()) or "none"
-    out = [f"# onnxmem report: `{report.model}`", "", *(f"**{line}**  " for line in report_headline(report)), "",
+    dims = ", ".join(markdown_code(f"{k}={v}") for k, v in report.dims.items()) or "none"
+    out = [f"# onnxmem report: {markdown_code(report.model)}", "",
+           *(f"**{markdown_text(line)}**  " for line in report_headline(report)), "",
            f"dims: {dims} · nodes: {report.nodes} · order: {report.order}",
            "", "| part | size | bytes |", "|---|---:|---:|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in _summary_rows(report)]
-    out += ["", f"Peak at step {inf.peak_step}: `{inf.peak_op_type}` node `{inf.peak_node}`.", "",
+    out += ["", f"Peak at step {inf.peak_step}: {markdown_code(inf.peak_op_type)} node {markdown_code(inf.peak_node)}.",
+            "",
             "## Live at the peak", "", "| tensor | shape | dtype | size | producer |", "|---|---|---|---:|---|"]
-    out += [f"| `{t.name}` | {_shape(t.shape)} | {t.dtype} | {format_bytes(t.bytes)} | {t.op_type} `{t.producer}` |"
-            for t in inf.live_at_peak[:top]]
+    out += [f"| {markdown_code(t.name)} | {markdown_text(_shape(t.shape))} | {t.dtype} | {format_bytes(t.bytes)} | "
+            f"{markdown_text(t.op_type)} {markdown_code(t.producer)} |" for t in inf.live_at_peak[:top]]
     out += ["", "## By operator type", "", "| op type | nodes | weights | activations |", "|---|---:|---:|---:|"]
-    out += [f"| {r.op_type} | {r.nodes} | {format_bytes(r.weight_bytes)} | {format_bytes(r.output_bytes)} |"
-            for r in inf.by_op_type[:top]]
+    out += [f"| {markdown_text(r.op_type)} | {r.nodes} | {format_bytes(r.weight_bytes)} | "
+            f"{format_bytes(r.output_bytes)} |" for r in inf.by_op_type[:top]]
     if report.training is not None:
         out += _training_lines(report.training, top, markdown=True)
-    if report.warnings:
-        out += ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in report.warnings]
-    return "\n".join(out) + "\n"
+    out += _warning_lines(report.warnings, markdown=True)
+    return terminal_text("\n".join(out) + "\n")
 
 
 def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
@@ -253,10 +255,10 @@ def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
             return _table(headers, rows, right)
         align = ["---:" if i in right else "---" for i in range(len(headers))]
         return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
-                *("| " + " | ".join(r) + " |" for r in rows)]
+                *("| " + " | ".join(markdown_text(c) for c in r) + " |" for r in rows)]
 
     def heading(text: str) -> list[str]:
-        return ["", f"## {text}", ""] if markdown else ["", text]
+        return ["", f"## {markdown_text(text)}", ""] if markdown else ["", text]
 
     def size(n: int) -> tuple[str, str]:
         return format_bytes(n), f"{n:,} B"
@@ -269,7 +271,8 @@ def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
              ("input batch", t.input_bytes), ("peak of the step", t.peak_bytes),
              ("hand formula (params x (2 + states) + 2 x activations)", t.hand_formula_bytes)]
     out += table(("part", "size", "bytes"), [(name, *size(n)) for name, n in parts], right=(1, 2))
-    out += ["", f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"]
+    peak = f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"
+    out += ["", markdown_text(peak) if markdown else peak]
     out += heading("Training step by phase (live bytes: peak during the phase, and at its end)")
     rows = []
     for step in (t.first_step, t.later_step):
@@ -292,11 +295,13 @@ def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
         c = t.checkpoint
         extra = f"{100 * c.extra_forward_flops / c.forward_flops:.0f}%" if c.forward_flops else "?"
         out += heading("Activation checkpointing (what-if)")
-        out += [f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves {format_bytes(c.memory_saved_bytes)}"
-                f"), kept for backward {format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
-                f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)"]
+        what_if = (f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves "
+                   f"{format_bytes(c.memory_saved_bytes)}), kept for backward "
+                   f"{format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
+                   f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)")
+        out += [markdown_text(what_if) if markdown else what_if]
     out += heading("Assumed")
-    out += [f"- {a}" for a in t.assumptions]
+    out += [f"- {markdown_text(a) if markdown else a}" for a in t.assumptions]
     return out
 
 
@@ -311,7 +316,7 @@ def render_fit(result: FitResult, fmt: str) -> str:
     dim = result.dim
     others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
     answer = fit_answer(result)
-    out = [f"# onnxmem fit: `{result.model}`" if markdown else f"onnxmem fit: {result.model}",
+    out = [f"# onnxmem fit: {markdown_code(result.model)}" if markdown else f"onnxmem fit: {result.model}",
            *([""] if markdown else []), f"**{answer}**" if markdown else answer, "",
            f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
            *_target_lines(result.target, result.budget_bytes, markdown), ""]
@@ -328,7 +333,7 @@ def render_fit(result: FitResult, fmt: str) -> str:
                                             _table(headers, rows, right=(0, 1, 2)))]
     out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + result.step} fit", markdown)
     out += _warning_lines(result.warnings, markdown)
-    return "\n".join(out) + ("\n" if markdown else "")
+    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
 
 
 def fit_answer(result: FitResult) -> str:
@@ -358,7 +363,7 @@ def render_check(result: CheckResult, fmt: str) -> str:
     markdown = fmt == "markdown"
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
     answer = check_answer(result)
-    out = [f"# onnxmem check: `{result.model}`" if markdown else f"onnxmem check: {result.model}",
+    out = [f"# onnxmem check: {markdown_code(result.model)}" if markdown else f"onnxmem check: {result.model}",
            *([""] if markdown else []), f"**{answer}**" if markdown else answer,
            f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}", "",
            f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
@@ -370,7 +375,7 @@ def render_check(result: CheckResult, fmt: str) -> str:
                    f"gathered {format_bytes(s.gathered_bytes)} (one GPU alone: {format_bytes(s.unsharded_bytes)})")
     out += _what_if_lines(result.what_ifs, "What would lower the peak", markdown)
     out += _warning_lines(result.warnings, markdown)
-    return "\n".join(out) + ("\n" if markdown else "")
+    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
 
 
 def target_label(target: Target, budget: int) -> str:
@@ -420,13 +425,13 @@ def _warning_lines(warnings: Sequence[Warning], markdown: bool) -> list[str]:
     if not warnings:
         return []
     if markdown:
-        return ["", "## Warnings", ""] + [f"- `{w.code}`: {w.message}" for w in warnings]
+        return ["", "## Warnings", ""] + [f"- {markdown_code(w.code)}: {markdown_text(w.message)}" for w in warnings]
     return ["", "Warnings"] + [f"- {w}" for w in warnings]
 
 
 def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(r) + " |" for r in rows)]
+            *("| " + " | ".join(markdown_text(c) for c in r) + " |" for r in rows)]
 
 
 TARGETS_SCHEMA = "onnxmem.targets/1"
@@ -483,13 +488,14 @@ def render_validation(result: Validation, fmt: str) -> str:
                      format_bytes(run.estimated.weights_bytes), f"{run.weights_difference_bytes:+,} B", ""))
     headers = ("run", "part", "measured", "estimated", "difference", "%")
     verdict = "exact: every run agrees to the byte" if result.exact else "differs: see the notes"
-    out = [f"{'# ' if markdown else ''}onnxmem validate: {result.model}", "",
+    out = [f"# onnxmem validate: {markdown_code(result.model)}" if markdown else f"onnxmem validate: {result.model}",
+           "",
            f"provider: {result.provider}   opt level: {result.opt_level}   dims: {dims}   "
            f"nodes run: {result.nodes_run}", ""]
     out += _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(2, 3, 4, 5))
     out += ["", f"{verdict}; `onnxmem report` on the model as given estimates "
                 f"{format_bytes(result.raw_estimate.peak_activation_bytes)} of activations", ""]
     out += [("- " if markdown else "") + "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items())]
-    out += [("- " if markdown else "note: ") + note for note in result.notes]
+    out += [("- " + markdown_text(note)) if markdown else ("note: " + note) for note in result.notes]
     out += _warning_lines(result.warnings, markdown)
-    return "\n".join(out) + ("\n" if markdown else "")
+    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
