@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxmem
 from onnxmem.ir.load import load_model
-from onnxmem.targets.ort.cpu.float16 import INLINED_NODE_PREFIX, cpu_float16_casts, inlined_function_ops
+from onnxmem.targets.ort.cpu.float16 import cpu_float16_casts
+from onnxmem.targets.ort.cpu.inline import INLINED_NODE_PREFIX, inlined_function_ops
 from onnxmem.targets.ort.planner import infer_symbolic
 
 F16 = TensorProto.FLOAT16

@@ -14,7 +14,7 @@ import onnxmem
 from benchmarks.fixture_dims import dims_for, fixture_paths
 from onnxmem.cli.commands import main
 from onnxmem.ir.load import load_model
-from onnxmem.targets.ort.cpu.float16 import half_precision
+from onnxmem.passes.half_precision import half_precision
 from onnxmem.views.html import check_page, report_page
 from onnxmem.views.render import format_bytes
 from onnxmem.views.series import aggregated, series_of

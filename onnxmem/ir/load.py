@@ -297,3 +297,28 @@ def initializer_type(tensor: onnx.TensorProto) -> tuple[int, tuple[int, ...], in
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] or type(exc).__name__
+
+
+def model_shell(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give a model with the given one's header (versions, producer, opsets, functions, metadata) and no graph."""
+    shell = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(shell, field, getattr(model, field))
+    shell.opset_import.extend(model.opset_import)
+    shell.functions.extend(model.functions)
+    shell.metadata_props.extend(model.metadata_props)
+    return shell
+
+
+def has_float16(model: onnx.ModelProto) -> bool:
+    """Say whether the model holds a float16 tensor anywhere it says so cheaply (its inputs, outputs, declared
+    values, initializers, or a Cast to float16)."""
+    graph = model.graph
+    if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
+        return True
+    for values in (graph.input, graph.output, graph.value_info):
+        if any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for v in values):
+            return True
+    half = onnx.TensorProto.FLOAT16
+    return any(node.op_type == "Cast" and any(a.name == "to" and a.i == half for a in node.attribute)
+               for node in graph.node)

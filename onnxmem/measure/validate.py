@@ -19,7 +19,7 @@ from typing import Any
 
 import onnx
 
-from onnxmem.ir.graph import WEIGHT, ModelGraph, build_graph
+from onnxmem.ir.graph import ModelGraph, build_graph
 from onnxmem.ir.load import load_model
 from onnxmem.passes.liveness import Timeline, liveness, pattern_block_bytes
 from onnxmem.passes.loops import loop_runs_by_op, loop_trip_counts, loop_warnings
@@ -27,14 +27,13 @@ from onnxmem.passes.orders import execution_order
 from onnxmem.passes.pipeline import analysis, planner_shapes, size_warnings
 from onnxmem.shapes.infer import declared_types
 from onnxmem.shapes.sizing import bind_and_infer
+from onnxmem.targets.ort import ExecutionProvider, execution_provider
 from onnxmem.targets.ort.arena import arena_weight_bytes, session_held_bytes
-from onnxmem.targets.ort.cpu.float16 import with_inserted_cast_shapes
 from onnxmem.targets.ort.planner import infer_symbolic
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.views.report import Warning, plain
 
 SCHEMA = "onnxmem.validate/1"
-PROVIDERS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,8 @@ class Validation:
 
 
 def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
-             provider: str = "cpu", opt_level: str = "disable", runs: int = 2, mem_pattern: bool = True,
+             provider: str | ExecutionProvider = "cpu", opt_level: str = "disable", runs: int = 2,
+             mem_pattern: bool = True,
              default_dim: int | None = None) -> Validation:
     """Give the comparison of onnxruntime's real allocations with the estimate, for each of `runs` runs.
 
@@ -101,7 +101,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     dims, default_dim
         As analyze.analysis.
     provider
-        "cpu" (the `cpu` extra) or "cuda" (the `gpu` extra and an NVIDIA GPU).
+        The execution provider or its name (targets.ort.PROVIDERS): "cpu" (the `cpu` extra) or "cuda" (the `gpu`
+        extra and an NVIDIA GPU). It names the measurement that runs the model.
     opt_level
         onnxruntime's graph optimization level: disable, basic, extended or all.
     runs
@@ -127,19 +128,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     sized = bind_and_infer(loaded.proto, dims or {}, default_dim)
     feeds = make_feeds(loaded.proto, sized.dims)
     source: str | onnx.ModelProto = str(loaded.path) if loaded.path else loaded.proto
-    if provider not in PROVIDERS:
-        from onnxmem.errors import OnnxMemError
-
-        raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
-    measured: Any
-    if provider == "cuda":
-        from onnxmem.measure.ort_cuda import measure_cuda
-
-        measured = measure_cuda(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
-    else:
-        from onnxmem.measure.ort_cpu import measure_cpu
-
-        measured = measure_cpu(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
+    target = execution_provider(provider)
+    measured = target.measure(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
     ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
     graph = build_graph(ran, ran_sized.types)
@@ -150,11 +140,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
     # declares in value_info, which it loads and the saved graph carries.
     plan_types = {**infer_symbolic(ran), **declared_types(ran)}
-    # the CPU provider's converted float16 nodes: their float32 outputs as onnxruntime first inferred them
-    if provider == "cpu" and ran is not loaded.proto:
-        with_twins = with_inserted_cast_shapes(ran, plan_types)
-        if with_twins is not ran:
-            plan_types = {**infer_symbolic(with_twins), **declared_types(ran)}
+    # where the provider's changes typed some tensors otherwise (the CPU provider's converted float16 nodes)
+    plan_types = target.validate_plan_types(ran, loaded.proto, plan_types)
     plan = planner_shapes(graph, plan_types, ran)
     trips = loop_trip_counts(graph, ran)
     timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan, loop_trips=trips,
@@ -162,24 +149,18 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     first = timeline.peak_bytes
     steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline,
                                                                           _later_loop_bytes(graph, timeline, trips))
-    notes: tuple[str, ...]
-    if provider == "cuda":
-        # Device memory: every initializer is copied to the GPU when the session is created; each run copies
-        # the graph inputs in before the activations are allocated.
-        weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
-        inputs = sum(graph.tensors[t].nbytes or 0 for t in graph.inputs)
-        first, steady = first + inputs, steady + inputs
-        observed_runs = [(run.run_index, run.peak_activation_bytes, measured.session_bytes)
-                         for run in measured.runs]
-        notes = _cuda_notes(measured)
-        first_held = later_held = -1  # the CUDA measurement bypasses the arena
-    else:
-        weights = arena_weight_bytes(graph, ran, loaded.proto)
-        observed_runs = [(run.run_index, run.peak_activation_bytes, run.baseline_bytes) for run in measured.runs]
-        notes = _notes()
+    weights = target.validate_weights(graph, ran, loaded.proto)
+    # graph inputs the provider copies into its memory before each run (the CUDA provider's feeds)
+    inputs = sum(target.session_weights(graph, ran, loaded.proto).inputs_per_run)
+    first, steady = first + inputs, steady + inputs
+    observed_runs = [(run.run_index, run.peak_activation_bytes, target.validate_measured_weights(measured, run))
+                     for run in measured.runs]
+    notes = target.validate_notes(measured)
+    first_held = later_held = -1  # where the measurement does not see the arena (the CUDA one bypasses it)
+    if target.measures_arena:
         # The arena's regions after a first run and after a later one (its memory pattern block taken from what
         # the first run freed, or a new region), simulated.
-        first_held, later_held = session_held_bytes(graph, timeline, ran, "cpu", loaded.proto, mem_pattern)
+        first_held, later_held = session_held_bytes(graph, timeline, ran, target, loaded.proto, mem_pattern)
     results = []
     for run_index, peak, held in observed_runs:
         pattern = mem_pattern and run_index > 0
@@ -192,9 +173,9 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
             activation_difference_percent=round(100 * difference / peak, 3) if peak else None,
             weights_difference_bytes=weights - held,
             measured_peak_node=getattr(measured.runs[run_index], "peak_node", "")))
-    raw = analysis(loaded, sized.dims, provider=provider).report.inference
+    raw = analysis(loaded, sized.dims, provider=target).report.inference
     return Validation(
-        model=str(loaded.path) if loaded.path else "<ModelProto>", provider=provider, opt_level=opt_level,
+        model=str(loaded.path) if loaded.path else "<ModelProto>", provider=target.name, opt_level=opt_level,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*notes, *_control_flow_notes(graph, taken)),
@@ -303,36 +284,6 @@ def _control_flow_notes(graph: ModelGraph, taken: Sequence[str]) -> tuple[str, .
     if unresolved:
         notes.append(f"If nodes ({', '.join(unresolved[:5])}): the estimate counts the larger branch, the run takes "
                      "the branch its condition selects, so the estimate is an upper bound there")
-    return tuple(notes)
-
-
-def _notes() -> tuple[str, ...]:
-    return (
-        "measured: onnxruntime's profiler allocator statistics (mem_bytes_requested_in_use), exact on CPU; "
-        "scratch memory a kernel allocates and frees inside itself is not seen",
-        "estimated on the graph onnxruntime ran, in the order it ran it; steady runs: the memory-pattern block "
-        "(best-fit replay of the first run's planned buffers, 256-byte aligned) plus graph outputs",
-        "weights: the arena holds prepacked MatMul/Gemm weights (padded to 16 columns), the quantized kernels' packed "
-        "weights (MatMulInteger, QLinearConv, QGemm, ...: MLAS's AVX2 packing) and initializers under "
-        "128 bytes; larger initializers are used in place from the model and are not measured",
-    )
-
-
-def _cuda_notes(measured: Any) -> tuple[str, ...]:
-    notes = [
-        "measured: every device allocation of onnxruntime's CUDA provider, counted through gpu_external_alloc "
-        "(its arena bypassed); memory that CUDA, cuBLAS and cuDNN allocate themselves (context, handles, default "
-        "workspaces) is not seen by it",
-        "estimated on the graph onnxruntime ran, in the order it ran it, with the CPU planner's rules; graph inputs "
-        "are added (each run copies them to the device); weights: every initializer, copied to the device",
-        "not yet checked on a GPU by this project: differences are what the CUDA provider does beyond the CPU "
-        "rules (kernel workspaces, per-kernel scratch, its own alignment)",
-    ]
-    if measured.context_bytes is not None:
-        notes.append(f"CUDA context and libraries (NVML, device-wide, approximate): {measured.context_bytes} bytes")
-    if measured.cpu_fallback_nodes:
-        shown = ", ".join(measured.cpu_fallback_nodes[:5])
-        notes.append(f"{len(measured.cpu_fallback_nodes)} nodes ran on the CPU provider and are not counted: {shown}")
     return tuple(notes)
 
 

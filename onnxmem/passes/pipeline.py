@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnxmem.errors import OnnxMemError
 from onnxmem.ir.dtypes import dtype_name
 from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
 from onnxmem.ir.load import LoadedModel, load_model
@@ -22,18 +21,9 @@ from onnxmem.passes.loops import loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from onnxmem.shapes.dims import InputDim, input_dims
 from onnxmem.shapes.sizing import SizedModel, bind_and_infer
-from onnxmem.targets.ort.cpu.float16 import (
-    DEFAULT_PROVIDER,
-    INSERTED_CAST_PREFIX,
-    PROVIDERS,
-    cpu_float16_casts,
-    has_float16,
-    inlined_function_ops,
-)
-from onnxmem.targets.ort.cuda.placement import on_cuda
+from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
 from onnxmem.targets.ort.planner import declared_dim_names, infer_symbolic, runtime_view
-from onnxmem.targets.ort.qdq import unique_dequantize
-from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.views.report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 
 if TYPE_CHECKING:
@@ -60,7 +50,7 @@ class Sizing:
     default_dim: int | None
     # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
     # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
-    provider: str = DEFAULT_PROVIDER
+    provider: ExecutionProvider = execution_provider(DEFAULT_PROVIDER)
     # the model as given, where onnxruntime's changes made another (its QDQ copies, the CPU provider's Casts, the CUDA
     # provider's placement): a training step (PyTorch's, not onnxruntime's) reads this one
     given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -97,7 +87,7 @@ class Analysis:
 
 def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
              order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-             training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+             training: TrainingOptions | None = None, provider: str | ExecutionProvider = DEFAULT_PROVIDER,
              progress: Callable[[str], None] | None = None) -> Analysis:
     """Run the passes once and give their results (see Analysis).
 
@@ -119,8 +109,8 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     training
         Also simulate one training step with these options (report.training).
     provider
-        The onnxruntime execution provider the inference report assumes: cuda (the default: the question is a
-        GPU's) or cpu, whose missing float16 kernels add Casts (transforms.cpu_float16_casts).
+        The onnxruntime execution provider the inference report assumes, or its name (targets.ort.PROVIDERS):
+        cuda (the default: the question is a GPU's) or cpu, whose missing float16 kernels add Casts.
     progress
         Called with a few words as each stage begins (the CLI shows them on a terminal); None: nothing is said.
 
@@ -145,66 +135,22 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
 
 
 def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-           rules: InferenceRules = DEFAULT_INFERENCE_RULES, provider: str = DEFAULT_PROVIDER) -> Sizing:
+           rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+           provider: str | ExecutionProvider = DEFAULT_PROVIDER) -> Sizing:
     """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
     Sizing, and analysis for the parameters."""
+    target = execution_provider(provider)
     given = model if isinstance(model, LoadedModel) else load_model(model)
-    rules = provider_rules(provider, rules)
-    loaded, notes = runtime_model(given, provider, rules)
+    rules = target.buffer_rules(rules)
+    loaded, notes = target.runtime_model(given, rules)
     free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
     graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
     symbolic = planner_types(loaded, rules, free, graph)
     sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
     return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, provider,
+                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, target,
                   given if loaded is not given else None)
-
-
-def runtime_model(given: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
-        tuple[LoadedModel, list[Warning]]:
-    """Give the model as onnxruntime runs it on `provider`, and a note of what changed: its own change to QDQ
-    models (every level, every provider: qdq.unique_dequantize), made before it partitions the graph, then the
-    provider's (for_provider). The one place both are made, for every view (a report, fit's family)."""
-    runtime = unique_dequantize(given) or given
-    return for_provider(runtime, provider, rules)
-
-
-def for_provider(loaded: LoadedModel, provider: str, rules: InferenceRules = DEFAULT_INFERENCE_RULES) -> \
-        tuple[LoadedModel, list[Warning]]:
-    """Give the model as the onnxruntime execution provider runs it, and a note of what changed: on the CPU
-    provider, float16 data meeting an operator without a float16 kernel is cast to float32 and back
-    (transforms.cpu_float16_casts); on the CUDA provider, the nodes it leaves on the CPU and the copies between
-    host and device memory (cuda_placement)."""
-    if provider not in PROVIDERS:
-        raise OnnxMemError(f"unknown provider '{provider}': choose from {', '.join(PROVIDERS)}")
-    if provider == "cuda":
-        return on_cuda(loaded)
-    if not has_float16(loaded.proto):
-        return loaded, []
-    changed = cpu_float16_casts(loaded, infer_symbolic(loaded.proto, loaded))
-    holds_graphs = (loaded.nodes is None or loaded.nodes.graphs) and any(  # (the bytes' search says "may")
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        for n in loaded.proto.graph.node for a in n.attribute)
-    if changed is None:
-        if not holds_graphs:
-            return loaded, []
-        return loaded, [Warning("cpu-float16-casts",
-                                "onnxruntime's CPU provider casts float16 data to float32 around operators without "
-                                "a float16 kernel inside If/Loop/Scan bodies too: not modelled there (their nodes "
-                                "are counted as given); on a GPU pass --provider cuda")]
-    casts = sum(1 for n in changed.proto.graph.node if n.op_type == "Cast"
-                and n.name.startswith(INSERTED_CAST_PREFIX))
-    readers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type != "Cast" and
-                      any(i.startswith(INSERTED_CAST_PREFIX) for i in n.input)})
-    inlined = inlined_function_ops(changed.proto)
-    bodies = f"; {', '.join(inlined)} run as their ONNX function bodies, which it inlines" if inlined else ""
-    subgraphs = "; the nodes of If/Loop/Scan bodies are counted as given (it casts there too: not modelled)" \
-        if holds_graphs else ""
-    return changed, [Warning("cpu-float16-casts",
-                             f"onnxruntime's CPU provider has no float16 kernel for {', '.join(readers)}: it runs "
-                             f"them in float32 between {casts} Casts it inserts (counted here){bodies}{subgraphs}; "
-                             "on a GPU pass --provider cuda")]
 
 
 def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
@@ -213,7 +159,7 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
     order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
     as_given = rules
-    rules = provider_rules(sized.provider, rules)
+    rules = sized.provider.buffer_rules(rules)
     graph = sized.graph
     if scheduled is None and isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
         memo = sized.schedules.get(order)
@@ -226,7 +172,7 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
     trips = loop_trip_counts(graph, sized.loaded.proto)
     timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared, loop_trips=trips)
     report = summarize(sized.loaded, graph, sized.dims, [*sized.warnings, *loop_warnings(graph, trips)], timeline,
-                       order, sized.provider)
+                       order, sized.provider.name)
     if training is not None:
         # (imported here: the training step's modules and tables are start-up that an inference report never needs)
         from onnxmem.training.step import micro_batch_dims, training_memory, training_warnings
@@ -249,7 +195,7 @@ def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
 
 def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
             order: str | Sequence[str] = DEFAULT_ORDER, rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-            training: TrainingOptions | None = None, provider: str = DEFAULT_PROVIDER,
+            training: TrainingOptions | None = None, provider: str | ExecutionProvider = DEFAULT_PROVIDER,
             progress: Callable[[str], None] | None = None) -> Report:
     """Give the memory report of a model at the given binding of its dims: analysis(...).report.
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from onnxmem.errors import ModelFileError
 from onnxmem.ir.graph import ModelGraph
-from onnxmem.targets.ort.cpu.float16 import INLINED_NODE_PREFIX, INSERTED_CAST_PREFIX, inlined_node_rank
+from onnxmem.targets.ort.cpu.float16 import INSERTED_CAST_PREFIX
+from onnxmem.targets.ort.cpu.inline import INLINED_NODE_PREFIX, inlined_node_rank
 from onnxmem.targets.ort.cuda.placement import MEMCPY_OPS, MEMCPY_PREFIX
 from onnxmem.targets.ort.qdq import DUPLICATED_SUFFIX
 

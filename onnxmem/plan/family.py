@@ -37,15 +37,14 @@ from onnxmem.passes.pipeline import (
     model_name,
     planner_shapes,
     planner_types,
-    runtime_model,
     size_graph,
     size_warnings,
     sizing,
 )
 from onnxmem.shapes.dims import InputDim, bind_dims, input_dims
 from onnxmem.shapes.sizing import bind_and_infer
-from onnxmem.targets.ort.cpu.float16 import DEFAULT_PROVIDER
-from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules, provider_rules
+from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.views.report import Report, Warning
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
@@ -85,13 +84,13 @@ class ModelFamily:
 
     def __init__(self, model: str | os.PathLike[str] | onnx.ModelProto, search: str,
                  dims: Mapping[str, int] | None = None, **options: Any) -> None:
-        # the model as onnxruntime runs it on the provider (analyze.runtime_model: its QDQ copies, the CPU
-        # provider's float16 Casts, the CUDA provider's placement), made once for every value; the model as given
-        # is kept for the training step, which reads it (see analyze.after_sizing)
+        # the model as onnxruntime runs it on the provider (ExecutionProvider.runtime_model: its QDQ copies, the
+        # CPU provider's float16 Casts, the CUDA provider's placement), made once for every value; the model as
+        # given is kept for the training step, which reads it (see pipeline.after_sizing)
         given = load_model(model)
-        provider = options.get("provider", DEFAULT_PROVIDER)
-        self.loaded, self._provider_notes = runtime_model(
-            given, provider, provider_rules(provider, options.get("rules", DEFAULT_INFERENCE_RULES)))
+        self.provider: ExecutionProvider = execution_provider(options.get("provider", DEFAULT_PROVIDER))
+        self.loaded, self._provider_notes = self.provider.runtime_model(
+            given, self.provider.buffer_rules(options.get("rules", DEFAULT_INFERENCE_RULES)))
         self._given = given if self.loaded is not given else None
         self.search = search
         self.dims = dict(dims or {})
@@ -167,8 +166,7 @@ class ModelFamily:
         default_dim = self.options.get("default_dim")
         # the rules the reports use (analyze.after_sizing): the provider's, so the order and lifetimes made here
         # serve them (the Sizings' memo compares the rules themselves)
-        rules = provider_rules(self.options.get("provider", DEFAULT_PROVIDER),
-                               self.options.get("rules", DEFAULT_INFERENCE_RULES))
+        rules = self.provider.buffer_rules(self.options.get("rules", DEFAULT_INFERENCE_RULES))
         graph = build_graph(self.loaded.proto, metadata=self.loaded.nodes is None or self.loaded.nodes.metadata)
         free = self.free_dims()
         if self._symbolic_types is False:  # the first template: the planner types found from its graph
@@ -266,13 +264,13 @@ class ModelFamily:
         plan_shapes = None if template.plan_shapes is None else tuple(template.plan_shapes)
         return Sizing(self.loaded, self._sized_graph(template, value), bound, plan_shapes, tuple(template.warnings),
                       self._symbolic_types or None, tuple(free), default_dim,  # type: ignore[arg-type]
-                      self.options.get("provider", DEFAULT_PROVIDER), schedules=template.schedules)
+                      self.provider, schedules=template.schedules)
 
     def _exact_sizing(self, value: int) -> Sizing:
         """Give analyze.sizing's Sizing at `value` (its inference redone), of the model as given (see __init__)."""
         sized = sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
                        rules=self.options.get("rules", DEFAULT_INFERENCE_RULES),
-                       provider=self.options.get("provider", DEFAULT_PROVIDER))
+                       provider=self.provider)
         return sized if self._given is None else dataclasses.replace(sized, given=self._given)
 
     def _exact_analysis(self, value: int) -> Analysis:

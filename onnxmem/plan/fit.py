@@ -23,15 +23,16 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from onnxmem.errors import DimError, TargetError
-from onnxmem.ir.graph import WEIGHT, ModelGraph
+from onnxmem.ir.graph import ModelGraph
 from onnxmem.ir.load import LoadedModel
+from onnxmem.passes.half_precision import half_precision, half_precision_sizing
 from onnxmem.passes.liveness import Timeline
 from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import Analysis, Sizing, analysis
 from onnxmem.plan.family import ModelFamily
 from onnxmem.shapes.dims import input_dims
-from onnxmem.targets.ort.arena import arena_weights, session_held_bytes
-from onnxmem.targets.ort.cpu.float16 import DEFAULT_PROVIDER, half_precision, half_precision_sizing
+from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider
+from onnxmem.targets.ort.arena import session_held_bytes
 from onnxmem.views.report import (
     CheckResult,
     FitPoint,
@@ -368,10 +369,10 @@ def _required(need: _Need, target: Target) -> int:
     return ALLOCATORS[target.allocator].held([need.persistent_bytes, need.peak_bytes - need.persistent_bytes])
 
 
-def _family_arena_required(family: ModelFamily, value: int, provider: str) -> int:
+def _family_arena_required(family: ModelFamily, value: int) -> int:
     """arena_required_bytes at a value of a family's searched dim (with no inference where its template serves)."""
     graph, timeline, sizes, shape_of = family.arena_inputs(value)
-    return arena_required_bytes(graph, timeline, family.loaded.proto, provider, sizes, shape_of)
+    return arena_required_bytes(graph, timeline, family.loaded.proto, family.provider, sizes, shape_of)
 
 
 def _simulates_arena(target: Target, training: TrainingOptions | None, shard: str | None) -> bool:
@@ -379,21 +380,19 @@ def _simulates_arena(target: Target, training: TrainingOptions | None, shard: st
     return target.allocator == "onnxruntime-arena" and training is None and not shard
 
 
-def arena_required_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str,
-                         sizes: Sequence[int | None] | None = None,
+def arena_required_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto,
+                         provider: ExecutionProvider, sizes: Sequence[int | None] | None = None,
                          shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> int:
     """Give the bytes an onnxruntime session holds for inference from the second run on: what its arena holds
-    (arena.session_held_bytes: `validate`'s estimate on CPU) and, on the CPU provider, the initializers it uses in
-    place from the model, outside the arena. `sizes`, `shape_of`: as session_held_bytes."""
+    (arena.session_held_bytes: `validate`'s estimate on CPU) and what the provider holds outside it (its
+    outside_arena_bytes: on the CPU provider, the initializers it uses in place from the model). `sizes`,
+    `shape_of`: as session_held_bytes."""
     _, held = session_held_bytes(graph, timeline, model, provider, sizes=sizes, shape_of=shape_of)
-    if provider == "cuda":
-        return held
-    inside = arena_weights(graph, model).held
-    return held + sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT and t.index not in inside)
+    return held + provider.outside_arena_bytes(graph, model)
 
 
 def _options(order: str, default_dim: int | None, training: TrainingOptions | None,
-             provider: str = DEFAULT_PROVIDER) -> dict[str, Any]:
+             provider: str | ExecutionProvider = DEFAULT_PROVIDER) -> dict[str, Any]:
     options: dict[str, Any] = {"order": order, "default_dim": default_dim, "provider": provider}
     if training is not None:
         options["training"] = training
@@ -408,7 +407,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         search: str = "batch", dims: Mapping[str, int] | None = None, default_dim: int | None = None,
         order: str = DEFAULT_ORDER, training: TrainingOptions | None = None, gpus: int = 1,
         shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT,
-        provider: str = DEFAULT_PROVIDER, progress: Callable[[str], None] | None = None) -> FitResult:
+        provider: str | ExecutionProvider = DEFAULT_PROVIDER,
+        progress: Callable[[str], None] | None = None) -> FitResult:
     """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
@@ -475,7 +475,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
                 need = needs[value] = _Need(peak, weights, "", None)
             else:
                 need = needs[value] = _need(family.report(value), gpus, shard)
-            required = _family_arena_required(family, value, provider) \
+            required = _family_arena_required(family, value) \
                 if _simulates_arena(target, training, shard) else _required(need, target)
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
         return points[value]
@@ -613,7 +613,7 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
           memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
           reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
-          what_if: bool = True, provider: str = DEFAULT_PROVIDER,
+          what_if: bool = True, provider: str | ExecutionProvider = DEFAULT_PROVIDER,
           progress: Callable[[str], None] | None = None) -> CheckResult:
     """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1).
 
@@ -640,7 +640,8 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     analysed = analysis(model, dims, progress=progress, **_options(order, default_dim, training, provider))
     report = analysed.report
     need = _need(report, gpus, shard)
-    required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto, provider) \
+    required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto,
+                                    analysed.sizing.provider) \
         if _simulates_arena(target, training, shard) else _required(need, target)
     fits = required <= budget
     what_ifs: tuple[WhatIf, ...] = ()
@@ -703,8 +704,8 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
                    "greedy least-peak-first order (--order memory)" if training is None else
                    "forward ops in the greedy least-peak-first order (--order memory)")
     if training is None:
-        # (on the CPU provider a float16 model gets Casts: the converted model is analysed whole)
-        halved = half_precision_sizing(at) if at.provider != "cpu" else None
+        # (where the provider's changes depend on element types, the converted model is analysed whole)
+        halved = half_precision_sizing(at) if at.provider.float16_keeps_graph else None
         add_report("float32 -> float16 (weights and activations)",
                    report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims),
                    "every float32 tensor stored as float16 (the model converted, then analysed)")

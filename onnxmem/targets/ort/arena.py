@@ -20,13 +20,14 @@ import bisect
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 
 from onnxmem.ir.dtypes import element_bits
 from onnxmem.ir.graph import WEIGHT, ModelGraph
 from onnxmem.passes.liveness import Timeline, pattern_block_bytes
-from onnxmem.targets.ort.tables import (
+from onnxmem.targets.ort.cpu.tables import (
     ARENA_COPIED_INITIALIZER_BYTES,
     CONV_SYM_GROUP_ALIGNMENT,
     CONV_SYM_INPUT_ALIGNMENT,
@@ -50,6 +51,9 @@ from onnxmem.targets.ort.tables import (
     SYMMETRIC_CONV,
     qlinear_conv_scratch,
 )
+
+if TYPE_CHECKING:
+    from onnxmem.targets.ort.base import ExecutionProvider
 
 MIN_ALLOCATION = 256  # kMinAllocationSize
 INITIAL_REGION = 1 << 20  # initial_chunk_size_bytes (the default arena config)
@@ -538,25 +542,19 @@ def _later_run(graph: ModelGraph, timeline: Timeline, pattern_bytes: int, scratc
     return events
 
 
-def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: str = "cpu",
+def session_held_bytes(graph: ModelGraph, timeline: Timeline, model: onnx.ModelProto, provider: ExecutionProvider,
                        given: onnx.ModelProto | None = None, mem_pattern: bool = True,
                        sizes: Sequence[int | None] | None = None,
                        shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> tuple[int, int]:
     """Give the bytes onnxruntime's arena holds from the device after a first run and after a later one (the
-    memory pattern's block from the second run on, where `mem_pattern`), simulated on the timeline: the weights it
-    holds from session creation, each run's allocations and frees, the kernels' scratch (kernel_scratch). On the
-    CPU provider the weights are those of arena_weights (`given`: the model as the user gave it); on the CUDA
-    provider every initializer is reserved on the device and each run copies the graph inputs in first.
+    memory pattern's block from the second run on, where `mem_pattern`), simulated on the timeline: the weights the
+    provider holds from session creation and the graph inputs it copies in each run (its session_weights; `given`:
+    the model as the user gave it), each run's allocations and frees, its kernels' scratch (its kernel_scratch).
     `model`: the model the graph was built from; `sizes`, `shape_of`: each tensor's bytes and shape where not the
     graph's own (the graph of a family sized at another value: its weights are the same)."""
-    if provider == "cuda":
-        reserved = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
-        in_regions: tuple[int, ...] = ()
-        inputs = [(sizes[t] if sizes is not None else graph.tensors[t].nbytes) or 0 for t in graph.inputs]
-    else:
-        weights = arena_weights(graph, model, given)
-        reserved, in_regions, inputs = weights.reserved, weights.in_regions, []
-    scratch = kernel_scratch(graph, model, shape_of)
+    weights = provider.session_weights(graph, model, given, sizes)
+    reserved, in_regions, inputs = weights.reserved, weights.in_regions, weights.inputs_per_run
+    scratch = provider.kernel_scratch(graph, model, shape_of)
     first_loops, later_loops = _loop_events(graph, model, mem_pattern)
     creation = [("alloc", _CREATION_IDS - len(graph.tensors) - i, n) for i, n in enumerate(in_regions)]
     copied = [("alloc", _INPUT_IDS - len(graph.tensors) - i, n) for i, n in enumerate(inputs)]

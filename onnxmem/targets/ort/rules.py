@@ -1,11 +1,12 @@
-"""Per-operator memory rules, kept as tables: adding an operator is one line in one table."""
+"""Per-operator memory rules, kept as tables: adding an operator is one line in one table. The defaults are the
+CPU provider's, measured; each provider gives its own (base.ExecutionProvider.buffer_rules)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxmem.targets.ort.cuda.tables import CUDA_ALIASES, CUDA_IN_PLACE
-from onnxmem.targets.ort.tables import ALIASES, IN_PLACE, IN_PLACE_FROM_INPUT, TAKES_NO_FREED_BUFFER
+from onnxmem.targets.ort.cpu.tables import ALIASES, IN_PLACE, IN_PLACE_FROM_INPUT
+from onnxmem.targets.ort.tables import TAKES_NO_FREED_BUFFER
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,3 @@ def _key(op_type: str, domain: str) -> str:
 DEFAULT_INFERENCE_RULES = InferenceRules(dict(ALIASES), frozenset(IN_PLACE), no_freed_buffer=TAKES_NO_FREED_BUFFER,
                                          in_place_from=tuple(IN_PLACE_FROM_INPUT.items()))
 NO_REUSE_RULES = InferenceRules({}, frozenset(), reuse_freed=False)
-# The CUDA provider's kernels declare other in-place and alias rules (rules.cuda: from its source, not measured).
-CUDA_INFERENCE_RULES = InferenceRules(dict(CUDA_ALIASES), CUDA_IN_PLACE, no_freed_buffer=TAKES_NO_FREED_BUFFER)
-
-
-def provider_rules(provider: str, rules: InferenceRules) -> InferenceRules:
-    """Give the buffer rules an analysis on `provider` uses: the provider's own where `rules` are the defaults
-    (the CPU provider's, measured), else `rules` as given."""
-    return CUDA_INFERENCE_RULES if provider == "cuda" and rules is DEFAULT_INFERENCE_RULES else rules

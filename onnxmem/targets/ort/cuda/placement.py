@@ -15,9 +15,8 @@ import onnx
 from onnx import AttributeProto, ModelProto, TensorProto
 
 from onnxmem.ir.graph import HOST_KEY
-from onnxmem.ir.load import LoadedModel
+from onnxmem.ir.load import LoadedModel, has_float16
 from onnxmem.ir.tensor_types import TensorType
-from onnxmem.targets.ort.cpu.float16 import has_float16
 from onnxmem.targets.ort.cuda.tables import (
     CUDA_CPU_INPUTS,
     CUDA_CPU_OUTPUTS,
