@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 import onnxmem  # noqa: E402
 from benchmarks.torch_memory import c10_peak  # noqa: E402
 from benchmarks.zoo import quiet  # noqa: E402
+from onnxmem.targets.torch import TorchCpu  # noqa: E402
 from onnxmem.training.step import TrainingOptions  # noqa: E402
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
@@ -415,8 +416,8 @@ def run_case(case: Case, batches: list[int], folder: Path) -> list[Row]:
             module.load_state_dict(reference.state_dict())
             module.train()
             c10, _ = measure_steps(module, inputs, lambda out, b=batch: case.loss(out, b), optimizer)
-            options = TrainingOptions(optimizer=optimizer, device="cpu", loss=case.loss_kind,
-                                      cpu_threads=torch.get_num_threads())
+            options = TrainingOptions(optimizer=optimizer, device=TorchCpu(threads=torch.get_num_threads()),
+                                      loss=case.loss_kind)
             training = onnxmem.analyze(path, batch_dims(path, batch), training=options).training
             assert training is not None
             baseline = training.weights_bytes + training.input_bytes
@@ -673,9 +674,10 @@ def real_estimate(path: Path, dims: dict[str, int], case: RealCase, optimizer: s
         tuple[int, str]:
     """Give onnxmem's first-step peak above weights and inputs, and its export warnings' codes."""
     report = onnxmem.analyze(path, dims, training=TrainingOptions(
-        optimizer=optimizer, device="cpu", loss=case.loss_kind, precision="amp-bf16" if variant == "amp-bf16" else
-        "fp32", train=HEADS[case.name] if variant == "frozen backbone" else (),
-        grad_accum=2 if variant == "grad-accum 2" else 1, cpu_threads=torch.get_num_threads()))
+        optimizer=optimizer, device=TorchCpu(threads=torch.get_num_threads()), loss=case.loss_kind,
+        precision="amp-bf16" if variant == "amp-bf16" else "fp32",
+        train=HEADS[case.name] if variant == "frozen backbone" else (),
+        grad_accum=2 if variant == "grad-accum 2" else 1))
     training = report.training
     assert training is not None
     codes = sorted({w.code for w in report.warnings

@@ -4,15 +4,17 @@ For each convolution below (one module, one thread, fp32, contiguous NCHW), PyTo
 profiler (profile_memory=True: every allocation of the c10 CPU allocator) and its peak above the bytes live before
 it is taken, less the gradients it returns (input, weight, bias): the scratch; and again under the LD_PRELOAD
 malloc counter (../shared/tools/malloc_counter.c: every heap byte, oneDNN's own mallocs included). onnxmem's rule
-(onnxmem.training.step.cpu_convolution_scratch, from rules.training.CPU_CONVOLUTION) gives it from the shapes alone.
+(onnxmem.targets.torch.cpu.convolution.cpu_convolution_scratch, from its tables.py CPU_CONVOLUTION) gives it from
+the shapes alone.
 The path PyTorch took is named from oneDNN's verbose log (ONEDNN_VERBOSE=1, read from this process's stdout by a
 child run) or as slow_conv2d where oneDNN ran nothing.
 
     python benchmarks/conv_backward.py [--threads N]
 
 --primitives: the oneDNN primitives each convolution's first forward and backward create (ONEDNN_VERBOSE=all) and
-the heap they keep (oneDNN caches them for the process's life), against onnxmem.training.step.cpu_convolution_primitives
-(rules.training.OnednnPrimitives).
+the heap they keep (oneDNN caches them for the process's life), against
+onnxmem.targets.torch.cpu.convolution.cpu_convolution_primitives
+(onnxmem/targets/torch/cpu/tables.py OnednnPrimitives).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.torch_memory import c10_peak  # noqa: E402
-from onnxmem.training.step import cpu_convolution_primitives, cpu_convolution_scratch  # noqa: E402
+from onnxmem.targets.torch.cpu.convolution import (  # noqa: E402
+    cpu_convolution_primitives,
+    cpu_convolution_scratch,
+)
 
 
 @dataclass(frozen=True)

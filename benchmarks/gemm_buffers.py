@@ -1,4 +1,5 @@
-"""MKL's sgemm packing buffers: what one GEMM leaves on the heap, measured, against rules.training.MklGemmBuffers.
+"""MKL's sgemm packing buffers: what one GEMM leaves on the heap, measured, against MklGemmBuffers
+(onnxmem/targets/torch/cpu/tables.py).
 
 PyTorch 2.13's CPU wheel runs fp32 matrix products (mm, addmm, bmm, slow_conv2d's GEMMs) in MKL's sgemm, which
 takes its packing buffers through malloc (outside PyTorch's allocator: the profiler does not see them) and keeps
@@ -18,12 +19,13 @@ sequences of both kinds in one process, against mkl_gemm_held (bf16 operands are
 share MKL's pool); then F.scaled_dot_product_attention's forward and backward (PyTorch's CPU flash attention) per
 fresh process, fp32 and bf16, against mkl_gemm_held of flash_attention_gemms.
 
---lstm: oneDNN's LSTM primitives (rules.training.OnednnPrimitives.lstm_*): one training step of nn.LSTM per fresh
-process (after autograd's first-time work), the heap it leaves, over layers, directions and sizes, against the
-rule: the first use, one per (input features, hidden, direction), one weight reorder per input width other than the
-hidden size.
+--lstm: oneDNN's LSTM primitives (onnxmem/targets/torch/cpu/tables.py OnednnPrimitives.lstm_*): one training step
+of nn.LSTM per fresh process (after autograd's first-time work), the heap it leaves, over layers, directions and
+sizes, against the rule: the first use, one per (input features, hidden, direction), one weight reorder per input
+width other than the hidden size.
 
---gelu: the exact GELU's oneDNN eltwise primitives (rules.training.OnednnPrimitives.eltwise_gelu_*): in one process
+--gelu: the exact GELU's oneDNN eltwise primitives (onnxmem/targets/torch/cpu/tables.py
+OnednnPrimitives.eltwise_gelu_*): in one process
 (after autograd's first-time work, then a first GELU whose extra over a later shape is the first use), per new
 shape, the heap its forward and its backward (dense output gradient) leave, less what a GELU of a shape already seen
 leaves.
@@ -46,17 +48,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onnxmem.training.rules import CPU_ISAS  # noqa: E402
-from onnxmem.training.step import (  # noqa: E402
+from onnxmem.targets.torch.cpu.gemm import (  # noqa: E402
     Gemm,
     flash_attention_gemms,
-    lstm_primitives,
     matmul_gemms,
     mkl_call_gemm,
     mkl_gemm_block,
     mkl_gemm_held,
     slow_conv2d_gemms,
 )
+from onnxmem.targets.torch.cpu.primitives import lstm_primitives  # noqa: E402
+from onnxmem.targets.torch.cpu.tables import CPU_ISAS  # noqa: E402
 
 ISA = CPU_ISAS["avx2"]  # the measured CPU
 

@@ -13,9 +13,11 @@ from onnx import TensorProto
 
 import onnxmem
 from onnxmem.cli.commands import main
-from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.training.rules import CPU_ISAS, MklGemmBuffers
-from onnxmem.training.step import TrainingOptionError, TrainingOptions
+from onnxmem.errors import TrainingOptionError
+from onnxmem.targets.torch import TorchCpu
+from onnxmem.targets.torch.cpu.tables import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
+from onnxmem.targets.torch.cpu.tables import CPU_ISAS, MklGemmBuffers
+from onnxmem.training.step import TrainingOptions
 
 from . import graphs
 
@@ -48,8 +50,8 @@ def train(model: onnx.ModelProto, dims: dict[str, int] | None = None, **options:
 
 W, B, X, Y = 128 * 256 * 4, 128 * 4, 4 * 256 * 4, 4 * 128 * 4  # 131072, 512, 4096, 2048 bytes
 
-# MKL's sgemm packing blocks on CPU (rules.training.MklGemmBuffers), for linear(): the forward's GEMM (a 4 x 128
-# output over K = 256: MKL's K block 128) makes one block, with the process's first-use bytes; W's gradient
+# MKL's sgemm packing blocks on CPU (targets/torch/cpu/tables.py MklGemmBuffers), for linear(): the forward's GEMM
+# (a 4 x 128 output over K = 256: MKL's K block 128) makes one block, with the process's first-use bytes; W's gradient
 # (128 x 256 in W's layout, over the batch of 4: K block 128) is larger and makes a second, from Gemm's backward on
 G = MklGemmBuffers()
 LINEAR_MKL = (G.first_use + G.block + 4 * 128 * (128 + 2 * 4)) + (G.block + 4 * 128 * (256 + 2 * 128))
@@ -391,7 +393,7 @@ def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block(
     for out in (1, 16):
         y, w = 2 * out * 16 * 16 * 4, out * 8 * 4
         blocked = x * pad(8) // 8 + y * pad(out) // out + 4 * pad(out) * pad(8)
-        t = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_threads=2, cpu_isa=isa).training
+        t = train(conv_1x1(out), optimizer="sgd", device=TorchCpu(threads=2, isa=isa), loss="mse").training
         assert t is not None
         # and oneDNN's cached primitives, made by then: the 1x1 forward and weight-gradient kernels and five
         # reorders (x to blocked, w for the forward, y from blocked, grad y to blocked, grad w from blocked)
@@ -402,7 +404,7 @@ def test_cpu_conv_backward_reorders_gradients_with_channels_padded_to_the_block(
         # loss, the loss gradient (4) and grad y; slow_conv2d's forward GEMM (out x 256 positions over 8 channels,
         # one sample at a time: MKL's K block 128) made an MKL block, none for one output channel (a
         # matrix-vector product)
-        one = train(conv_1x1(out), optimizer="sgd", device="cpu", loss="mse", cpu_isa=isa).training
+        one = train(conv_1x1(out), optimizer="sgd", device=TorchCpu(isa=isa), loss="mse").training
         assert one is not None
         mkl = G.first_use + G.block + 4 * 128 * (256 + 2 * out) if out > 1 else 0
         assert one.peak_bytes == x + w + 4 * y + 4 + 3 * NODE + mkl

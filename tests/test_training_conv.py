@@ -1,7 +1,7 @@
-"""CPU convolution backward scratch (rules.training.CPU_CONVOLUTION): what PyTorch 2.13's oneDNN and slow_conv2d
-backward allocate besides the gradients they return, from the convolution's shapes; worked by hand from the rule's
-moments (benchmarks/conv_backward.py measures them), applied at the Conv's backward in the training simulation, and
-against PyTorch itself where torch is installed. Sizes are float32."""
+"""CPU convolution backward scratch (targets/torch/cpu/tables.py CPU_CONVOLUTION): what PyTorch 2.13's oneDNN and
+slow_conv2d backward allocate besides the gradients they return, from the convolution's shapes; worked by hand from the
+rule's moments (benchmarks/conv_backward.py measures them), applied at the Conv's backward in the training simulation,
+and against PyTorch itself where torch is installed. Sizes are float32."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ import pytest
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS, OnednnPrimitives
-from onnxmem.training.step import TrainingOptions, cpu_convolution_primitives, cpu_convolution_scratch, detect_cpu_isa
+from onnxmem.targets.torch import TorchCpu
+from onnxmem.targets.torch.cpu.convolution import cpu_convolution_primitives, cpu_convolution_scratch
+from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
+from onnxmem.targets.torch.cpu.tables import CPU_AUTOGRAD_BYTES_PER_NODE, CPU_CONVOLUTION, CPU_ISAS, OnednnPrimitives
+from onnxmem.training.step import TrainingOptions
 from onnxmem.views.report import TrainingReport
 
 from . import graphs
@@ -176,8 +179,8 @@ def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     # and the input's (64 channels, not 3): the same 2 x 524288, less than b's moment (a has no grad_in).
     model = conv_chain()
     act = nbytes((8, 64, 16, 16))
-    cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
-                                                          cpu_isa="avx2")).training
+    cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device=TorchCpu(isa="avx2"),
+                                                          loss="mean")).training
     cuda = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cuda", loss="mean")).training
     assert cpu is not None and cuda is not None
     assert cpu.peak_event == "backward of Conv b"
@@ -185,10 +188,10 @@ def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE + SAME_SHAPE_3X3_PRIMITIVES
 
 
-# oneDNN's cached primitives (rules.training.OnednnPrimitives) of a 3x3 convolution whose input and output have one
-# shape, made by its forward and a backward with both gradients: the forward, backward-data and backward-weights
-# convolutions and five reorders (the activation's shape to and from the blocked layout, the weight's for the
-# forward, for the input's gradient and from the blocked weight gradient)
+# oneDNN's cached primitives (targets/torch/cpu/tables.py OnednnPrimitives) of a 3x3 convolution whose input and output
+# have one shape, made by its forward and a backward with both gradients: the forward, backward-data and
+# backward-weights convolutions and five reorders (the activation's shape to and from the blocked layout, the weight's
+# for the forward, for the input's gradient and from the blocked weight gradient)
 PRIMITIVES = AVX2.primitives
 SAME_SHAPE_3X3_PRIMITIVES = PRIMITIVES.forward_jit + PRIMITIVES.backward_data_jit + PRIMITIVES.backward_weights_jit \
     + 5 * PRIMITIVES.reorder
@@ -201,8 +204,8 @@ def _without_primitives(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cpu_step(model: onnx.ModelProto, **options: object) -> TrainingReport:
-    training = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
-                                                               cpu_isa="avx2", **options)).training  # type: ignore
+    training = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device=TorchCpu(isa="avx2"),
+                                                               loss="mean", **options)).training  # type: ignore
     assert training is not None
     return training
 
@@ -301,23 +304,23 @@ def test_the_cpu_instruction_set_is_read_from_the_cpu_flags(tmp_path: Path) -> N
     assert detected("fpu avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16") == "avx512"
     assert detected("fpu avx2 avx512f avx512cd") == "avx2"  # (no BW/VL/DQ: oneDNN's AVX-512 kernels need them)
     assert detect_cpu_isa(str(tmp_path / "absent")) == "avx2"  # not Linux: the flags cannot be read
-    assert TrainingOptions().isa == CPU_ISAS[detect_cpu_isa()]
+    assert TorchCpu().instruction_set == CPU_ISAS[detect_cpu_isa()]
 
 
 def test_the_instruction_set_changes_the_channel_block_of_a_cpu_step() -> None:
     # a 20-channel convolution's blocked reorders: channels padded to 24 on AVX2 (block 8), to 32 on AVX-512 (16)
     model = conv_chain_of(20)
-    steps = {isa: onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cpu", loss="mean",
-                                                                   cpu_isa=isa)).training for isa in CPU_ISAS}
+    steps = {isa: onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device=TorchCpu(isa=isa),
+                                                                   loss="mean")).training for isa in CPU_ISAS}
     assert steps["avx2"] is not None and steps["avx512"] is not None
     assert steps["avx512"].peak_bytes > steps["avx2"].peak_bytes
     with pytest.raises(onnxmem.OnnxMemError, match="instruction set 'sse'"):
-        onnxmem.analyze(model, training=TrainingOptions(device="cpu", cpu_isa="sse"))
+        onnxmem.analyze(model, training=TrainingOptions(device=TorchCpu(isa="sse")))
 
 
 def test_cpu_threads_must_be_positive() -> None:
     with pytest.raises(onnxmem.OnnxMemError, match="cpu_threads"):
-        onnxmem.analyze(conv_chain(), training=TrainingOptions(device="cpu", cpu_threads=0))
+        onnxmem.analyze(conv_chain(), training=TrainingOptions(device=TorchCpu(threads=0)))
 
 
 @pytest.mark.parametrize(("x", "w", "stride", "groups"), [
@@ -450,7 +453,7 @@ def test_the_command_line_takes_the_cpu_threads_and_instruction_set(tmp_path: Pa
         assert code == 0, err
         peaks[isa] = json.loads(out)["training"]["peak_bytes"]
         expected = onnxmem.analyze(conv_chain_of(20), training=TrainingOptions(
-            optimizer="sgd", device="cpu", loss="mean", cpu_isa=isa, cpu_threads=2)).training
+            optimizer="sgd", device=TorchCpu(threads=2, isa=isa), loss="mean")).training
         assert expected is not None and peaks[isa] == expected.peak_bytes
     assert peaks["avx512"] > peaks["avx2"]
     code, _, err = run("report", path, "--cpu-isa", "avx512")

@@ -9,8 +9,8 @@ import onnx.helper as oh
 from onnx import TensorProto
 
 import onnxmem
-from onnxmem.training.rules import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
-from onnxmem.training.rules import MklGemmBuffers
+from onnxmem.targets.torch.cpu.tables import CPU_AUTOGRAD_BYTES_PER_NODE as NODE
+from onnxmem.targets.torch.cpu.tables import MklGemmBuffers
 from onnxmem.training.step import TrainingOptions
 
 from . import graphs
@@ -172,7 +172,8 @@ def test_mean_loss_makes_an_output_sized_gradient() -> None:
     assert mean is not None and none is not None
     base = 256 * 512 * 4 + 4 * 256 * 4
     # and on CPU the autograd graph: MatMul's and the mean's nodes, W's accumulator; MKL's sgemm blocks
-    # (rules.training.MklGemmBuffers): the forward's (4 x 512 over 256: K block 128) and grad W's (256 x 512 over 4)
+    # (targets/torch/cpu/tables.py MklGemmBuffers): the forward's (4 x 512 over 256: K block 128) and grad W's
+    # (256 x 512 over 4)
     g = MklGemmBuffers()
     mkl = g.first_use + g.block + 4 * 128 * (512 + 2 * 4) + g.block + 4 * 128 * (512 + 2 * 256)
     assert mean.peak_bytes == base + 8192 + 4 + 8192 + 256 * 512 * 4 + 3 * NODE + mkl

@@ -1,5 +1,5 @@
-"""MKL's sgemm packing blocks in the CPU training estimate (rules.training.MklGemmBuffers): the law against blocks
-measured with the malloc counter (benchmarks/gemm_buffers.py), the pool's growth over a step's GEMMs, and the
+"""MKL's sgemm packing blocks in the CPU training estimate (targets/torch/cpu/tables.py MklGemmBuffers): the law against
+blocks measured with the malloc counter (benchmarks/gemm_buffers.py), the pool's growth over a step's GEMMs, and the
 estimate gaining exactly the rule's bytes on small graphs; and the exact GELU's oneDNN eltwise primitives
 (OnednnPrimitives.eltwise_gelu_*)."""
 
@@ -17,11 +17,9 @@ import onnx.helper as oh
 import pytest
 
 import onnxmem
-from onnxmem.training.rules import CPU_ISAS, MklGemmBuffers
-from onnxmem.training.step import (
+from onnxmem.targets.torch import TorchCpu
+from onnxmem.targets.torch.cpu.gemm import (
     Gemm,
-    TrainingOptions,
-    TrainingReport,
     flash_attention_gemms,
     matmul_gemms,
     mkl_call_gemm,
@@ -29,6 +27,9 @@ from onnxmem.training.step import (
     mkl_gemm_held,
     slow_conv2d_gemms,
 )
+from onnxmem.targets.torch.cpu.tables import CPU_ISAS, MklGemmBuffers
+from onnxmem.training.step import TrainingOptions
+from onnxmem.views.report import TrainingReport
 
 from . import graphs
 
@@ -42,7 +43,7 @@ def weight(name: str, dims: list[int]) -> onnx.TensorProto:
 
 
 def _step(model: onnx.ModelProto, **options: object) -> TrainingReport:
-    values = {"optimizer": "sgd", "device": "cpu", "loss": "mean", "cpu_isa": "avx2", **options}
+    values = {"optimizer": "sgd", "device": TorchCpu(isa="avx2"), "loss": "mean", **options}
     training = onnxmem.analyze(model, training=TrainingOptions(**values)).training  # type: ignore[arg-type]
     assert training is not None
     return training
@@ -354,7 +355,7 @@ def test_with_gradient_accumulation_the_micro_step_starts_with_the_blocks(monkey
 
     def step() -> TrainingReport:
         training = onnxmem.analyze(model, {"batch": 64}, training=TrainingOptions(
-            optimizer="sgd", device="cpu", loss="mean", cpu_isa="avx2", grad_accum=2)).training
+            optimizer="sgd", device=TorchCpu(isa="avx2"), loss="mean", grad_accum=2)).training
         assert training is not None
         return training
 

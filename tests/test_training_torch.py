@@ -118,7 +118,7 @@ def _head_only_step(model: object, tmp_path: Path) -> tuple[int, int]:
     # the profiler sees PyTorch's allocator only, not MKL's malloc'd sgemm blocks: leave them out of the estimate
     import dataclasses
 
-    from onnxmem.training.rules import CPU_ISAS
+    from onnxmem.targets.torch.cpu.tables import CPU_ISAS
 
     with pytest.MonkeyPatch.context() as patch:
         for isa, rule in list(CPU_ISAS.items()):

@@ -25,7 +25,7 @@ from onnxmem.measure.ort_cpu import OPT_LEVELS
 from onnxmem.passes.orders import DEFAULT_ORDER, ORDERS, orders_help
 from onnxmem.passes.pipeline import analysis, analyze
 from onnxmem.shapes.dims import parse_dims
-from onnxmem.targets.ort import DEFAULT_PROVIDER, PROVIDERS
+from onnxmem.targets.ort.cpu.float16 import DEFAULT_PROVIDER, PROVIDERS
 from onnxmem.views.formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from onnxmem.views.render import json_text, render_targets, render_validation, targets_document
 from onnxmem.views.series import series_of
@@ -235,6 +235,21 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
+class _DeviceOptionHelp(click.Option):
+    """--device-option, whose help lists each device's declared options (read when the help is shown)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        devices = _module("onnxmem.targets.torch").DEVICES
+        listed = "; ".join(
+            f"{name}: " + (", ".join(f"{o.name}={'|'.join(o.choices()) if o.choices else o.kind.__name__.upper()} "
+                                     f"({o.help})" for o in device.options) or "none")
+            for name, device in devices.items())
+        return record[0], f"{record[1]} {listed}."
+
+
 # Training options, shared by report, fit and check.
 _TRAINING_OPTIONS = [
     click.option("--training", is_flag=True, help="Also report the memory of one training step."),
@@ -242,7 +257,7 @@ _TRAINING_OPTIONS = [
                  type=_TableChoice(lambda: sorted([*_module("onnxmem.training.rules").OPTIMIZERS,
                                                    *_module("onnxmem.training.rules").OPTIMIZER_ALIASES]), "adamw"),
                  show_default=True, help="Training: the optimizer (sgd-momentum, adam8bit, ...)."),
-    click.option("--precision", type=_TableChoice(lambda: _module("onnxmem.training.step").PRECISIONS, "fp32"),
+    click.option("--precision", type=_TableChoice(lambda: _module("onnxmem.training.options").PRECISIONS, "fp32"),
                  default="fp32",
                  show_default=True,
                  help="Training: fp32, autocast mixed precision with fp32 master weights, or pure bf16."),
@@ -256,21 +271,50 @@ _TRAINING_OPTIONS = [
                  help="Training: the micro-batch size (the batch dim given with --dim is divided into steps of M)."),
     click.option("--checkpoint", default=None, metavar="K|auto",
                  help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops)."),
-    click.option("--device", type=_TableChoice(lambda: _module("onnxmem.training.step").DEVICES, "cuda"),
+    click.option("--device", type=_TableChoice(lambda: list(_module("onnxmem.targets.torch").DEVICES), "cuda"),
                  default="cuda",
                  show_default=True,
                  help="Training: where PyTorch trains (dropout masks and the optimizer update differ)."),
     click.option("--loss", type=_TableChoice(lambda: sorted(_module("onnxmem.training.rules").LOSSES), "cross_entropy"),
                  default="cross_entropy", show_default=True,
                  help="Training: the loss after the model's first output."),
-    click.option("--cpu-threads", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
-                 help="Training with --device cpu: PyTorch's intra-op threads (torch.get_num_threads()); they pick "
-                      "the convolution kernel and multiply its scratch."),
-    click.option("--cpu-isa", type=_TableChoice(lambda: sorted(_module("onnxmem.training.rules").CPU_ISAS)),
-                 default=None,
-                 help="Training with --device cpu: the instruction set of the CPU that trains (oneDNN's channel "
-                      "block and bf16 kernels differ); default: this machine's."),
+    click.option("--device-option", "device_options", multiple=True, metavar="KEY=VALUE", cls=_DeviceOptionHelp,
+                 help="Training: an option of the --device (repeatable); each device declares its own:"),
+    # the CPU's options by their names before --device-option (kept so older command lines run): hidden
+    click.option("--cpu-threads", type=click.IntRange(min=1), default=None, hidden=True),
+    click.option("--cpu-isa", type=_TableChoice(lambda: sorted(_module("onnxmem.targets.torch.cpu.tables").CPU_ISAS)),
+                 default=None, hidden=True),
 ]
+# The hidden aliases above: flag -> (the device that takes it, its option's name there).
+_DEVICE_OPTION_ALIASES = {"cpu_threads": ("cpu", "threads"), "cpu_isa": ("cpu", "isa")}
+
+
+def _device_options(device: str, given: tuple[str, ...], **aliases: Any) -> dict[str, object]:
+    """Give the device options of --device-option KEY=VALUE and the aliases given (checked against the device's
+    declared options when the device is made); an alias of another device's option is a TrainingOptionError."""
+    options: dict[str, object] = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TrainingOptionError(f"--device-option '{item}': expected KEY=VALUE")
+        options[key.strip()] = value.strip()
+    for flag, value in aliases.items():
+        if value is None:
+            continue
+        owner, name = _DEVICE_OPTION_ALIASES[flag]
+        if owner != device:
+            raise TrainingOptionError(f"--{flag.replace('_', '-')} is an option of --device {owner}, not of "
+                                      f"--device {device}")
+        options[name] = value
+    return options
+
+
+def _training_values(flags: dict[str, Any]) -> dict[str, Any]:
+    """Give training_options' arguments from the training flags: the device options gathered."""
+    flags = dict(flags)
+    aliases = {flag: flags.pop(flag) for flag in _DEVICE_OPTION_ALIASES}
+    flags["device_options"] = _device_options(flags["device"], flags.pop("device_options"), **aliases)
+    return flags
 
 
 def training_click_options(command: Any) -> Any:
@@ -327,7 +371,7 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
            provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
            grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
-           cpu_threads: int, cpu_isa: str | None, debug: bool) -> None:
+           device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None, debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
     *.onnx files), and with --training, of a training step."""
     paths: list[str] = []
@@ -340,10 +384,10 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
         if training:
             from onnxmem.training.step import training_options
 
-            options = training_options(optimizer=optimizer, precision=precision, freeze=freeze,
-                                       train=train_only, grad_accum=grad_accum, micro_batch=micro_batch,
-                                       checkpoint=checkpoint, device=device, loss=loss,
-                                       cpu_threads=cpu_threads, cpu_isa=cpu_isa)
+            options = training_options(**_training_values(dict(
+                optimizer=optimizer, precision=precision, freeze=freeze, train=train_only, grad_accum=grad_accum,
+                micro_batch=micro_batch, checkpoint=checkpoint, device=device, loss=loss,
+                device_options=device_options, cpu_threads=cpu_threads, cpu_isa=cpu_isa)))
         request.update(dims=parse_dims(dims), default_dim=default_dim, order=order, training=options,
                        provider=provider, fmt=fmt, top=top, timeline=with_timeline)
         if len(paths) > 1:
@@ -447,7 +491,7 @@ def _report_one(path: str, request: dict[str, Any], debug: bool = False) -> tupl
 
 
 _TRAINING_ONLY = ("optimizer", "precision", "freeze", "train_only", "grad_accum", "micro_batch", "checkpoint",
-                  "device", "loss", "cpu_threads", "cpu_isa")
+                  "device", "loss", "device_options", "cpu_threads", "cpu_isa")
 
 
 def _check_training_flags(training: bool) -> None:
@@ -584,7 +628,7 @@ def _training_from(flags: dict[str, Any]) -> Any:
     flags["train"] = flags.pop("train_only")
     from onnxmem.training.step import training_options
 
-    return training_options(**flags)
+    return training_options(**_training_values(flags))
 
 
 @main.command(epilog="""\b
@@ -594,7 +638,7 @@ Example (needs the extra 'cpu': onnxruntime):
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable).")
 @click.option("--default-dim", type=click.IntRange(min=1), default=None, metavar="N",
               help="Bind every dim not given to N.")
-@click.option("--provider", type=click.Choice(REPORT_PROVIDERS), default="cpu", show_default=True,
+@click.option("--provider", type=click.Choice(PROVIDERS), default="cpu", show_default=True,
               help="Where onnxruntime runs the model (cuda needs the gpu extra and an NVIDIA GPU).")
 @click.option("--opt-level", type=click.Choice(OPT_LEVELS), default="disable", show_default=True,
               help="onnxruntime's graph optimization level; the estimate is made on the graph it ran.")

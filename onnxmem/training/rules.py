@@ -4,7 +4,9 @@ SAVED_FOR_BACKWARD mirrors what PyTorch's autograd saves (tools/autograd/derivat
 an ONNX operator comes from. One line per operator; an operator missing here gets DEFAULT_SAVES (keep every float
 input and output, every gradient a new buffer) and is named in the report's warnings.
 
-Operators of other domains are keyed 'domain::OpType', as in rules/inference.py.
+Operators of other domains are keyed 'domain::OpType', as in shapes/rules.py. What a device's kernels keep or
+allocate besides (a convolution's scratch, a recurrent op's workspace) is in that device's tables
+(onnxmem/targets/torch/).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ class Saves:
     # indices: 64), unless the op's own output `extra_output` carries it in the graph
     extra_bits_per_output_element: int = 0
     extra_output: int | None = None
-    extra_like_output_on_cpu: bool = False  # on CPU the extra has output 0's dtype (aten::dropout's float noise)
     # fp32 statistics kept per normalised row or channel: 2 (mean and inverse std) for the norms
     stats: str = ""  # "" | "rows" (LayerNorm: one per row over the normalised axes) | "channels" (BatchNorm)
     stats_values: int = 0
@@ -35,14 +36,6 @@ class Saves:
     # output-sized temporaries in backward when no operand is a weight (batched matmul: bmm's gradient is
     # made contiguous for the reshape it came through)
     batched_backward_temporaries: int = 0
-    # on CPU, temporaries while backward runs, in output-sized and input-sized (when input 0 needs a gradient)
-    # buffers: oneDNN's convolution backward reorders the output gradient and computes the input's in a scratch
-    cpu_backward_temporaries: tuple[int, int] = (0, 0)
-    # on CPU, the kernel whose backward scratch CPU_CONVOLUTION gives from the op's shapes (instead of the
-    # temporaries above, where the shapes say how PyTorch runs it)
-    cpu_convolution: bool = False
-    # those CPU temporaries are in oneDNN's blocked layout: channels (axis 1) padded to the CPU's channel block
-    cpu_blocked_channels: bool = False
     # tensors of input 0's size kept besides (mse_loss keeps its target, as large as the model's output)
     input_sized_extra: int = 0
     # "rows" statistics are per row of the axes before this one (LayerNorm: -1; Instance/GroupNorm: 2, an upper
@@ -56,10 +49,8 @@ class Saves:
     # inputs kept as a matmul operand: a new contiguous copy where the input is a view of another storage (at::matmul
     # reshapes a strided [..., L, E] operand to [batch, L, E], which copies it), else the input's own storage
     copies_when_view: tuple[int, ...] = ()
-    # on CPU the op computes in fp32 from 16-bit inputs (the math path's query.to(float), under autocast too): the
-    # copies and [..., q_len, kv_len] tensors above are fp32
-    fp32_on_cpu: bool = False
-    # a recurrent op: a key of RECURRENT (what PyTorch's kernel keeps besides its outputs, its backward scratch)
+    # a recurrent op's kind: what its kernel keeps besides its outputs and its backward's scratch are the device's
+    # (targets/torch/cpu/tables.py CPU_RECURRENT, targets/torch/cuda/tables.py CUDA_RESERVE_VALUES)
     recurrent: str = ""
 
 
@@ -76,8 +67,8 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Einsum": Saves(cross=(0, 1, 2)),
     "Mul": PRODUCT,
     "Div": Saves(inputs=(1,), cross=(0,)),
-    "Conv": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True, cpu_convolution=True),
-    "ConvTranspose": Saves(inputs=(0, 1), cpu_backward_temporaries=(1, 1), cpu_blocked_channels=True),
+    "Conv": Saves(inputs=(0, 1)),  # (its CPU kernel's scratch: targets/torch/cpu/tables.py CPU_KERNELS)
+    "ConvTranspose": Saves(inputs=(0, 1)),
     # sums, layout and views: nothing but sizes
     "Add": Saves(grad_passthrough=(0, 1)),
     "Sub": Saves(grad_passthrough=(0,)),
@@ -143,7 +134,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "ScatterND": Saves(inputs=(1,)),
     "AveragePool": UNARY_INPUT,
     # keep a mask or indices besides (or instead of) tensors
-    "Dropout": Saves(extra_bits_per_output_element=8, extra_output=1, extra_like_output_on_cpu=True),
+    "Dropout": Saves(extra_bits_per_output_element=8, extra_output=1),  # (a float mask on CPU: CPU_KERNELS)
     "MaxPool": Saves(inputs=(0,), extra_bits_per_output_element=64, extra_output=1),
     "GlobalMaxPool": Saves(inputs=(0,), extra_bits_per_output_element=64),
     # norms: input and weight, and fp32 mean and inverse std per row or channel
@@ -159,279 +150,7 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "MeanSquaredError": Saves(inputs=(0,), input_sized_extra=1),  # mse_loss(input, target) keeps both
     # recurrent: aten::mkldnn_rnn_layer (CPU) keeps its input, initial states, outputs and a workspace
     "LSTM": Saves(inputs=(0, 5, 6), outputs=(0, 1, 2), recurrent="LSTM"),
-    "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is in RECURRENT
-}
-
-# PyTorch on CPU keeps its autograd graph on the heap, outside c10's allocator (what the profiler sees): the nodes,
-# their edges and saved-variable records, and one gradient accumulator per parameter. Measured with an LD_PRELOAD
-# malloc counter against the profiler's c10 peak, one training step each (benchmarks/accuracy_training.py's own
-# models: Linear/ReLU and LayerNorm/Linear/GELU chains of 8 and 32 layers, the MLPs, a tiny GPT, a ViT block):
-# 1,050-1,730 bytes per differentiable op of the graph and trainable parameter (840-1,420 per autograd node). Counted
-# on CPU (on CUDA it is host memory, not the device's) from each op's forward to the step's end: the training loop
-# holds the output, which holds the graph.
-CPU_AUTOGRAD_BYTES_PER_NODE = 1200
-
-
-@dataclass(frozen=True)
-class OnednnPrimitives:
-    """The heap oneDNN keeps for each convolution primitive it creates (PyTorch 2.13's mkldnn convolution, fp32),
-    in bytes: measured with the malloc counter in one process, primitive by primitive, the kinds and
-    implementations named by ONEDNN_VERBOSE=all's create:cache_miss lines (benchmarks/conv_backward.py
-    --primitives). oneDNN keeps every primitive it creates in its primitive cache (1024 entries by default), keyed
-    by its descriptor (shapes, strides, padding, data type, propagation kind, attributes): a second convolution of
-    the same shapes creates nothing, so the bytes are counted once per distinct descriptor, held from the step that
-    creates it to the process's end (nearly all of it: the first forward and backward free within 20 KB of what
-    they keep). Besides the convolutions, the reorders to and from oneDNN's blocked layout are cached primitives
-    too, one per (tensor shape, layout pair), shared by every convolution that reorders a tensor of that shape.
-
-    By implementation (AVX2): `jit` (jit:avx2, any kernel but 1x1 and depthwise), `depthwise` (jit_dw),
-    `one_by_one` (jit_1x1, a 1x1 convolution on the oneDNN path), `gemm` (the weights' gradient by oneDNN's gemm
-    convolution, where CPU_CONVOLUTION says), `strided` (brgconv_strided: the input's gradient of a strided
-    convolution that is not depthwise; 1x1: `strided_one_by_one`). The strided kernel's size varies with the shapes
-    (109-183 KB for 3x3/2 on 4x4-32x32 inputs, 328 KB on a 2x2 input): the constant is its usual size.
-    """
-
-    forward_jit: int = 42_200
-    forward_depthwise: int = 43_100
-    forward_one_by_one: int = 53_400
-    forward_strided_one_by_one: int = 59_200
-    backward_data_jit: int = 43_300
-    backward_data_depthwise: int = 45_200
-    backward_data_one_by_one: int = 41_350
-    backward_data_strided: int = 109_400
-    backward_data_strided_one_by_one: int = 73_500
-    backward_weights_jit: int = 20_400
-    backward_weights_depthwise: int = 18_100
-    backward_weights_one_by_one: int = 41_350
-    backward_weights_gemm: int = 12_500
-    reorder: int = 11_300  # a blocked reorder (jit:uni, jit:blk); a plain copy is 10,216
-    # the exact (erf) GELU: ATen runs it in oneDNN's eltwise (jit:avx2) on a contiguous fp32 tensor of over one
-    # element (not channels-last, not bf16 on AVX2, not tanh), one forward_training and one backward_data primitive
-    # per distinct shape; measured with the malloc counter over six shapes, each in one process after the same
-    # shapes' tensors (benchmarks/gemm_buffers.py --gelu): forward 15,352-15,736 B (19,488 for 8x65x768), forward
-    # and backward together 32,352-33,008 B
-    eltwise_gelu_forward: int = 15_600
-    eltwise_gelu_backward: int = 17_200
-    # the process's first such GELU takes more, once, in its forward (oneDNN's eltwise kernels made the first time):
-    # measured with the malloc counter, the first GELU's forward and backward less a later new shape's, after
-    # autograd's first-time work (benchmarks/gemm_buffers.py --gelu): 36,704-38,176 B over two shapes; 33,600 B after
-    # a convolution's primitives (torchvision's ViT: its patch embedding comes first)
-    eltwise_gelu_first_use: int = 36_700
-    # oneDNN's LSTM (PyTorch's mkldnn_rnn_layer, fp32, forward_training and backward): per layer and direction a
-    # forward and a backward RNN primitive and the reorders of its weights to and from oneDNN's packed layout, kept
-    # in the primitive cache. Measured with the malloc counter (benchmarks/gemm_buffers.py --lstm): the heap a
-    # training step of nn.LSTM leaves in a fresh process, over 1-3 layers, one or two directions, 8-100 input and
-    # 16-200 hidden features, batch 2-8 and 4-32 steps (neither changes it): `lstm_first_use` once per process, then
-    # `lstm_direction` per distinct (input features, hidden, direction) and `lstm_weights_reorder` per distinct
-    # input width other than the hidden size (with it, the input and recurrent weights' reorders are one
-    # descriptor); within 25 KB over (a hidden size not a multiple of 32 measured up to 24.8 KB more); about 1.8 KB
-    # more per further layer of a descriptor already made (not counted)
-    lstm_first_use: int = 341_100
-    lstm_direction: int = 178_200
-    lstm_weights_reorder: int = 24_600
-
-
-@dataclass(frozen=True)
-class MklGemmBuffers:
-    """The packing buffers MKL's GEMMs take through malloc (outside PyTorch's allocator: the malloc counter sees
-    them, the profiler does not) and keep for the process's life. Measured on torch 2.13.0+cpu (MKL 2024.2, AVX2,
-    one thread) with the malloc counter, one fp32 torch.mm per fresh process over M in 1-4096, N in 64-16384,
-    K in 2-4096 and every transpose (benchmarks/gemm_buffers.py), and MKL's sgemm and gemm_bf16bf16f32 called
-    directly as PyTorch calls them over odd sizes (benchmarks/gemm_buffers.py --direct): the law below gives every
-    measured block to within 3.5 KB under (to the byte up to about 1 MB, 3,424 B under above). For a GEMM whose
-    output C is M x N (M rows, N contiguous columns; MKL_VERBOSE names them n and m: PyTorch hands MKL the
-    column-major transpose) reducing over K, with N rounded up to a multiple of `column_multiple` and MKL's K block
-    kc = `k_block_min` for K <= `k_block_min`, K up to `k_block`, K // 2 up to 2 `k_block`, else `k_block`:
-
-        block = `block` + element x kc x (min(N, `columns_max`) + min(`rows_per_row` x M, `rows_max`))
-
-    Transposes do not change it; a GEMM with M under `rows_min` or N under `columns_min` runs MKL's small-matrix
-    path and takes none (measured: M of 1-3, N of 1-11, at K of 64-1024 and N up to 4,000).
-    MKL keeps each buffer it frees in its own pool and hands it to any later request it fits (the smallest that
-    fits): a GEMM larger than every block made before makes a new one, and the smaller blocks stay (measured:
-    64x4096x1024 then 4096x4096x1024 in one process holds both blocks, 3.27 + 3.75 MB). So a step holds the blocks
-    of the GEMMs that are each larger than all before them, from that GEMM on, and a later step holds them all from
-    its start; plus `first_use` bytes the first GEMM of a process takes once (through torch.mm). MKL never returns
-    them (mkl_free_buffers would; PyTorch does not call it). Checked against MKL_VERBOSE's list of a training
-    step's sgemm calls: ResNet-50, timm's ConvNeXt-atto and GPT-2 give the same blocks from the graph as from the
-    calls.
-
-    bf16 operands into an fp32 result (MKL's gemm_bf16bf16f32, which PyTorch calls only where the result is fp32:
-    flash attention's GEMMs, CpuFlashAttention; a bf16 torch.mm or Linear under autocast runs elsewhere and keeps
-    nothing) are converted to fp32 first: the GEMM asks the pool for a copy of MKL's A (column-major: the row-major
-    B), one of its B, then the block (each copy its stored rows x its contiguous dim rounded up to a multiple of
-    `converted_multiple`, in fp32), the smallest free buffer that fits each; the process's first such GEMM takes
-    `low_precision_first_use` once (`low_precision_first_use_after_fp32` where an sgemm ran before). Measured over
-    26 shapes and 8 sequences of both kinds in one process: every figure to the byte up to 1 MB, within 11.5 KB
-    above. fp16 not measured.
-    With T threads each thread packs its own block (measured 1.71 MB at two threads for a 0.90 MB block at one):
-    the rule is for one thread, as the benchmarks run; an AVX-512 CPU's MKL blocks differently (not measured:
-    taken as AVX2's).
-    """
-
-    first_use: int = 2_248
-    block: int = 17_064
-    rows_min: int = 4
-    columns_min: int = 12
-    k_block: int = 192
-    k_block_min: int = 128
-    column_multiple: int = 16
-    columns_max: int = 6_400
-    rows_per_row: int = 2
-    rows_max: int = 768
-    element_bytes: tuple[int, ...] = (4,)
-    low_precision_element_bytes: tuple[int, ...] = (2,)  # bf16 (gemm_bf16bf16f32)
-    low_precision_first_use: int = 8_472
-    low_precision_first_use_after_fp32: int = 4_336
-    converted_multiple: int = 4
-
-
-@dataclass(frozen=True)
-class CpuFlashAttention:
-    """The GEMMs of PyTorch's CPU flash attention (F.scaled_dot_product_attention without dropout), which run in
-    MKL (sgemm in fp32, gemm_bf16bf16f32 in bf16: MklGemmBuffers). Per batch and head, the queries go in blocks of
-    `q_split` rows (the first `q_split_by_length` entry whose length the query length reaches, else
-    `q_split_min`; the last block the rest), the keys in blocks of `kv_split` (the last the rest); per pair of
-    blocks the forward runs the scores (q_block k_block^T) and the output (scores v_block), the backward recomputes
-    the scores, then the value's gradient (scores^T grad_out), the scores' gradient (grad_out v_block^T), the
-    query's (grad_scores k_block) and the key's (grad_scores^T q_block). In bf16 the backward runs only the scores
-    and their gradient in MKL (the rest accumulates elsewhere). Read from MKL_VERBOSE over query lengths 65, 70,
-    300, 800 and key lengths 65, 300, 600, 800 (torch 2.13.0+cpu, one thread). A causal attention runs the same
-    shapes (measured at 65 and 300) but skips key blocks past the diagonal (70 queries over 600 keys: the 88-key
-    block never runs): counted here, as the graph does not say is_causal; a skipped block is never the largest."""
-
-    q_split_by_length: tuple[tuple[int, int], ...] = ((768, 256), (192, 64))
-    q_split_min: int = 32
-    kv_split: int = 512
-    backward_fp32: tuple[str, ...] = ("scores", "value_grad", "scores_grad", "query_grad", "key_grad")
-    backward_low_precision: tuple[str, ...] = ("scores", "scores_grad")
-
-
-@dataclass(frozen=True)
-class CpuIsa:
-    """What a CPU's instruction set changes in PyTorch's CPU kernels (oneDNN picks its kernels by it)."""
-
-    channel_block: int  # oneDNN's blocked layout pads channels (axis 1) to this multiple
-    mkldnn_element_bytes: tuple[int, ...]  # element sizes whose convolutions run in oneDNN (others: slow_conv2d)
-    primitives: OnednnPrimitives = OnednnPrimitives()  # the heap each cached oneDNN primitive keeps
-    gemm: MklGemmBuffers = MklGemmBuffers()  # MKL's GEMM packing buffers, kept for the process's life
-    flash_attention: CpuFlashAttention = CpuFlashAttention()  # the GEMMs flash attention runs in MKL
-
-
-# By the CPU the training runs on (TrainingOptions.cpu_isa; detect_cpu_isa for the machine onnxmem runs on):
-CPU_ISAS: dict[str, CpuIsa] = {
-    # nChw8c with jit:avx2 kernels (measured with ONEDNN_VERBOSE and the profiler on torch 2.13.0+cpu, oneDNN v3.12,
-    # an AVX2 AMD EPYC: a 24- or 40-channel gradient is reordered at its own size); bf16/fp16 convolutions run
-    # ATen's slow_conv2d (measured under torch.autocast).
-    "avx2": CpuIsa(channel_block=8, mkldnn_element_bytes=(4,)),
-    # nChw16c with AVX-512 kernels (measured on an AVX-512 CPU: the fixtures' training table of 2026-11-23 is exact
-    # with it); bf16 convolutions run in oneDNN where AVX-512 BW/VL/DQ are present (ATen's
-    # mkldnn_bf16_device_check), taken from the source, not measured here.
-    # Its primitives' sizes are not measured: taken as AVX2's (its JIT kernels differ; the descriptors and
-    # primitive objects that make most of the bytes do not).
-    "avx512": CpuIsa(channel_block=16, mkldnn_element_bytes=(4, 2)),
-}
-
-
-@dataclass(frozen=True)
-class CpuConvolution:
-    """How PyTorch 2.13 runs a 1-D or 2-D convolution's backward on CPU (fp32, contiguous NCHW), and what it
-    allocates besides the gradients it returns. Measured with the profiler's memory events on single convolutions
-    (benchmarks/conv_backward.py), the kernels named by ONEDNN_VERBOSE; the paths from ATen's Convolution.cpp
-    (ConvParams::use_mkldnn) and oneDNN's implementations' init_conf.
-
-    Path: oneDNN (aten::mkldnn_convolution) unless ATen's slow_conv2d is taken: a 1x1 unstrided convolution of
-    groups 1 with a batch under `mkldnn_min_batch_1x1` on one thread, or a batch-1 input of under
-    `mkldnn_min_batch1_numel` elements (kernel not larger than 3 in both dims, groups 1).
-
-    bf16 and fp16 (autocast included) run oneDNN only where the CPU supports them (CpuIsa.mkldnn_element_bytes):
-    on the measured AVX2 CPU they take slow_conv2d.
-
-    slow_conv2d: an im2col buffer of the batch x C x kernel x output-spatial elements in forward and again in
-    backward (none for a 1x1 unstrided one); grouped, it runs one group at a time (C / groups channels), the
-    groups' outputs and input gradients made apart and concatenated. oneDNN's forward reorders the input and the
-    weight and computes the output blocked, then makes it dense (I_p + W_p + O_p, then O_p + O).
-
-    oneDNN, the input's gradient first (when the input needs one), then the weight's; channels padded to
-    the CPU's channel block (CpuIsa.channel_block) in the blocked tensors (the "_p" sizes):
-    - input: the output gradient and the weight reordered, the input gradient in a blocked buffer (O_p + W_p +
-      I_p), then that buffer and the dense gradient (I_p + I; a strided, not depthwise, one holds one more
-      input-sized buffer: I_p + 2 I).
-    - weight, by a jit kernel: the dense input gradient made above, the input and the output gradient reordered
-      and the weight gradient blocked (I_p + O_p + W_p; an input of `flat_channels` channels is read as it is),
-      then the blocked weight gradient and its dense copy. By oneDNN's gemm convolution (when the kernel is larger
-      than the input in a dim or as wide as `jit_max_kernel_width`; for a depthwise one also any kernel larger
-      than `depthwise_jit_max_kernel`): no reorders, the weight gradient and a scratchpad of
-      `gemm_weight_copies` weight-sized buffers (oneDNN books the weights' bytes as floats) and an im2col buffer
-      of C / groups x kernel x output-spatial elements, plus `gemm_scratch_alignment` bytes; once per thread
-      where it threads over the batch (fewer than `gemm_outer_threading_max_spatial` output positions per thread
-      and a batch over 1), else once. Its gemm also packs `gemm_pack_rows` rows of C / groups x kernel floats
-      through malloc (outside PyTorch's allocator: the malloc counter sees it, the profiler does not) where the
-      convolution has more than `gemm_pack_min_out_channels` output channels and over one output position, per
-      thread as its scratchpad (measured 0.3-2.4 MB at 64-512 input channels; none at 128 or 256 output channels).
-    The op's peak over its gradients is the largest of these moments less the gradients it returns.
-    """
-
-    mkldnn_min_batch_1x1: int = 16
-    mkldnn_min_batch1_numel: int = 20481
-    flat_channels: int = 3
-    jit_max_kernel_width: int = 14
-    depthwise_jit_max_kernel: int = 3
-    gemm_weight_copies: int = 4
-    gemm_scratch_alignment: int = 256
-    gemm_outer_threading_max_spatial: int = 256
-    gemm_pack_rows: int = 128
-    gemm_pack_min_out_channels: int = 257
-
-
-CPU_CONVOLUTION = CpuConvolution()
-
-
-@dataclass(frozen=True)
-class Recurrent:
-    """What a recurrent op keeps for backward besides its tensors, per direction, from its shapes (T steps,
-    B batch, I input and H hidden features; ld(n) is oneDNN's leading dimension: n rounded up to 16 floats, plus
-    16 more when that is a multiple of 256).
-
-    CPU (oneDNN's RNN primitive, one call per layer): a workspace of fp32 rows of B x ld floats: T rows of gates
-    (ld(gates x H)), state_rows x (T + 1) rows of states (ld(max(I, H))) and diff_rows x (T + 1) - 1 rows of
-    state gradients (ld(H)). Its backward holds the weights reordered (I + H rows of ld(gates x H)) and the
-    gates' scratch (T x B rows of ld(gates x H)) and four B x H state gradients for a moment.
-    CUDA (cuDNN's reserve space): about cuda_values values per step, batch row and hidden unit.
-    CPU without oneDNN (cpu_unrolled > 0): PyTorch runs the op as a loop of cells whose autograd keeps
-    cpu_unrolled values per step, batch row and hidden unit (new tensors; the cell's inputs are views); its
-    forward holds cpu_unrolled_forward more while the op runs (the input projection of every step at once).
-    On CPU an input that is a transposed view (batch_first: a Transpose before the op) is copied contiguous and
-    the copy kept (cpu_contiguous_input; LSTM: aten::clone before mkldnn_rnn_layer; GRU: the input projection's
-    reshape), measured with the profiler; and oneDNN's backward makes a transposed output gradient contiguous (an
-    output-sized temporary, cpu_contiguous_output_grad: the batch_first output's Transpose after the op).
-    """
-
-    gates: int
-    state_rows: int
-    diff_rows: int
-    cuda_values: int
-    cpu_unrolled: int = 0
-    cpu_unrolled_forward: int = 0
-    # the unrolled op's autograd nodes (CPU_AUTOGRAD_BYTES_PER_NODE each) per step and per layer and direction,
-    # besides its parameters' accumulators
-    cpu_unrolled_nodes: tuple[int, int] = (0, 0)
-    cpu_contiguous_input: bool = True
-    cpu_contiguous_output_grad: bool = False
-
-
-RECURRENT: dict[str, Recurrent] = {
-    # oneDNN LSTM: states of the layer, iteration and cell (2 layers of T + 1 steps each); the gradients of
-    # the layer and iteration states and of the cell; cuDNN: 4 gates, the cell and hidden states per step
-    "LSTM": Recurrent(gates=4, state_rows=6, diff_rows=5, cuda_values=6, cpu_contiguous_output_grad=True),
-    # PyTorch 2.13 runs GRU on CPU as an unrolled cell (aten::gru, no oneDNN): measured with saved-tensor hooks,
-    # 7 new values per step, batch row and hidden unit (the gates, the reset product, the new state); its forward
-    # projects the input of all steps at once (3 values per step, one mm, freed when the layer is done: measured
-    # with the profiler); its autograd graph, counted from the output's grad_fn on nn.GRU at 4, 8 and 16 steps
-    # and 1 and 2 layers: 14 nodes a step and 7 a layer besides the 4 parameters' accumulators; cuDNN's reserve
-    # space for GRU is not measured: cuda_values as LSTM's
-    "GRU": Recurrent(gates=3, state_rows=0, diff_rows=0, cuda_values=6, cpu_unrolled=7, cpu_unrolled_forward=3,
-                     cpu_unrolled_nodes=(14, 7)),
+    "GRU": Saves(inputs=(0, 5), recurrent="GRU"),  # the cells keep the layer's input; the rest is the device's
 }
 
 # Recurrent ops whose weights the dynamo exporter re-lays out at run time (aten.gru/lstm/rnn to the ONNX op: gate
@@ -485,8 +204,7 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
     # where it is a strided view, as after a head split) and three [..., q_len, kv_len] tensors (the
     # probabilities, the dropout mask, float on CPU, and the dropped probabilities), in fp32 on CPU (measured under
     # autocast to bf16: BmmBackward keeps fp32 tensors)
-    "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3,
-                                                   fp32_on_cpu=True),
+    "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3),
 }
 
 # ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).
@@ -615,23 +333,11 @@ CHEAP_TO_RECOMPUTE: frozenset[str] = frozenset({
 })
 
 # Mixed precision (torch.autocast): ops that run in the low precision (their float inputs are cast, weights
-# once per step into autocast's cache) and ops that run in fp32 (on CUDA; on CPU see AUTOCAST_FP32_CPU); the rest
+# once per step into autocast's cache); which run in fp32 is the device's (DeviceModel.autocast_fp32); the rest
 # follow their inputs.
 AUTOCAST_LOW_PRECISION: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "com.microsoft::Attention", "Attention",
     "aten::scaled_dot_product_attention",
-})
-# On CPU, autocast's fp32 list is the losses (cross_entropy_loss, nll_loss, mse_loss, ...) and rarer ops, not
-# softmax, layer_norm, exp or pow (they follow their inputs: measured, GPT-2's tanh GELU keeps bf16 tensors): the
-# ops of the loss onnxmem appends, and these.
-AUTOCAST_FP32_CPU: frozenset[str] = frozenset({
-    "NegativeLogLikelihoodLoss", "MeanSquaredError", "SoftmaxCrossEntropyLoss", "ReduceProd", "CumSum",
-})
-AUTOCAST_FP32: frozenset[str] = frozenset({
-    "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "Exp", "Log", "Pow", "ReduceSum",
-    "ReduceProd", "CumSum", "Reciprocal", "Softplus", "NegativeLogLikelihoodLoss", "MeanSquaredError",
-    "aten::log_softmax", "aten::_log_softmax", "aten::softmax", "aten::_softmax", "aten::layer_norm",
-    "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm", "aten::softplus", "aten::rms_norm",
 })
 
 

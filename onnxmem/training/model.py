@@ -1,0 +1,534 @@
+"""The model of a training step: the facts every simulation of the step reads, built once per training_memory call.
+
+The forward nodes (ATen ops exported as several nodes fused back, folded ops restored: export.py) and the loss onnxmem
+appends; the parameters; every value's size at the training precision; the storages views share; what needs a
+gradient; and what each differentiable op keeps for backward, by its rule (rules.py SAVED_FOR_BACKWARD) and by
+what the device's kernel keeps and allocates besides (DeviceModel.node_facts, onnxmem/targets/torch/).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from onnx import TensorProto
+
+from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
+from onnxmem.targets.torch.base import DeviceModel, NodeContext, NodeFacts
+from onnxmem.training.export import (
+    Restored,
+    fuse_aten_groups,
+    fuse_decomposed,
+    read_recurrent_weights,
+    restore_folded,
+)
+from onnxmem.training.options import TrainingOptions
+from onnxmem.training.rules import (
+    ATEN_VIEWS,
+    AUTOCAST_LOW_PRECISION,
+    DEFAULT_SAVES,
+    GRAPH_SIGNATURE_PROPERTY,
+    LOSSES,
+    NON_DIFFERENTIABLE_INPUTS,
+    NOT_DIFFERENTIABLE,
+    NOT_PARAMETER_KINDS,
+    TRAINING_VIEWS,
+    Saves,
+)
+from onnxmem.training.values import (
+    StepNode,
+    StepValue,
+    aten_op,
+    is_tensor,
+    module_path,
+    node_recurrent_dims,
+    numel_of,
+    rule_key,
+    saves_rule,
+)
+
+_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+# Buffers whose name says they are running statistics, not parameters (PyTorch's BatchNorm buffers).
+_BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
+# Inputs of an op that are buffers even when they are float initializers.
+_BUFFER_INPUTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
+
+
+@dataclass
+class StepModel:
+    """Facts about the graph that every simulation reads: built once per training_memory call."""
+
+    nodes: list[StepNode]
+    values: list[StepValue]
+    root: list[int]  # storage root of each value (views share their base's storage)
+    members: dict[int, list[int]]  # storage root -> the values that live in it
+    needs_grad: list[bool]  # per value
+    differentiable: list[bool]  # per node: it has a backward (some input needs a gradient)
+    params: list[int]  # trainable parameter values, in first-use order
+    frozen: list[int]
+    param_bytes: int  # at the training precision
+    saved_by: dict[int, list[int]]  # storage root -> nodes that keep it for backward
+    extras: dict[int, int]  # node -> bytes kept besides tensors (masks, indices, statistics)
+    cast_copies: dict[tuple[int, int], int]  # (node, input value) -> bytes of autocast's low-precision copy
+    weight_copies: dict[int, int]  # parameter value -> bytes of autocast's cached low-precision copy
+    new_grads: dict[int, list[int]]  # node -> inputs whose gradient is a new buffer
+    backward_temporaries: dict[int, int]  # node -> bytes its backward holds for a moment
+    passthrough: dict[int, list[int]]  # node -> inputs whose gradient is the output's gradient
+    unknown: dict[str, int]  # op types missing from SAVED_FOR_BACKWARD -> nodes
+    model_output: int  # value the loss reads (or the loss itself)
+    loss_value: int
+    n_graph_nodes: int
+    hidden: list[int] = field(default_factory=list)  # intermediates of decomposed ops simulated as one op
+    restored: Restored | None = None  # ops an export folded away, simulated again
+    assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
+    unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
+    # storage root -> the last node of the module calls it is an argument of (Python holds a module's arguments
+    # until its forward returns), from the dynamo export's module scopes
+    held_by_call: dict[int, int] = field(default_factory=dict)
+    forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
+    # node -> the autograd nodes PyTorch makes for it where not one (an unrolled recurrent op's cells on CPU)
+    autograd_nodes: dict[int, int] = field(default_factory=dict)
+    # what the ops ask of the device's libraries (DeviceModel.library_uses: oneDNN's primitives, MKL's GEMMs on CPU)
+    library: object = None
+
+
+def _autocast_fp32(node: StepNode, device: DeviceModel) -> bool:
+    """Say whether autocast runs the node in fp32 on the device (the loss onnxmem appends has no graph op)."""
+    return device.autocast_fp32(rule_key(node), node.graph_op is None)
+
+
+def _float_bytes(precision: str, low: bool) -> int:
+    if precision == "fp32":
+        return 4
+    if precision == "bf16":
+        return 2
+    return 2 if low else 4
+
+
+def _matches(name: str, module: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p)
+               or fnmatch.fnmatchcase(module, p.rstrip(".*") + ".*") for p in patterns)
+
+
+def _is_trainable_name(name: str, module: str, options: TrainingOptions) -> bool:
+    if options.train and not _matches(name, module, options.train):
+        return False
+    return not _matches(name, module, options.freeze)
+
+
+def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOptions) -> StepModel:
+    """Give the facts every simulation of the step reads: the forward ops (decomposed ATen ops fused back) and the
+    loss, the parameters, the sizes at the training precision, the storages, what needs a gradient and what each
+    differentiable op keeps for backward."""
+    device = options.device_model
+    values, nodes, hidden, restored, assumed = _forward(graph, order)
+    n_graph_nodes = len(nodes)
+    model_output, loss_value = _append_loss(graph, values, nodes, options)
+    _wire(graph, values, nodes)
+    params, frozen, unmatched = _parameters(graph, values, nodes, options)
+    _size_at_precision(values, nodes, params + frozen, options, device)
+    roots = _storage_roots(values, nodes, graph)
+    needs_grad, differentiable = _gradient_flow(values, nodes, params)
+    needs = _BackwardNeeds()
+    for n, node in enumerate(nodes):
+        if differentiable[n]:
+            _backward_needs(graph, n, node, values, roots, needs_grad, options, device, needs)
+    param_bytes = sum(values[t].nbytes for t in params)
+    members: dict[int, list[int]] = {}
+    for t, r in enumerate(roots):
+        members.setdefault(r, []).append(t)
+    return StepModel(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
+                  needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
+                  needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
+                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
+                  needs.forward_temporaries, needs.autograd_nodes,
+                  device.library_uses(nodes, values, needs_grad, differentiable, options.precision))
+
+
+def _module_scopes(layer: str) -> list[str]:
+    """Give the module calls a dynamo export's node is inside, outermost first, as scope prefixes (': pkg.M/enc:
+    pkg.Encoder/add: aten.add' -> [': pkg.M', ': pkg.M/enc: pkg.Encoder']); none without module classes."""
+    parts = layer.split("/")[:-1] if ":" in layer else []
+    return ["/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _held_by_calls(nodes: list[StepNode], values: list[StepValue], roots: list[int]) -> dict[int, int]:
+    """Give, per activation storage passed into a module call (read inside a module scope, made outside that call),
+    the last node of the call: the caller's frame holds the argument until the module's forward returns. A call is
+    a run of nodes in the module's scope in the file's order (PyTorch's: the schedule may interleave calls), so a
+    module called twice (ResNet's shared ReLU) makes two calls."""
+    if not any(":" in node.layer for node in nodes):
+        return {}  # no module classes in the scopes (not a dynamo export): no calls to hold arguments
+    file_order = sorted(range(len(nodes)), key=lambda n: (nodes[n].graph_op is None, nodes[n].graph_op or 0, n))
+    calls: list[list[int]] = [[] for _ in nodes]  # per node, the calls it is inside, as indices into `end`
+    end: list[int] = []  # per call, its last node in `nodes`
+    open_calls: dict[str, int] = {}  # scope -> the call the previous node in the file was inside
+    for n in file_order:
+        scopes = _module_scopes(nodes[n].layer)
+        for scope in scopes:
+            call = open_calls.get(scope)
+            if call is None:
+                call = len(end)
+                end.append(n)
+            end[call] = max(end[call], n)
+            calls[n].append(call)
+        open_calls = dict(zip(scopes, calls[n], strict=True))
+    held: dict[int, int] = {}
+    for n, node in enumerate(nodes):
+        for t in node.inputs:
+            producer = values[t].producer if t >= 0 else None
+            if producer is None or values[roots[t]].kind in (WEIGHT, INPUT) or not is_tensor(values[t]):
+                continue
+            made_in = set(calls[producer])
+            for call in calls[n]:
+                if call not in made_in and end[call] > held.get(roots[t], -1):
+                    held[roots[t]] = end[call]
+    return held
+
+
+def _forward(graph: ModelGraph, order: Sequence[int]) -> \
+        tuple[list[StepValue], list[StepNode], list[int], Restored, dict[str, int]]:
+    """Give the step's values (the graph's tensors), its forward nodes in `order` with the ops an export folded away
+    restored, the ops exported from one ATen op or decomposed from one fused again, the intermediates those fused
+    ops hide, what was restored and which decompositions were assumed."""
+    values = [StepValue(t.name, t.shape, numel_of(t.shape), t.nbytes or 0, t.dtype in _FLOATS, t.kind,
+                     is_sequence=t.dtype == 0) for t in graph.tensors]
+    nodes = []
+    for op_index in order:
+        op = graph.ops[op_index]
+        nodes.append(StepNode(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+    nodes, restored = restore_folded(nodes, values, graph)
+    nodes, grouped = fuse_aten_groups(nodes, values, graph)
+    nodes, hidden, assumed = fuse_decomposed(nodes, values, graph)
+    nodes = read_recurrent_weights(nodes, values, graph)
+    return values, nodes, grouped + hidden, restored, assumed
+
+
+def _append_loss(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode], options: TrainingOptions) -> \
+        tuple[int, int]:
+    """Append the loss's ops after the model's first float output (unless that output is already a scalar); give
+    (the value the loss reads, the loss value)."""
+    outputs = [t for t in graph.outputs if values[t].is_float]
+    model_output = outputs[0] if outputs else (graph.outputs[0] if graph.outputs else -1)
+    loss_value = model_output
+    if model_output >= 0 and (values[model_output].numel or 0) > 1:
+        previous = model_output
+        for i, step in enumerate(LOSSES[options.loss]):
+            numel = values[model_output].numel if step.output == "same" else 1
+            values.append(StepValue(f"loss/{step.op_type}", None, numel, 0, True, "loss"))
+            out = len(values) - 1
+            nodes.append(StepNode(step.op_type, "", f"loss/{step.op_type}_{i}", "loss", (previous,), (out,), None))
+            previous = out
+        loss_value = previous
+    return model_output, loss_value
+
+
+def _wire(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode]) -> None:
+    """Set each value's producer and consumers (node positions; a subgraph's implicit reads included)."""
+    for n, node in enumerate(nodes):
+        for t in node.outputs:
+            if t >= 0:
+                values[t].producer = n
+        for t in node.inputs:
+            if t >= 0:
+                values[t].consumers.append(n)
+        if node.graph_op is not None:
+            for t in graph.ops[node.graph_op].implicit_inputs:
+                values[t].consumers.append(n)
+
+
+def _parameters(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode], options: TrainingOptions) -> \
+        tuple[list[int], list[int], tuple[str, ...]]:
+    """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
+    not buffers (running statistics), not scalars; and the freeze/train patterns that match none of them."""
+    unmatched = {("freeze", p) for p in options.freeze} | {("train", p) for p in options.train}
+    buffers: set[int] = {graph.tensor_index[name] for name in _signature_buffers(graph) if name in graph.tensor_index}
+    for node in nodes:
+        for i in _BUFFER_INPUTS.get(node.op_type, ()):
+            if i < len(node.inputs) and node.inputs[i] >= 0:
+                buffers.add(node.inputs[i])
+    params: list[int] = []
+    frozen: list[int] = []
+    seen: set[int] = set()
+    for node in nodes:
+        for t in node.inputs:
+            v = values[t] if t >= 0 else None
+            if v is None or t in seen or v.kind != WEIGHT or not v.is_float or graph.tensors[t].producer is not None:
+                continue
+            seen.add(t)
+            if t in buffers or any(b in v.name for b in _BUFFER_NAMES) or (v.numel or 0) <= 1:
+                continue
+            module = module_path(node.layer)
+            if unmatched:
+                unmatched -= {(flag, p) for flag, p in unmatched if _matches(v.name, module, (p,))}
+            if _is_trainable_name(v.name, module, options):
+                params.append(t)
+            else:
+                frozen.append(t)
+    return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched))
+
+
+def _signature_buffers(graph: ModelGraph) -> list[str]:
+    """Give the weights the dynamo exporter's graph signature lists as buffers or constants, not parameters."""
+    signature = graph.properties.get(GRAPH_SIGNATURE_PROPERTY, "")
+    kinds = "|".join(NOT_PARAMETER_KINDS)
+    return re.findall(rf": (?:{kinds}) target='([^']+)'", signature)
+
+
+def _size_at_precision(values: list[StepValue], nodes: list[StepNode], parameters: list[int],
+                       options: TrainingOptions, device: DeviceModel) -> None:
+    """Size the values at the training precision: parameters at the master precision, float inputs likewise,
+    each op's float outputs at the width autocast (or the precision) gives them; the rest as stored."""
+    low_precision = options.precision != "fp32"
+    for t in parameters:
+        v = values[t]
+        v.nbytes = (v.numel or 0) * (2 if options.precision == "bf16" else 4)
+    for v in values:
+        if v.kind == INPUT and v.is_float and v.numel is not None:
+            v.nbytes = v.numel * (2 if options.precision == "bf16" else 4)
+    for node in nodes:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        if options.precision.startswith("amp-"):
+            if key in AUTOCAST_LOW_PRECISION:
+                size = 2
+            elif _autocast_fp32(node, device):
+                size = 4
+            else:
+                widths = [values[t].nbytes // (values[t].numel or 1) for t in node.inputs
+                          if t >= 0 and values[t].is_float and values[t].kind != WEIGHT and values[t].numel]
+                size = max(widths, default=4)
+        else:
+            size = _float_bytes(options.precision, low_precision)
+        for t in node.outputs:
+            numel = values[t].numel if t >= 0 else None
+            if numel is not None and values[t].is_float:
+                values[t].nbytes = numel * size
+
+
+def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph) -> list[int]:
+    """Give each value's storage root: PyTorch's views share their input's storage (the ONNX ops that are views in
+    PyTorch, and any node the exporter marks with an ATen view op), and BatchNormalization's running statistics are
+    updated in place."""
+    root = list(range(len(values)))
+
+    def find(t: int) -> int:
+        while root[t] != t:
+            root[t] = root[root[t]]
+            t = root[t]
+        return t
+
+    for node in nodes:
+        source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if source is None and node.graph_op is not None and not node.restored \
+                and aten_op(graph.ops[node.graph_op].origin) in ATEN_VIEWS:
+            tensors = [i for i, t in enumerate(node.inputs) if t >= 0 and is_tensor(values[t])]
+            source = tensors[0] if len(tensors) == 1 else None
+        if source is None or source >= len(node.inputs) or node.inputs[source] < 0:
+            continue
+        for t in node.outputs:
+            if t >= 0:
+                root[t] = find(node.inputs[source])
+    for node in nodes:
+        if node.op_type == "BatchNormalization":
+            for out, inp in ((1, 3), (2, 4)):
+                if out < len(node.outputs) and node.outputs[out] >= 0 and inp < len(node.inputs):
+                    root[node.outputs[out]] = find(node.inputs[inp])
+    return [find(t) for t in range(len(values))]
+
+
+def _gradient_flow(values: list[StepValue], nodes: list[StepNode], params: list[int]) -> tuple[list[bool], list[bool]]:
+    """Give what needs a gradient (trainable parameters and what is computed from them), per value, and which
+    nodes have a backward, per node."""
+    needs_grad = [False] * len(values)
+    for t in params:
+        needs_grad[t] = True
+    differentiable = [False] * len(nodes)
+    for n, node in enumerate(nodes):
+        settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        if not any(t >= 0 and needs_grad[t] and i not in settings for i, t in enumerate(node.inputs)):
+            continue
+        if node.op_type in NOT_DIFFERENTIABLE:
+            continue
+        differentiable[n] = True
+        for t in node.outputs:
+            if t >= 0 and (values[t].is_float or values[t].is_sequence):
+                needs_grad[t] = True
+    return needs_grad, differentiable
+
+
+@dataclass
+class _BackwardNeeds:
+    """What the differentiable nodes keep for backward and allocate in it (see StepModel's fields of these names)."""
+
+    saved_by: dict[int, list[int]] = field(default_factory=dict)
+    extras: dict[int, int] = field(default_factory=dict)
+    cast_copies: dict[tuple[int, int], int] = field(default_factory=dict)
+    weight_copies: dict[int, int] = field(default_factory=dict)
+    new_grads: dict[int, list[int]] = field(default_factory=dict)
+    backward_temporaries: dict[int, int] = field(default_factory=dict)
+    passthrough: dict[int, list[int]] = field(default_factory=dict)
+    unknown: dict[str, int] = field(default_factory=dict)
+    forward_temporaries: dict[int, int] = field(default_factory=dict)
+    autograd_nodes: dict[int, int] = field(default_factory=dict)
+
+
+def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[StepValue], roots: list[int],
+                    needs_grad: list[bool], options: TrainingOptions, device: DeviceModel,
+                    needs: _BackwardNeeds) -> None:
+    """Add what differentiable node `n` keeps for backward (by its rule in SAVED_FOR_BACKWARD, and what the device's
+    kernel keeps besides: DeviceModel.node_facts), its extra buffers, its backward's and forward's temporaries and
+    its inputs' gradients to `needs`."""
+    rule = saves_rule(node.op_type, node.domain)
+    if rule is None:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        needs.unknown[key] = needs.unknown.get(key, 0) + 1
+        rule = DEFAULT_SAVES
+    inputs = list(node.inputs)
+    out0 = values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
+    facts = device.node_facts(NodeContext(
+        graph, n, node, values, needs_grad, options.precision, rule_key(node), rule.recurrent,
+        node_recurrent_dims(node, values) if rule.recurrent else None))
+    _kept_for_backward(n, node, rule, values, roots, needs_grad, options, needs)
+    extra = _extra_bytes(n, node, rule, values, roots, out0, facts, needs)
+    if extra:
+        needs.extras[n] = extra
+    temporaries = needs.backward_temporaries
+    if rule.batched_backward_temporaries and out0 is not None and not any(
+            t >= 0 and values[roots[t]].kind == WEIGHT for t in inputs):
+        temporaries[n] = rule.batched_backward_temporaries * out0.nbytes
+    if options.precision.startswith("amp-") and _autocast_fp32(node, device):
+        # autocast runs the op on an fp32 copy of a 16-bit input: backward makes that copy's fp32 gradient, then
+        # casts it to the input's width (ToCopyBackward): the gradient is counted at the input's width, the fp32
+        # one is wider by this much
+        upcast = 0
+        for t in inputs:
+            numel = values[t].numel if t >= 0 and needs_grad[t] and values[t].is_float else None
+            if numel and values[t].nbytes // numel < 4:
+                upcast += (4 - values[t].nbytes // numel) * numel
+        if upcast:
+            temporaries[n] = temporaries.get(n, 0) + upcast
+    if facts.backward_temporaries:
+        temporaries[n] = temporaries.get(n, 0) + facts.backward_temporaries
+    if facts.forward_temporaries:
+        needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + facts.forward_temporaries
+    if facts.autograd_nodes is not None:
+        needs.autograd_nodes[n] = facts.autograd_nodes
+    settings = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+    for i, t in enumerate(inputs):
+        if t < 0 or not needs_grad[t] or i in settings:
+            continue
+        same_shape = out0 is not None and values[t].numel == out0.numel
+        if i in rule.grad_passthrough and same_shape:
+            needs.passthrough.setdefault(n, []).append(t)
+        else:
+            needs.new_grads.setdefault(n, []).append(t)
+
+
+def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepValue], roots: list[int],
+                       needs_grad: list[bool], options: TrainingOptions, needs: _BackwardNeeds) -> None:
+    """Add the tensors node `n` keeps for backward: the storages it saves, or under autocast the low-precision
+    copies of the fp32 activations and weights it reads."""
+    inputs = node.inputs
+    kept: list[int] = []
+    for i in rule.inputs:
+        if i < len(inputs) and inputs[i] >= 0:
+            kept.append(inputs[i])
+    for i in rule.cross:
+        if i < len(inputs) and inputs[i] >= 0 and any(
+                j != i and t >= 0 and needs_grad[t] for j, t in enumerate(inputs)):
+            kept.append(inputs[i])
+    for i in rule.outputs:
+        if i < len(node.outputs) and node.outputs[i] >= 0:
+            kept.append(node.outputs[i])
+    low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+    for t in kept:
+        v = values[t]
+        if not v.is_float and v.kind in (WEIGHT, INPUT):
+            continue
+        if low and v.is_float and v.numel and v.kind == WEIGHT:
+            needs.weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
+            continue
+        if low and v.is_float and v.numel and values[roots[t]].nbytes // max(values[roots[t]].numel or 1, 1) == 4:
+            needs.cast_copies[(n, t)] = v.numel * 2  # a cast copy of an fp32 activation is what the op keeps
+            continue
+        if v.kind in (WEIGHT, INPUT):
+            continue
+        needs.saved_by.setdefault(roots[t], []).append(n)
+
+
+def _extra_bytes(n: int, node: StepNode, rule: Saves, values: list[StepValue], roots: list[int],
+                 out0: StepValue | None, facts: NodeFacts, needs: _BackwardNeeds) -> int:
+    """Give the bytes node `n` keeps for backward besides tensors: masks, indices, statistics, and what the device's
+    kernel keeps (a recurrent op's workspace or reserve space)."""
+    extra = 0
+    inputs = node.inputs
+    if rule.extra_bits_per_output_element and out0 is not None and out0.numel is not None:
+        carrier = rule.extra_output
+        if carrier is not None and carrier < len(node.outputs) and node.outputs[carrier] >= 0:
+            needs.saved_by.setdefault(roots[node.outputs[carrier]], []).append(n)
+        elif facts.mask_like_output:
+            extra += out0.nbytes
+        else:
+            extra += (out0.numel * rule.extra_bits_per_output_element + 7) // 8
+    if rule.stats and inputs and inputs[0] >= 0:
+        extra += 4 * rule.stats_values * _stat_count(values[inputs[0]], rule)
+    if rule.input_sized_extra and inputs and inputs[0] >= 0:
+        extra += rule.input_sized_extra * values[inputs[0]].nbytes
+    extra += _attention_extra_bytes(n, rule, inputs, values, roots, facts.math_in_fp32, needs)
+    extra += facts.kept_bytes
+    return extra
+
+
+def _attention_extra_bytes(n: int, rule: Saves, inputs: tuple[int, ...], values: list[StepValue], roots: list[int],
+                           upcast: bool, needs: _BackwardNeeds) -> int:
+    """Give the bytes an attention op keeps besides its inputs' storages: the [..., q_len, kv_len] tensors and the
+    copies its rule names (in fp32 where `upcast`: the device's kernel computes them in fp32); an input it keeps as
+    it is goes to needs.saved_by."""
+
+    def widened(value: StepValue, nbytes: int) -> int:
+        width = value.nbytes // value.numel if value.numel else 4
+        return nbytes * 4 // width if upcast and 0 < width < 4 else nbytes
+
+    extra = 0
+    if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
+        query = values[inputs[0]]
+        extra += rule.attention_probabilities * widened(query, _attention_bytes(query, values[inputs[1]]))
+    extra += sum(widened(values[inputs[i]], values[inputs[i]].nbytes) for i in rule.copies
+                 if i < len(inputs) and inputs[i] >= 0)
+    for i in rule.copies_when_view:
+        t = inputs[i] if i < len(inputs) else -1
+        if t >= 0 and (roots[t] != t or widened(values[t], values[t].nbytes) != values[t].nbytes):
+            extra += widened(values[t], values[t].nbytes)  # a copy: of the reshaped view, or in fp32
+        elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
+            needs.saved_by.setdefault(t, []).append(n)
+    return extra
+
+
+def _stat_count(value: StepValue, rule: Saves) -> int:
+    """Give how many statistics a norm keeps: one per channel (axis 1), or per row of the axes before
+    rule.stats_axis."""
+    shape = value.shape
+    if value.numel is None or not shape:
+        return 0
+    if rule.stats == "channels":
+        return shape[1] if len(shape) > 1 and isinstance(shape[1], int) else 0
+    # ModelGraph keeps no attributes; every exporter we know writes LayerNormalization's axis as -1
+    rows = 1
+    for d in shape[:rule.stats_axis % len(shape)]:
+        rows *= d if isinstance(d, int) else 1
+    return rows
+
+
+def _attention_bytes(query: StepValue, key: StepValue) -> int:
+    """Give the bytes of one [..., q_len, kv_len] tensor of attention from q [..., q_len, E] and k [..., kv_len, E]
+    (at q's element size)."""
+    q_shape, k_shape = query.shape, key.shape
+    if not q_shape or not k_shape or not query.numel or not isinstance(q_shape[-1], int) \
+            or not isinstance(k_shape[-2] if len(k_shape) > 1 else None, int) or not q_shape[-1]:
+        return 0
+    kv_len = k_shape[-2]
+    assert isinstance(kv_len, int)
+    return query.nbytes // q_shape[-1] * kv_len
+

@@ -1,0 +1,142 @@
+"""What-ifs over the simulated step (cheap ops recomputed instead of kept, activation checkpointing in K segments)
+and the hand formula it is compared with."""
+
+from __future__ import annotations
+
+import math
+
+from onnxmem.ir.graph import INPUT, OUTPUT, WEIGHT
+from onnxmem.training.model import StepModel
+from onnxmem.training.options import TrainingOptions
+from onnxmem.training.rules import CHEAP_TO_RECOMPUTE, OptimizerRule
+from onnxmem.training.schedule import aliases
+from onnxmem.training.simulate import simulate
+from onnxmem.views.report import CheckpointWhatIf, RecomputeRow
+
+
+def hand_formula(model: StepModel, options: TrainingOptions, rule: OptimizerRule, weights_bytes: int,
+                  input_bytes: int, gradient_bytes: int) -> int:
+    """Give the CS231n rule of thumb: weights, gradients and states, every activation twice, the inputs."""
+    activations = sum(v.nbytes for t, v in enumerate(model.values)
+                      if model.root[t] == t and v.kind not in (WEIGHT, INPUT, "loss") and v.producer is not None)
+    activations += sum(model.values[t].nbytes for t in model.hidden)  # the graph's own nodes, as exported
+    states = rule.states * model.param_bytes
+    return weights_bytes + gradient_bytes + states + 2 * activations + input_bytes
+
+
+def recompute_what_if(model: StepModel, options: TrainingOptions,
+                       rule: OptimizerRule) -> tuple[tuple[RecomputeRow, ...], int | None]:
+    """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then (None
+    where there is none: the peak stays)."""
+    kept = set(model.saved_by)
+    candidates: list[RecomputeRow] = []
+    roots: set[int] = set()
+    for n, node in enumerate(model.nodes):
+        if node.op_type not in CHEAP_TO_RECOMPUTE or not node.outputs or node.outputs[0] < 0:
+            continue
+        out = model.root[node.outputs[0]]
+        if out not in kept or model.values[out].kind in (OUTPUT, "loss"):
+            continue
+        sources = [model.root[t] for t in node.inputs if t >= 0]
+        if not all(s in kept or model.values[s].kind in (WEIGHT, INPUT) for s in sources):
+            continue
+        if any(model.values[s].producer == n for s in sources):
+            continue
+        roots.add(out)
+        candidates.append(RecomputeRow(node.name, node.op_type, model.values[out].name, model.values[out].nbytes,
+                                       model.values[out].numel or 0))
+    if not candidates:
+        return (), None
+    first = simulate(model, options, rule, True, recomputed=frozenset(roots))
+    later = simulate(model, options, rule, False, recomputed=frozenset(roots))
+    candidates.sort(key=lambda r: -r.saved_bytes)
+    return tuple(candidates), max(first.peak, later.peak)
+
+
+def _flops(model: StepModel, n: int) -> int:
+    """Give an op's forward FLOPs: 2 per multiply-add for products and convolutions, 1 per output element else."""
+    node = model.nodes[n]
+    out = model.values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
+    if out is None or out.numel is None:
+        return 0
+    if node.op_type in ("MatMul", "Gemm") and node.inputs and node.inputs[0] >= 0:
+        shape = model.values[node.inputs[0]].shape
+        k = shape[-1] if shape and isinstance(shape[-1], int) else 1
+        return 2 * out.numel * k
+    if node.op_type in ("Conv", "ConvTranspose") and len(node.inputs) > 1 and node.inputs[1] >= 0:
+        shape = model.values[node.inputs[1]].shape
+        per_output = 1
+        for d in (shape or ())[1:]:
+            per_output *= d if isinstance(d, int) else 1
+        return 2 * out.numel * per_output
+    return out.numel
+
+
+def checkpoint_what_if(model: StepModel, options: TrainingOptions, rule: OptimizerRule,
+                        peak: int) -> CheckpointWhatIf | None:
+    """Give the peak with activation checkpointing in k segments (the last segment is not checkpointed)."""
+    if options.checkpoint is None:
+        return None
+    graph_nodes = [n for n in range(model.n_graph_nodes)]
+    differentiable = [n for n in graph_nodes if model.differentiable[n]]
+    if options.checkpoint == "auto":
+        segments = max(1, math.isqrt(len(differentiable)))
+    else:
+        segments = int(options.checkpoint)
+    ranges = _segment_ranges(model, segments)
+    forward_flops = sum(_flops(model, n) for n in graph_nodes)
+    extra = sum(_flops(model, n) for start, end in ranges for n in range(start, end))
+    first = simulate(model, options, rule, True, segments=ranges)
+    later = simulate(model, options, rule, False, segments=ranges)
+    return CheckpointWhatIf(
+        segments=len(ranges) + 1,
+        peak_bytes=max(first.peak, later.peak),
+        saved_activation_bytes=first.saved_at_backward_start,
+        memory_saved_bytes=peak - max(first.peak, later.peak),
+        forward_flops=forward_flops,
+        extra_forward_flops=extra,
+    )
+
+
+def _segment_ranges(model: StepModel, segments: int) -> list[tuple[int, int]]:
+    """Give the checkpointed ranges: k - 1 segments of about equal kept bytes, cut where little crosses."""
+    n = model.n_graph_nodes
+    if segments <= 1 or n < 2:
+        return []
+    kept_at = [0] * n
+    for r, savers in model.saved_by.items():
+        first = min(savers)
+        if first < n:
+            kept_at[first] += model.values[r].nbytes
+    for node, nbytes in model.extras.items():
+        if node < n:
+            kept_at[node] += nbytes
+    total = sum(kept_at)
+    crossing = [0] * (n + 1)  # bytes produced before cut p and read at or after it
+    for t, v in enumerate(model.values):
+        if model.root[t] != t or v.producer is None or v.producer >= n or v.kind in (WEIGHT, INPUT):
+            continue
+        last = max((c for a in aliases(model, t) for c in model.values[a].consumers), default=v.producer)
+        if last > v.producer:
+            crossing[v.producer + 1] += v.nbytes
+            crossing[min(last, n - 1) + 1] -= v.nbytes
+    for p in range(1, n + 1):
+        crossing[p] += crossing[p - 1]
+    cuts: list[int] = []
+    running = 0
+    cumulative = []
+    for p in range(n):
+        running += kept_at[p]
+        cumulative.append(running)
+    window = max(1, n // (4 * segments))
+    for j in range(1, segments):
+        target = total * j / segments
+        nearest = min(range(1, n), key=lambda p: abs(cumulative[p - 1] - target))
+        lo, hi = max(1, nearest - window), min(n - 1, nearest + window)
+        best = min(range(lo, hi + 1), key=lambda p: (crossing[p], abs(p - nearest)))
+        if not cuts or best > cuts[-1]:
+            cuts.append(best)
+    bounds = [0, *cuts]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
