@@ -46,3 +46,17 @@ def test_each_provider_names_its_measurement_and_imports_it_only_to_measure() ->
             "print(sorted(m for m in sys.modules if m == 'onnxruntime' or m.startswith('onnxmem.measure')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_cpu_kernels_scratch_is_counted_on_the_cpu_provider_only() -> None:
+    """LSTM's CPU kernel allocates scratch from the arena (cpu/tables.KERNEL_SCRATCH, measured on CPU); the CUDA
+    provider's kernels are other code, whose scratch is not modelled: none of the CPU's is counted there."""
+    from pathlib import Path
+
+    from onnxmem.passes.pipeline import analysis
+
+    model = Path(__file__).resolve().parent.parent / "fixtures" / "lstm.onnx"
+    for name, counted in (("cpu", True), ("cuda", False)):
+        analysed = analysis(model, {"batch": 8}, default_dim=8, provider=name)
+        scratch = execution_provider(name).kernel_scratch(analysed.graph, analysed.loaded.proto)
+        assert bool(scratch) is counted

@@ -9,9 +9,10 @@ region size, doubled until it holds the request, and doubled once more after a r
 the first region size is 1 MiB (initial_chunk_size_bytes). Memory it reserves (Reserve: most of onnxruntime's
 prepacked weights at session creation) is held at its exact size, outside the regions; a kernel that packs its
 weight with a plain allocation (ConvTranspose) puts it in a region. The events replayed are the estimate's own:
-each step's outputs and its kernel's scratch (rules.inference.KERNEL_SCRATCH: LSTM, contrib Attention, BiasGelu, Where),
-allocated and freed, then the buffers that die there. The same code runs the CPU and the CUDA providers' arenas;
-what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces) is its own and not modelled.
+each step's outputs and its kernel's scratch (the provider's kernel_scratch: on CPU, cpu/tables.KERNEL_SCRATCH: LSTM,
+contrib Attention, BiasGelu, Where), allocated and freed, then the buffers that die there. The same code runs the CPU
+and the CUDA providers' arenas; what the CUDA provider's kernels allocate besides (cuBLAS and cuDNN workspaces, their
+own scratch) is not modelled.
 """
 
 from __future__ import annotations
