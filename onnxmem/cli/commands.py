@@ -25,7 +25,7 @@ from onnxmem.measure.ort_cpu import OPT_LEVELS
 from onnxmem.passes.orders import DEFAULT_ORDER, ORDERS, orders_help
 from onnxmem.passes.pipeline import analysis, analyze
 from onnxmem.shapes.dims import parse_dims
-from onnxmem.targets.ort.cpu.float16 import DEFAULT_PROVIDER, PROVIDERS
+from onnxmem.targets.ort import DEFAULT_PROVIDER, PROVIDERS
 from onnxmem.views.formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from onnxmem.views.render import json_text, render_targets, render_validation, targets_document
 from onnxmem.views.series import series_of
@@ -638,7 +638,7 @@ Example (needs the extra 'cpu': onnxruntime):
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (repeatable).")
 @click.option("--default-dim", type=click.IntRange(min=1), default=None, metavar="N",
               help="Bind every dim not given to N.")
-@click.option("--provider", type=click.Choice(PROVIDERS), default="cpu", show_default=True,
+@click.option("--provider", type=click.Choice(REPORT_PROVIDERS), default="cpu", show_default=True,
               help="Where onnxruntime runs the model (cuda needs the gpu extra and an NVIDIA GPU).")
 @click.option("--opt-level", type=click.Choice(OPT_LEVELS), default="disable", show_default=True,
               help="onnxruntime's graph optimization level; the estimate is made on the graph it ran.")
