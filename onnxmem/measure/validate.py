@@ -11,6 +11,7 @@ outside the arena and are not measured.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
@@ -21,10 +22,10 @@ import onnx
 
 from onnxmem.ir.graph import ModelGraph, build_graph
 from onnxmem.ir.load import load_model
-from onnxmem.passes.liveness import Timeline, liveness, pattern_block_bytes
+from onnxmem.passes.liveness import Timeline, pattern_block_bytes
 from onnxmem.passes.loops import loop_runs_by_op, loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import execution_order
-from onnxmem.passes.pipeline import analysis, planner_shapes, size_warnings
+from onnxmem.passes.pipeline import Sizing, after_sizing, analysis, planner_shapes, size_warnings
 from onnxmem.shapes.infer import declared_types
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.ort import ExecutionProvider, execution_provider
@@ -34,6 +35,8 @@ from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.views.report import Warning, plain
 
 SCHEMA = "onnxmem.validate/1"
+# The CPU planner's rules, as every provider's estimate has used them (a copy: a provider keeps rules it is given)
+_CPU_PLANNER_RULES = dataclasses.replace(DEFAULT_INFERENCE_RULES)
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
     graph = build_graph(ran, ran_sized.types)
     unnamed = {i for i, node in enumerate(ran.graph.node) if not node.name}
-    order = ran_order(graph, measured.execution_order, unnamed) if measured.execution_order else \
-        execution_order(graph, "ort")
+    order = ran_order(graph, measured.execution_order, unnamed) if measured.execution_order else []
     taken = take_ran_branches(graph, measured.execution_order)
     # onnxruntime's planner compares what its own inference finds (infer_symbolic mirrors it) and what the file
     # declares in value_info, which it loads and the saved graph carries.
@@ -143,9 +145,15 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     # where the provider's changes typed some tensors otherwise (the CPU provider's converted float16 nodes)
     plan_types = target.validate_plan_types(ran, loaded.proto, plan_types)
     plan = planner_shapes(graph, plan_types, ran)
+    # the declared stages after sizing (pipeline.STAGES: order, liveness, ...) on the graph onnxruntime ran, in the
+    # order it ran it
+    ran_loaded = dataclasses.replace(loaded, proto=ran, data=None, nodes=None) if ran is not loaded.proto else loaded
+    ran_sizing = Sizing(ran_loaded, graph, dict(ran_sized.dims), None if plan is None else tuple(plan),
+                        tuple(ran_sized.warnings), None, (), None, target)
+    ran_names: str | list[str] = [graph.ops[i].name for i in order] if measured.execution_order else "ort"
+    analysed = after_sizing(ran_sizing, ran_names, _CPU_PLANNER_RULES, mem_pattern=mem_pattern)
+    timeline = analysed.timeline
     trips = loop_trip_counts(graph, ran)
-    timeline = liveness(graph, order, DEFAULT_INFERENCE_RULES, plan_shapes=plan, loop_trips=trips,
-                        mem_pattern=mem_pattern)
     first = timeline.peak_bytes
     steady = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline,
                                                                           _later_loop_bytes(graph, timeline, trips))

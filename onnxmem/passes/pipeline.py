@@ -134,63 +134,182 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     return after_sizing(sized, order, rules, training)
 
 
-def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
-           rules: InferenceRules = DEFAULT_INFERENCE_RULES,
-           provider: str | ExecutionProvider = DEFAULT_PROVIDER) -> Sizing:
-    """Run the passes up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
-    Sizing, and analysis for the parameters."""
-    target = execution_provider(provider)
-    given = model if isinstance(model, LoadedModel) else load_model(model)
-    rules = target.buffer_rules(rules)
-    loaded, notes = target.runtime_model(given, rules)
-    free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
-    graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
-    symbolic = planner_types(loaded, rules, free, graph)
-    sized = size_graph(graph, loaded.proto, dims or {}, default_dim, symbolic, free)
+@dataclass
+class PipelineRun:
+    """What the stages of one run made so far (a run's working state: each stage reads what the ones before it made
+    and adds its own; the results a caller sees are the frozen Sizing and Analysis)."""
+
+    provider: ExecutionProvider
+    rules: InferenceRules  # as the caller gave them (the provider's own stand in for the defaults)
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    default_dim: int | None = None
+    order: str | Sequence[str] = DEFAULT_ORDER
+    training: TrainingOptions | None = None
+    model: Model | None = None
+    mem_pattern: bool = True  # whether onnxruntime's memory pattern is on (liveness)
+    given: LoadedModel | None = None  # load: the model as given
+    loaded: LoadedModel | None = None  # provider: the model as the provider runs it
+    notes: list[Warning] = dataclasses.field(default_factory=list)  # provider: what it changed
+    free: list[InputDim] | None = None  # graph: the model's free input dims
+    graph: ModelGraph | None = None  # graph
+    symbolic: Mapping[str, TensorType] | None = None  # planner types
+    symbolic_made: bool = False  # whether `symbolic` is made (a caller with another binding's may give them)
+    sized: Sizing | None = None  # size
+    steps: Sequence[int] | None = None  # order
+    prepared: Lifetimes | None = None  # order: the size-free part of liveness, where the order is size-free
+    timeline: Timeline | None = None  # liveness
+    trips: dict[int, int] | None = None  # liveness: the Loops' trip counts
+    report: Report | None = None  # summarize (and training)
+
+    @property
+    def buffer_rules(self) -> InferenceRules:
+        return self.provider.buffer_rules(self.rules)
+
+
+def _load(run: PipelineRun) -> None:
+    model = run.model
+    run.given = model if isinstance(model, LoadedModel) else load_model(model)  # type: ignore[arg-type]
+
+
+def _provider(run: PipelineRun) -> None:
+    assert run.given is not None
+    run.loaded, notes = run.provider.runtime_model(run.given, run.buffer_rules)
+    run.notes = list(notes)
+
+
+def _graph(run: PipelineRun) -> None:
+    loaded = run.loaded
+    assert loaded is not None
+    if run.free is None:
+        run.free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
+    run.graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+
+
+def _planner_types(run: PipelineRun) -> None:
+    if not run.symbolic_made:
+        assert run.loaded is not None
+        run.symbolic = planner_types(run.loaded, run.buffer_rules, run.free, run.graph)
+        run.symbolic_made = True
+
+
+def _size(run: PipelineRun) -> None:
+    loaded, graph, given = run.loaded, run.graph, run.given
+    assert loaded is not None and graph is not None and run.free is not None
+    symbolic = run.symbolic
+    sized = size_graph(graph, loaded.proto, run.dims, run.default_dim, symbolic, run.free)
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
-    return Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                  (*notes, *sized.warnings, *graph.warnings), symbolic, tuple(free), default_dim, target,
-                  given if loaded is not given else None)
+    run.sized = Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
+                       (*run.notes, *sized.warnings, *graph.warnings), symbolic, tuple(run.free), run.default_dim,
+                       run.provider, given if given is not None and loaded is not given else None)
 
 
-def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
-                 rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None,
-                 scheduled: tuple[Sequence[int], Lifetimes] | None = None) -> Analysis:
-    """Run the passes after sizing (order, liveness, summaries, the training step) on a Sizing. `scheduled`: the
-    order and the size-free part of liveness (lifetimes) of the same wiring, order and rules, made before."""
-    as_given = rules
-    rules = sized.provider.buffer_rules(rules)
-    graph = sized.graph
-    if scheduled is None and isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
+def _order(run: PipelineRun) -> None:
+    sized, order = run.sized, run.order
+    assert sized is not None
+    rules, graph = run.buffer_rules, sized.graph
+    if isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
         memo = sized.schedules.get(order)
         if memo is None or memo[0] is not rules:
             made = execution_order(graph, order, rules)
             memo = sized.schedules[order] = (rules, made, lifetimes(graph, made, rules))
-        scheduled = memo[1], memo[2]
-    steps: Sequence[int]
-    steps, prepared = scheduled if scheduled is not None else (execution_order(graph, order, rules), None)
-    trips = loop_trip_counts(graph, sized.loaded.proto)
-    timeline = liveness(graph, steps, rules, plan_shapes=sized.plan_shapes, prepared=prepared, loop_trips=trips)
-    report = summarize(sized.loaded, graph, sized.dims, [*sized.warnings, *loop_warnings(graph, trips)], timeline,
-                       order, sized.provider.name)
-    if training is not None:
-        # (imported here: the training step's modules and tables are start-up that an inference report never needs)
-        from onnxmem.training.step import micro_batch_dims, training_memory, training_warnings
+        run.steps, run.prepared = memo[1], memo[2]
+    else:
+        run.steps, run.prepared = execution_order(graph, order, rules), None
 
-        # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
-        # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
-        proto = (sized.given or sized.loaded).proto
-        micro = micro_batch_dims(proto, dict(sized.dims), training)
-        training_graph = graph
-        if micro != sized.dims or sized.given is not None:
-            training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
-                                                               symbolic=sized.symbolic, free=list(sized.free)).types)
-        # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
-        # of that order (the engine runs the ready function made last first), whatever order inference assumes
-        result = training_memory(training_graph, execution_order(training_graph, "model", as_given), training)
-        report = dataclasses.replace(report, training=result,
-                                     warnings=(*report.warnings, *training_warnings(result)))
-    return Analysis(sized, graph, tuple(steps), timeline, report)
+
+def _liveness(run: PipelineRun) -> None:
+    sized = run.sized
+    assert sized is not None and run.steps is not None
+    graph = sized.graph
+    run.trips = loop_trip_counts(graph, sized.loaded.proto)
+    run.timeline = liveness(graph, run.steps, run.buffer_rules, plan_shapes=sized.plan_shapes, prepared=run.prepared,
+                            loop_trips=run.trips, mem_pattern=run.mem_pattern)
+
+
+def _summarize(run: PipelineRun) -> None:
+    sized, timeline = run.sized, run.timeline
+    assert sized is not None and timeline is not None and run.trips is not None
+    run.report = summarize(sized.loaded, sized.graph, sized.dims, [*sized.warnings,
+                                                                   *loop_warnings(sized.graph, run.trips)],
+                           timeline, run.order, sized.provider.name)
+
+
+def _training(run: PipelineRun) -> None:
+    training, sized, report = run.training, run.sized, run.report
+    if training is None:
+        return
+    assert sized is not None and report is not None
+    # (imported here: the training step's modules and tables are start-up that an inference report never needs)
+    from onnxmem.training.step import micro_batch_dims, training_memory, training_warnings
+
+    # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
+    # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
+    proto = (sized.given or sized.loaded).proto
+    micro = micro_batch_dims(proto, dict(sized.dims), training)
+    training_graph = sized.graph
+    if micro != sized.dims or sized.given is not None:
+        training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
+                                                           symbolic=sized.symbolic, free=list(sized.free)).types)
+    # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
+    # of that order (the engine runs the ready function made last first), whatever order inference assumes
+    result = training_memory(training_graph, execution_order(training_graph, "model", run.rules), training)
+    run.report = dataclasses.replace(report, training=result, warnings=(*report.warnings, *training_warnings(result)))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pass of the pipeline: its name and the function that runs it on a PipelineRun."""
+
+    name: str
+    run: Callable[[PipelineRun], None]
+
+
+# The pipeline, declared once: every report, fit's family, check, validate's estimate and every what-if runs these
+# stages (or a part of them: a family sizes its probes, validate starts from the graph onnxruntime ran), through
+# run_stages.
+STAGES: tuple[Stage, ...] = (
+    Stage("load", _load),  # the model file or proto
+    Stage("provider", _provider),  # onnxruntime's changes on the provider (QDQ copies, Casts, placement)
+    Stage("graph", _graph),  # the central graph
+    Stage("planner types", _planner_types),  # the symbolic shapes onnxruntime's planner compares
+    Stage("size", _size),  # bind the dims, infer shapes, size every tensor: a Sizing
+    Stage("order", _order),  # the execution order (and its size-free lifetimes)
+    Stage("liveness", _liveness),  # the timeline of live bytes
+    Stage("summarize", _summarize),  # the report
+    Stage("training", _training),  # the training step, where asked
+)
+STAGE_NAMES = tuple(stage.name for stage in STAGES)
+SIZING = ("load", "size")  # the stages up to a Sizing (first, last)
+AFTER_SIZING = ("order", "training")  # the stages that read a Sizing
+
+
+def run_stages(run: PipelineRun, first: str = STAGE_NAMES[0], last: str = STAGE_NAMES[-1]) -> PipelineRun:
+    """Run the declared stages from `first` to `last` (inclusive), in their order, on `run`; give it."""
+    start, stop = STAGE_NAMES.index(first), STAGE_NAMES.index(last)
+    for stage in STAGES[start:stop + 1]:
+        stage.run(run)
+    return run
+
+
+def sizing(model: Model, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,
+           rules: InferenceRules = DEFAULT_INFERENCE_RULES,
+           provider: str | ExecutionProvider = DEFAULT_PROVIDER) -> Sizing:
+    """Run the stages up to sizing (load, the provider's changes, graph, planner types, bind and infer): see
+    Sizing, and analysis for the parameters."""
+    run = PipelineRun(execution_provider(provider), rules, dims or {}, default_dim, model=model)
+    sized = run_stages(run, *SIZING).sized
+    assert sized is not None
+    return sized
+
+
+def after_sizing(sized: Sizing, order: str | Sequence[str] = DEFAULT_ORDER,
+                 rules: InferenceRules = DEFAULT_INFERENCE_RULES, training: TrainingOptions | None = None,
+                 mem_pattern: bool = True) -> Analysis:
+    """Run the stages after sizing (order, liveness, summaries, the training step) on a Sizing."""
+    run = run_stages(PipelineRun(sized.provider, rules, sized.dims, sized.default_dim, order, training,
+                                 mem_pattern=mem_pattern, sized=sized), *AFTER_SIZING)
+    assert run.steps is not None and run.timeline is not None and run.report is not None
+    return Analysis(sized, sized.graph, tuple(run.steps), run.timeline, run.report)
 
 
 def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, default_dim: int | None = None,

@@ -24,20 +24,19 @@ from typing import Any
 import onnx
 
 from onnxmem.ir.dtypes import element_bits, tensor_bytes
-from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph, build_graph
-from onnxmem.ir.load import load_model
+from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
+from onnxmem.ir.load import LoadedModel
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
-from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, live_bytes, liveness
-from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
+from onnxmem.passes.liveness import Lifetimes, Timeline, live_bytes
+from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import (
     Analysis,
+    PipelineRun,
     Sizing,
     after_sizing,
     analysis,
     model_name,
-    planner_shapes,
-    planner_types,
-    size_graph,
+    run_stages,
     size_warnings,
     sizing,
 )
@@ -87,10 +86,12 @@ class ModelFamily:
         # the model as onnxruntime runs it on the provider (ExecutionProvider.runtime_model: its QDQ copies, the
         # CPU provider's float16 Casts, the CUDA provider's placement), made once for every value; the model as
         # given is kept for the training step, which reads it (see pipeline.after_sizing)
-        given = load_model(model)
         self.provider: ExecutionProvider = execution_provider(options.get("provider", DEFAULT_PROVIDER))
-        self.loaded, self._provider_notes = self.provider.runtime_model(
-            given, self.provider.buffer_rules(options.get("rules", DEFAULT_INFERENCE_RULES)))
+        made = run_stages(PipelineRun(self.provider, options.get("rules", DEFAULT_INFERENCE_RULES), model=model),
+                          "load", "provider")
+        given, self._provider_notes = made.given, made.notes
+        assert given is not None and made.loaded is not None
+        self.loaded: LoadedModel = made.loaded
         self._given = given if self.loaded is not given else None
         self.search = search
         self.dims = dict(dims or {})
@@ -98,7 +99,7 @@ class ModelFamily:
         self._reports: dict[tuple[int, bool], Report] = {}
         self._free: list[InputDim] | None = None  # the model's input_dims, read at first use
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
-        self._symbolic_types: dict[str, TensorType] | None | bool = False  # False: not inferred yet
+        self._symbolic_types: Mapping[str, TensorType] | None | bool = False  # False: not inferred yet
 
     @property
     def affine(self) -> bool:
@@ -138,11 +139,6 @@ class ModelFamily:
             self._free = input_dims(self.loaded.proto)
         return self._free
 
-    def _symbolic(self, rules: InferenceRules) -> dict[str, TensorType] | None:
-        if self._symbolic_types is False:
-            self._symbolic_types = planner_types(self.loaded, rules, self.free_dims())
-        return self._symbolic_types  # type: ignore[return-value]
-
     def _binding(self, value: int) -> dict[str, int]:
         return {**self.dims, self.search: value}
 
@@ -164,15 +160,19 @@ class ModelFamily:
         """Give the template probed at three values, None where the family is not affine, False where two
         shapes coincide at a probe (try other probes)."""
         default_dim = self.options.get("default_dim")
-        # the rules the reports use (analyze.after_sizing): the provider's, so the order and lifetimes made here
-        # serve them (the Sizings' memo compares the rules themselves)
-        rules = self.provider.buffer_rules(self.options.get("rules", DEFAULT_INFERENCE_RULES))
-        graph = build_graph(self.loaded.proto, metadata=self.loaded.nodes is None or self.loaded.nodes.metadata)
         free = self.free_dims()
-        if self._symbolic_types is False:  # the first template: the planner types found from its graph
-            self._symbolic_types = planner_types(self.loaded, rules, free, graph)
-        symbolic = self._symbolic(rules)
-        first = size_graph(graph, self.loaded.proto, self._binding(probes[0]), default_dim, symbolic, free)
+        order = self.options.get("order", DEFAULT_ORDER)
+        # the declared stages from the graph to the timeline, at the first probe (pipeline.STAGES): the planner
+        # types found there serve every template and value
+        run = PipelineRun(self.provider, self.options.get("rules", DEFAULT_INFERENCE_RULES),
+                          self._binding(probes[0]), default_dim, order, loaded=self.loaded, given=self.loaded,
+                          notes=list(self._provider_notes), free=free)
+        if not isinstance(self._symbolic_types, bool):
+            run.symbolic, run.symbolic_made = self._symbolic_types, True
+        first = run_stages(run, "graph", "size").sized
+        assert first is not None and run.graph is not None
+        graph, symbolic = run.graph, run.symbolic
+        self._symbolic_types = symbolic
         if any(op.subgraphs for op in graph.ops):
             return None
         shapes = [[t.shape for t in graph.tensors]]
@@ -193,11 +193,10 @@ class ModelFamily:
             if affine is None or bits[tensor.dtype] not in (8, 16, 32, 64, 128):
                 return None
             dims.append(affine)
-        plan_shapes = planner_shapes(graph, symbolic, self.loaded.proto, self.loaded.data)
-        order = self.options.get("order", DEFAULT_ORDER)
-        steps = execution_order(graph, order, rules)
-        prepared = lifetimes(graph, steps, rules)  # size-free: kept for the reports at other values
-        timeline = liveness(graph, steps, rules, plan_shapes=plan_shapes, prepared=prepared)
+        plan_shapes = None if first.plan_shapes is None else list(first.plan_shapes)
+        run_stages(run, "order", "liveness")
+        timeline = run.timeline
+        assert timeline is not None
         made: dict[tuple[Affine, int], Poly] = {}  # layers repeat their shapes
         polys: list[Poly | None] = []
         for tensor, d in zip(graph.tensors, dims, strict=True):
@@ -217,11 +216,9 @@ class ModelFamily:
                              if d is not None})
         weights = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
-        reusable = isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS
-        template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)),
-                             [*self._provider_notes, *first.warnings, *graph.warnings],
+        template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), list(first.warnings),
                              signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
-                             {order: (rules, steps, prepared)} if reusable else {}, timeline)
+                             first.schedules, timeline)
         return template if all(template.plan_holds(p) for p in probes) else False
 
     def arena_inputs(self, value: int) -> tuple[ModelGraph, Timeline, list[int | None] | None,
