@@ -520,3 +520,24 @@ def test_real_cuda_counts_weights_and_frees_everything():
     assert r.counter.error_count == 0
     assert r.counter.phase("teardown").end_bytes == 0
     assert r.execution_order and "mm" in r.execution_order
+
+
+def test_validate_on_cuda_plans_with_the_cuda_kernels_rules(monkeypatch, fake_device, tmp_path):
+    """validate --provider cuda's estimate runs the declared stages with the CUDA provider's buffer rules, as
+    `onnxmem report --provider cuda` does (it planned with the CPU provider's rules before)."""
+    import onnxmem
+    from onnxmem.passes import pipeline
+    from onnxmem.targets.ort.cuda.provider import CUDA_INFERENCE_RULES
+
+    planned: list[object] = []
+
+    def liveness(run: pipeline.PipelineRun) -> None:
+        planned.append(run.buffer_rules)
+        pipeline._liveness(run)
+
+    monkeypatch.setattr(pipeline, "STAGES", tuple(pipeline.Stage(s.name, liveness) if s.name == "liveness" else s
+                                                  for s in pipeline.STAGES))
+    monkeypatch.setitem(sys.modules, "onnxruntime", _fake_ort())
+    monkeypatch.chdir(tmp_path)
+    onnxmem.validate(_model(), provider="cuda", runs=2)
+    assert planned and all(rules is CUDA_INFERENCE_RULES for rules in planned)  # (the estimate, the raw report)

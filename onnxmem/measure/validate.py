@@ -35,8 +35,6 @@ from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.views.report import Warning, plain
 
 SCHEMA = "onnxmem.validate/1"
-# The CPU planner's rules, as every provider's estimate has used them (a copy: a provider keeps rules it is given)
-_CPU_PLANNER_RULES = dataclasses.replace(DEFAULT_INFERENCE_RULES)
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,8 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     ran_sizing = Sizing(ran_loaded, graph, dict(ran_sized.dims), None if plan is None else tuple(plan),
                         tuple(ran_sized.warnings), None, (), None, target)
     ran_names: str | list[str] = [graph.ops[i].name for i in order] if measured.execution_order else "ort"
-    analysed = after_sizing(ran_sizing, ran_names, _CPU_PLANNER_RULES, mem_pattern=mem_pattern)
+    # (the provider's own buffer rules, as a report on it uses: ExecutionProvider.buffer_rules)
+    analysed = after_sizing(ran_sizing, ran_names, DEFAULT_INFERENCE_RULES, mem_pattern=mem_pattern)
     timeline = analysed.timeline
     trips = loop_trip_counts(graph, ran)
     first = timeline.peak_bytes

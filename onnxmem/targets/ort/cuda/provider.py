@@ -74,8 +74,9 @@ class CudaProvider(ExecutionProvider):
             "measured: every device allocation of onnxruntime's CUDA provider, counted through gpu_external_alloc "
             "(its arena bypassed); memory that CUDA, cuBLAS and cuDNN allocate themselves (context, handles, "
             "default workspaces) is not seen by it",
-            "estimated on the graph onnxruntime ran, in the order it ran it, with the CPU planner's rules; graph "
-            "inputs are added (each run copies them to the device); weights: every initializer, copied to the device",
+            "estimated on the graph onnxruntime ran, in the order it ran it, with the CUDA kernels' in-place and alias "
+            "rules (as `onnxmem report --provider cuda`); graph inputs are added (each run copies them to the device); "
+            "weights: every initializer, copied to the device",
             "not yet checked on a GPU by this project: differences are what the CUDA provider does beyond the CPU "
             "rules (kernel workspaces, per-kernel scratch, its own alignment)",
         ]
