@@ -172,16 +172,15 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
              plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False,
-             prepared: Lifetimes | None = None, loop_trips: Mapping[int, int] | None = None,
-             mem_pattern: bool = True) -> Timeline:
+             prepared: Lifetimes | None = None, loop_peaks: Mapping[int, int] | None = None) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
 
     `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
     are bound, on symbolic shapes); by default the tensors' own shapes. `prepared`: lifetimes() of the same
-    arguments, made beforehand. `loop_trips`: per Loop op, the iterations it runs (loops.loop_trip_counts), where
-    known: its step holds what its first run holds at its most (loops.loop_run: the body's buffers of every
-    iteration, the carried values of two; `mem_pattern`: the session's memory pattern, which the body's later
-    iterations use); a Loop without one holds its body's peak once.
+    arguments, made beforehand. `loop_peaks`: per Loop op whose iterations are known, the most its first run holds
+    (loops.loop_peaks: the body's buffers of every iteration, the carried values of two); its step holds that, its
+    own outputs apart; a Loop without one holds its body's peak once. (The caller simulates the Loops: liveness
+    does not import the loop simulation, which runs liveness on each body.)
     """
     tensors = graph.tensors
     steps = len(order)
@@ -280,13 +279,10 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         extra = EXPANDED_INTERMEDIATES.get(op.op_type, 0) if op.domain in ("", "ai.onnx") else 0
         if extra and op.outputs and op.outputs[0] >= 0:
             subgraph_bytes[step] += extra * (tensors[op.outputs[0]].nbytes or 0)
-        if op.subgraphs and loop_trips and op_index in loop_trips and op.op_type == "Loop":
-            from onnxmem.passes.loops import loop_run
-
-            run = loop_run(graph, op, loop_trips[op_index], rules, set(), mem_pattern)
+        if op.subgraphs and loop_peaks and op_index in loop_peaks and op.op_type == "Loop":
             own = sum(tensors[t].nbytes or 0 for t in op.outputs
                       if t >= 0 and root_of[t] == t and first[t] == step and buffer_of[t] == t)
-            subgraph_bytes[step] += max(0, run.sampled_peak - own)
+            subgraph_bytes[step] += max(0, loop_peaks[op_index] - own)
         elif op.subgraphs:
             separate = op.op_type in BODY_OUTPUTS_SEPARATE
             subgraph_bytes[step] += max(subgraph_peak(sub, rules, separate, op.op_type == "Loop")

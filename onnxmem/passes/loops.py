@@ -305,3 +305,12 @@ def _state_count(graph: ModelGraph, op: Op) -> int:
             break
         count += 1
     return count
+
+
+def loop_peaks(graph: ModelGraph, trips: Mapping[int, int], rules: InferenceRules, mem_pattern: bool = True) -> \
+        dict[int, int]:
+    """Give, per Loop op of the graph whose iterations are known (`trips`: loop_trip_counts), the most its first
+    run holds (loop_run's sampled peak; `mem_pattern`: the session's memory pattern, which the body's later
+    iterations use): what liveness counts at its step."""
+    return {index: loop_run(graph, graph.ops[index], count, rules, set(), mem_pattern).sampled_peak
+            for index, count in trips.items() if graph.ops[index].op_type == "Loop" and graph.ops[index].subgraphs}

@@ -17,7 +17,7 @@ from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph
 from onnxmem.ir.load import LoadedModel, load_model
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
-from onnxmem.passes.loops import loop_trip_counts, loop_warnings
+from onnxmem.passes.loops import loop_peaks, loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from onnxmem.shapes.dims import InputDim, input_dims
 from onnxmem.shapes.sizing import SizedModel, bind_and_infer
@@ -222,8 +222,9 @@ def _liveness(run: PipelineRun) -> None:
     assert sized is not None and run.steps is not None
     graph = sized.graph
     run.trips = loop_trip_counts(graph, sized.loaded.proto)
+    peaks = loop_peaks(graph, run.trips, run.buffer_rules, run.mem_pattern) if run.trips else None
     run.timeline = liveness(graph, run.steps, run.buffer_rules, plan_shapes=sized.plan_shapes, prepared=run.prepared,
-                            loop_trips=run.trips, mem_pattern=run.mem_pattern)
+                            loop_peaks=peaks)
 
 
 def _summarize(run: PipelineRun) -> None:
