@@ -137,11 +137,11 @@ def test_every_format_leads_with_the_answer(mlp: str) -> None:
     assert out.splitlines()[2].startswith("**total peak")
     code, out, _ = run("report", mlp, "--dim", "batch=8", "--training")
     assert out.splitlines()[1].startswith("training step peak") and out.splitlines()[2].startswith("inference peak")
-    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", str(peak + 10))
+    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{peak + 10}B")
     assert code == 0 and out.splitlines()[1] == "FITS: needs 796.00 KiB of 796.01 KiB (headroom 10 B)"
-    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", str(peak - 1), "--format", "markdown")
+    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{peak - 1}B", "--format", "markdown")
     assert code == 1 and out.splitlines()[2].startswith("**DOES NOT FIT: needs")
-    code, out, _ = run("fit", mlp, "--memory", str(MLP_WEIGHTS + MLP_PER_ROW * 100))
+    code, out, _ = run("fit", mlp, "--memory", f"{MLP_WEIGHTS + MLP_PER_ROW * 100}B")
     assert out.splitlines()[1].startswith("largest batch that fits: 100 (largest power of two: 64; budget")
 
 
@@ -158,10 +158,10 @@ def test_what_ifs_say_whether_each_change_alone_fits(mlp: str) -> None:
     half = by_change["float32 -> float16 (weights and activations)"]
     assert half.fits is True and half.peak_bytes <= budget
     assert by_change["batch 8 -> 4"].fits is False and by_change["batch 8 -> 4"].peak_bytes > budget
-    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", str(budget))
+    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{budget}B")
     header = next(line for line in out.splitlines() if line.startswith("change"))
     assert header.split()[:5] == ["change", "peak", "saves", "fits", "how"]
-    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", str(budget), "--format", "json")
+    code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{budget}B", "--format", "json")
     assert [w["fits"] for w in json.loads(out)["what_ifs"]] == [w.fits for w in gate.what_ifs]
 
 

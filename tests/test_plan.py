@@ -57,14 +57,15 @@ def llama(dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("24GiB", 24 * 2**30), ("16GB", 16 * 10**9), ("80000MB", 80_000 * 10**6), ("1.5TiB", 3 * 2**39),
-    ("1024", 1024), ("512 B", 512), ("0.5KiB", 512), ("2gib", 2 * 2**30), (".25MiB", 2**18), ("1.1B", 1),
+    ("1024B", 1024), ("0", 0), ("512 B", 512), ("0.5KiB", 512), ("2gib", 2 * 2**30), (".25MiB", 2**18), ("1.1B", 1),
 ])
 def test_sizes_parse_exactly(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
 @pytest.mark.parametrize(("text", "needle"), [("10XB", "unknown unit"), ("24G", "GiB for 2^30"), ("", "expected"),
-                                              ("-1GB", "expected"), ("GB", "expected")])
+                                              ("-1GB", "expected"), ("GB", "expected"),
+                                              ("24", "has no unit: write 24GiB"), ("1024", "1024B for bytes")])
 def test_bad_sizes_are_target_errors(text: str, needle: str) -> None:
     with pytest.raises(TargetError, match=re.escape(needle)):
         parse_size(text)
@@ -329,15 +330,15 @@ def readme_keys(schema: str) -> set[str]:
 def test_check_exit_codes_and_json(tmp_path: Path) -> None:
     path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
     peak = mlp_peak(8)
-    code, out, err = run("check", path, "--dim", "batch=8", "--budget", str(peak), "--format", "json")
+    code, out, err = run("check", path, "--dim", "batch=8", "--budget", f"{peak}B", "--format", "json")
     assert code == 0, err
     document = json.loads(out)  # one JSON object, nothing else on stdout
     assert document["fits"] is True and document["peak_bytes"] == peak and document["headroom_bytes"] == 0
     assert set(document) == readme_keys("onnxmem.check/1")
     assert document["schema"] == "onnxmem.check/1"
-    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", str(peak - 1), "--format", "json")
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", f"{peak - 1}B", "--format", "json")
     assert code == 1 and json.loads(out)["fits"] is False and json.loads(out)["headroom_bytes"] == -1
-    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", str(peak - 1))
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", f"{peak - 1}B")
     assert code == 1 and "DOES NOT FIT" in out
     code, out, _ = run("check", path, "--dim", "batch=8", "--gpu", "T4-16GB", "--runtime", "onnxruntime")
     assert code == 0 and "FITS" in out and "stated default" in out
@@ -456,3 +457,15 @@ def test_fit_says_when_the_arenas_bytes_are_not_monotonic() -> None:
     assert any("not monotonic" in note for note in result.notes)
     assert not any("not monotonic in batch (the arena" in note
                    for note in fit(graphs.symbolic_mlp(), memory="1MiB", what_if=False).notes)
+
+
+def test_a_decimal_budget_shows_its_gib_figure_and_a_bare_number_is_refused(tmp_path: Path) -> None:
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", "24GB", "--format", "json")
+    assert code == 0
+    source = json.loads(out)["target"]["memory_source"]
+    assert source == "given: 24GB = 22.35 GiB (GB, MB, TB: powers of 10)"  # 24e9 / 2^30 = 22.3517...
+    code, out, _ = run("check", path, "--dim", "batch=8", "--budget", "24GiB", "--format", "json")
+    assert json.loads(out)["target"]["memory_source"] == "given: 24GiB"
+    code, _, err = run("check", path, "--dim", "batch=8", "--budget", "24")
+    assert code == 2 and "size '24' has no unit: write 24GiB" in err and len(err.strip().splitlines()) == 1

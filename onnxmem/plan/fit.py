@@ -63,9 +63,11 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
-    """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024' (GB = 10^9, GiB = 2^30).
+    """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024B' (GB = 10^9, GiB = 2^30).
 
-    Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down.
+    Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down. A number without a
+    unit is refused (but 0): `--budget 24` means 24 GB to a person and 24 bytes to a parser, and a CI gate must not
+    guess; bytes are written with B, or given as an int.
 
     Parameters
     ----------
@@ -89,12 +91,29 @@ def parse_size(text: str | int) -> int:
     match = _SIZE.match(text)
     if not match:
         raise TargetError(f"size '{text}': expected a number and a unit, e.g. 24GiB, 16GB, 80000MB, 1.5TiB")
-    number, unit = match.group(1), match.group(2).upper() or "B"
+    number, unit = match.group(1), match.group(2).upper()
+    if not unit:
+        if Fraction(number) == 0:
+            return 0
+        raise TargetError(f"size '{text.strip()}' has no unit: write {number}GiB (2^30 bytes), {number}GB (10^9 "
+                          f"bytes) or {number}B for bytes")
     if unit not in SIZE_UNITS:
         hint = " (say GB for 10^9 or GiB for 2^30)" if unit in ("K", "M", "G", "T", "P") else ""
         raise TargetError(f"size '{text}': unknown unit '{match.group(2)}'{hint}; "
                           "use B, KB, MB, GB, TB, PB (powers of 10) or KiB, MiB, GiB, TiB, PiB (powers of 2)")
     return int(Fraction(number) * SIZE_UNITS[unit])
+
+
+def size_source(text: str | int) -> str:
+    """Give where a size given by a person comes from, in words: 'given: 24GiB'; a size in decimal units also
+    in GiB ('given: 24GB = 22.35 GiB'), since the catalogue's GPUs and most tools speak GiB."""
+    words = f"given: {text}"
+    if isinstance(text, str):
+        match = _SIZE.match(text)
+        unit = match.group(2).upper() if match else ""
+        if unit in SIZE_UNITS and SIZE_UNITS[unit] % 1000 == 0:
+            words += f" = {parse_size(text) / GiB:,.2f} GiB (GB, MB, TB: powers of 10)"
+    return words
 
 
 # --- targets: GPUs, runtimes, allocators ------------------------------------------------------------------------
@@ -247,14 +266,14 @@ def resolve_target(memory: str | int | None = None, gpu: str | None = None, runt
         memory_bytes, memory_source, gpu_name = entry.memory_bytes, f"{entry.name}: {entry.source}", entry.name
     else:
         assert memory is not None
-        memory_bytes, memory_source, gpu_name = parse_size(memory), f"given: {memory}", ""
+        memory_bytes, memory_source, gpu_name = parse_size(memory), size_source(memory), ""
     rt = None
     if runtime:
         if runtime not in RUNTIMES:
             raise TargetError(f"runtime '{runtime}' is unknown: choose one of {', '.join(RUNTIMES)}")
         rt = RUNTIMES[runtime]
     if reserve is not None:
-        items: tuple[ReserveItem, ...] = (ReserveItem("reserve", parse_size(reserve), f"given: {reserve}"),)
+        items: tuple[ReserveItem, ...] = (ReserveItem("reserve", parse_size(reserve), size_source(reserve)),)
     elif rt is not None:
         items = rt.fixed_costs
     elif gpu_name:
