@@ -19,16 +19,15 @@ from onnxmem.passes.order import memory_order
 from onnxmem.passes.schedule import model_order
 from onnxmem.plan.fit import (
     ALLOCATORS,
-    GPUS,
     MiB,
     budget_bytes,
     check,
-    find_gpu,
     fit,
     parse_size,
     resolve_target,
     shard_states,
 )
+from onnxmem.plan.gpus import GPUS, find_gpu
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.training.step import TrainingOptions
@@ -469,3 +468,16 @@ def test_a_decimal_budget_shows_its_gib_figure_and_a_bare_number_is_refused(tmp_
     assert json.loads(out)["target"]["memory_source"] == "given: 24GiB"
     code, _, err = run("check", path, "--dim", "batch=8", "--budget", "24")
     assert code == 2 and "size '24' has no unit: write 24GiB" in err and len(err.strip().splitlines()) == 1
+
+
+def test_nvidia_smi_names_find_their_gpu() -> None:
+    # as `nvidia-smi --query-gpu=name --format=csv,noheader` writes them
+    assert find_gpu("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert find_gpu("NVIDIA H100 80GB HBM3").name == "H100-80GB"
+    assert find_gpu("NVIDIA GeForce RTX 4090").name == "RTX4090-24GB"
+    assert find_gpu("Tesla T4").name == "T4-16GB"
+    for name in ("B200", "GB200", "L40", "A40", "RTX4080"):
+        assert find_gpu(name).name.startswith(name)
+    # the driver's figure where it is known: H100 SXM reports 81,559 MiB, not 80 GiB
+    assert find_gpu("H100-80GB").memory_bytes == 81559 * 2**20
+    assert "nvidia-smi" in find_gpu("H100-80GB").source and "nominal" in find_gpu("B200").source

@@ -6,8 +6,9 @@ the last power of two that fits and the first that does not. The answer b is alw
 (b fits, b + 1 does not), and the result says whether the evaluated peaks were monotonic and, where the peak is
 linear in the dim, the formula and whether every evaluated point agrees with it exactly.
 
-Targets are tables: GPUS (name, memory), RUNTIMES (the fixed costs a process pays before the model gets anything,
-and the allocator's rounding). Every figure carries where it comes from; `--reserve` overrides the fixed costs.
+Targets are tables: GPUS (gpus.py: name, memory), RUNTIMES (the fixed costs a process pays before the model gets
+anything, and the allocator's rounding). Every figure carries where it comes from; `--reserve` overrides the fixed
+costs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from onnxmem.passes.liveness import Timeline
 from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import Analysis, Sizing, analysis
 from onnxmem.plan.family import ModelFamily
+from onnxmem.plan.gpus import find_gpu
 from onnxmem.shapes.dims import input_dims
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider
 from onnxmem.targets.ort.arena import session_held_bytes
@@ -119,37 +121,6 @@ def size_source(text: str | int) -> str:
 # --- targets: GPUs, runtimes, allocators ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU of the catalog: its memory and where that figure comes from."""
-
-    name: str
-    memory_bytes: int
-    source: str
-
-
-_NOMINAL = "nominal capacity (the product's stated size, read as GiB); the driver reports a little less on some " \
-           "boards: pass --memory with nvidia-smi's memory.total for an exact figure"
-GPUS: dict[str, Gpu] = {g.name: g for g in (
-    Gpu("T4-16GB", 16 * GiB, _NOMINAL),
-    Gpu("V100-16GB", 16 * GiB, _NOMINAL),
-    Gpu("V100-32GB", 32 * GiB, _NOMINAL),
-    Gpu("A10-24GB", 24 * GiB, _NOMINAL),
-    Gpu("L4-24GB", 24 * GiB, _NOMINAL),
-    Gpu("RTX3090-24GB", 24 * GiB, _NOMINAL),
-    Gpu("RTX4090-24GB", 24 * GiB, _NOMINAL),
-    Gpu("RTX5090-32GB", 32 * GiB, _NOMINAL),
-    Gpu("A100-40GB", 40 * GiB, _NOMINAL),
-    Gpu("A100-80GB", 80 * GiB, _NOMINAL),
-    Gpu("A6000-48GB", 48 * GiB, _NOMINAL),
-    Gpu("L40S-48GB", 48 * GiB, _NOMINAL),
-    Gpu("H100-80GB", 80 * GiB, _NOMINAL),
-    Gpu("H100-94GB", 94 * GiB, _NOMINAL),
-    Gpu("H200-141GB", 141 * GiB, _NOMINAL),
-    Gpu("MI300X-192GB", 192 * GiB, _NOMINAL),
-)}
-
-
 def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
@@ -230,25 +201,6 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                     "(PyTorch's default is 32 MiB each on Hopper, less on older GPUs)"),
     ), "pytorch-caching"),
 )}
-
-
-def find_gpu(name: str) -> Gpu:
-    """Give the catalog's GPU for a name, matched without case, spaces, dashes or underscores ('a100-80gb')."""
-    key = _gpu_key(name)
-    exact = [g for g in GPUS.values() if _gpu_key(g.name) == key]
-    if exact:
-        return exact[0]
-    prefix = [g for g in GPUS.values() if _gpu_key(g.name).startswith(key)] if key else []
-    if len(prefix) == 1:
-        return prefix[0]
-    if prefix:
-        raise TargetError(f"GPU '{name}' is ambiguous: it could be {', '.join(g.name for g in prefix)}")
-    raise TargetError(f"GPU '{name}' is not in the catalog ({', '.join(GPUS)}); give the memory instead "
-                      "(--memory SIZE, or memory= in Python)")
-
-
-def _gpu_key(name: str) -> str:
-    return re.sub(r"[\s_\-]", "", name).lower()
 
 
 def resolve_target(memory: str | int | None = None, gpu: str | None = None, runtime: str | None = None,
@@ -438,7 +390,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     model
         A path to an ONNX file or a ModelProto.
     memory, gpu
-        The target: a size ("24GiB", "16GB", bytes as an int) or a GPU of the catalog (plan.GPUS); exactly one.
+        The target: a size ("24GiB", "16GB", bytes as an int) or a GPU of the catalog (plan.gpus.GPUS); exactly one.
     runtime
         "onnxruntime" or "pytorch": count that runtime's fixed costs and its allocator's rounding.
     reserve

@@ -440,7 +440,8 @@ TARGETS_SCHEMA = "onnxmem.targets/1"
 def targets_document() -> dict[str, object]:
     """Give the GPU catalog, the runtimes' fixed costs and the allocators as a JSON-ready document (schema
     onnxmem.targets/1; sizes in bytes)."""
-    from onnxmem.plan.fit import ALLOCATORS, GPUS, RUNTIMES
+    from onnxmem.plan.fit import ALLOCATORS, RUNTIMES
+    from onnxmem.plan.gpus import GPUS
 
     return {
         "schema": TARGETS_SCHEMA,
@@ -454,7 +455,8 @@ def targets_document() -> dict[str, object]:
 
 def render_targets() -> str:
     """Give the GPU catalog, the runtimes' fixed costs and the allocators, with where each figure comes from."""
-    from onnxmem.plan.fit import ALLOCATORS, GPUS, RUNTIMES
+    from onnxmem.plan.fit import ALLOCATORS, RUNTIMES
+    from onnxmem.plan.gpus import GPUS
 
     out = ["GPUs (--gpu NAME)", *_table(("name", "memory", "bytes"), [
         (g.name, format_bytes(g.memory_bytes), f"{g.memory_bytes:,}") for g in GPUS.values()], right=(1, 2))]
