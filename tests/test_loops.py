@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from onnxmem.ir.graph import build_graph
-from onnxmem.passes.loops import loop_run, loop_trip_counts, loop_warnings, replayed
+from onnxmem.passes.loops import ITERATIONS_BEFORE_REPEAT, loop_run, loop_trip_counts, loop_warnings, replayed
 from onnxmem.passes.pipeline import analysis
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
@@ -18,10 +20,10 @@ SCALARS = 8 + 1  # the Loop's iteration number (int64) and condition (bool)
 
 
 def _loop_model(n: int, trips: int | None, steps: int = 1, scan: bool = False, computed_condition: bool = False,
-                ) -> onnx.ModelProto:
+                passed_scan: bool = False) -> onnx.ModelProto:
     """y = Loop(M, "", x): the carried value a goes through `steps` Adds with the outer x, then a Relu (the next
-    a); with `scan`, a Sigmoid of the last Add is a scan output too. Every tensor is [1, n] float32. `trips`: M as
-    an initializer, or None: M a graph input."""
+    a); with `scan`, a Sigmoid of the last Add is a scan output too (with `passed_scan`, an Identity of the carried
+    value that came in). Every tensor is [1, n] float32. `trips`: M as an initializer, or None: M a graph input."""
     body_nodes = []
     previous = "a_in"
     for k in range(steps):
@@ -33,7 +35,8 @@ def _loop_model(n: int, trips: int | None, steps: int = 1, scan: bool = False, c
     outputs = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
                helper.make_tensor_value_info("a_out", TensorProto.FLOAT, [1, n])]
     if scan:
-        body_nodes.append(helper.make_node("Sigmoid", [previous], ["scan_out"]))
+        body_nodes.append(helper.make_node("Identity", ["a_in"], ["scan_out"]) if passed_scan else
+                          helper.make_node("Sigmoid", [previous], ["scan_out"]))
         outputs.append(helper.make_tensor_value_info("scan_out", TensorProto.FLOAT, [1, n]))
     body = helper.make_graph(body_nodes, "body", [
         helper.make_tensor_value_info("i", TensorProto.INT64, []),
@@ -56,9 +59,60 @@ def _loop_model(n: int, trips: int | None, steps: int = 1, scan: bool = False, c
     return model
 
 
-def _run(model: onnx.ModelProto, trips: int, traced: set[tuple[object, ...]]):  # noqa: ANN202 - a test helper
+def _run(model: onnx.ModelProto, trips: int, traced: set[tuple[object, ...]],  # noqa: ANN202 - a test helper
+         mem_pattern: bool = True, replay_up_to: int | None = None):
     graph = build_graph(model, bind_and_infer(model, {}).types)
-    return loop_run(graph, graph.ops[0], trips, DEFAULT_INFERENCE_RULES, traced)
+    return loop_run(graph, graph.ops[0], trips, DEFAULT_INFERENCE_RULES, traced, mem_pattern,
+                    replay_up_to=replay_up_to)
+
+
+def _most_live_after_iterating(events: tuple[tuple[str, int, int], ...]) -> int:
+    """Give the most bytes live from the last sample of a Loop's run on (its outputs made, its values released)."""
+    live: dict[int, int] = {}
+    last_sample = max((k for k, event in enumerate(events) if event[0] == "sample"), default=-1)
+    most = 0
+    for position, (kind, buffer, size) in enumerate(events):
+        if kind == "alloc":
+            live[buffer] = size
+        elif kind == "free":
+            live.pop(buffer, None)
+        if position > last_sample:
+            most = max(most, sum(live.values()))
+    return most
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 300), trips=st.integers(0, 40), steps=st.integers(1, 3), scan=st.booleans(),
+       passed_scan=st.booleans(), computed=st.booleans(), mem_pattern=st.booleans(), second_run=st.booleans())
+def test_the_peak_of_a_loop_by_arithmetic_is_the_peak_iteration_by_iteration(
+        n: int, trips: int, steps: int, scan: bool, passed_scan: bool, computed: bool, mem_pattern: bool,
+        second_run: bool) -> None:
+    # Past its first iterations every iteration allocates as the one before and keeps its scan outputs besides:
+    # replaying ITERATIONS_BEFORE_REPEAT iterations and working out the rest gives the peak that replaying every
+    # one gives, and the same bytes live once it has iterated (the other iterations' scan outputs as one block).
+    model = _loop_model(n, trips, steps, scan, computed, passed_scan)
+    traced: list[set[tuple[object, ...]]] = [set(), set()]
+    if second_run:  # a later run: the session traced the body's patterns in the first
+        for seen in traced:
+            _run(model, trips, seen, mem_pattern, replay_up_to=trips)
+    iterated = _run(model, trips, traced[0], mem_pattern, replay_up_to=trips)
+    worked_out = _run(model, trips, traced[1], mem_pattern, replay_up_to=ITERATIONS_BEFORE_REPEAT)
+    assert worked_out.sampled_peak == iterated.sampled_peak
+    assert _most_live_after_iterating(worked_out.events) == _most_live_after_iterating(iterated.events)
+    assert traced[0] == traced[1]
+
+
+@pytest.mark.parametrize("trips", [10**9, 2**62, 2**63 - 1])
+def test_a_trip_count_too_large_to_iterate_is_worked_out(trips: int) -> None:
+    # One scan output of 1 KiB a iteration: iterating would never end; by arithmetic the last iteration holds
+    # the scan outputs of all iterations before it besides what the fourth held.
+    n = 256
+    few = _run(_loop_model(n, 4, scan=True), 4, set(), replay_up_to=4)
+    run = _run(_loop_model(n, 4, scan=True), trips, set(), replay_up_to=4)
+    assert run.sampled_peak == few.sampled_peak + (trips - 4) * 4 * n
+    model = _loop_model(n, trips)  # the CLI's path: every stage, a named warning for the iterations summarized
+    codes = [w.code for w in analysis(model, {}).report.warnings]
+    assert "loop-iterations-summarized" in codes
 
 
 def test_the_trip_count_is_read_from_a_constant_and_unknown_from_a_graph_input() -> None:

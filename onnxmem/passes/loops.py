@@ -80,13 +80,17 @@ def _scalar(tensor: onnx.TensorProto | None) -> int | None:
 
 def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, traced: set[tuple[object, ...]],
              mem_pattern: bool = True, ids: Iterator[int] | None = None,
-             own_outputs: Sequence[int] | None = None) -> LoopRun:
+             own_outputs: Sequence[int] | None = None, replay_up_to: int | None = None) -> LoopRun:
     """Give the events of one run of the Loop `op` of `graph` for `trips` iterations (see the module's docstring).
 
     `traced`: the feed shapes whose body pattern the session holds, updated with those this run traces (the same
     set across runs); `mem_pattern`: whether the session's memory pattern is on; `ids`: fresh buffer ids (negative,
     unique across everything replayed on one arena); `own_outputs`: the Loop's outputs allocated in the arena
     (default: all; a later run places an intermediate output in the outer graph's pattern block instead).
+
+    The work does not grow with `trips`: at most `replay_up_to` iterations (default: replayed_iterations) are
+    replayed one by one; past them every iteration repeats the one before and keeps its scan outputs besides
+    (iteration_peak), so the peak is arithmetic and the scan outputs the other iterations keep are one block.
     """
     fresh = ids if ids is not None else itertools.count(-(1 << 59), -1)
     body = op.subgraphs[0]
@@ -99,6 +103,7 @@ def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, trace
     carried_in = tuple(graph.tensors[t].shape for t in op.inputs[2:] if t >= 0)
     carried_out = tuple(body.tensors[t].shape for t in body.outputs[1:1 + len(op.inputs[2:])])
     outputs = [t for t in op.outputs if t >= 0] if own_outputs is None else list(own_outputs)
+    replayed_count = min(trips, replayed_iterations(body) if replay_up_to is None else replay_up_to)
 
     events: list[Event] = []
     number, condition = next(fresh), next(fresh)
@@ -112,7 +117,10 @@ def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, trace
     kept: list[int | None] = []
     carried = len(op.inputs[2:])
     passed = _passed_through(body, timeline)
-    for iteration in range(trips):
+    peaks: list[int] = []  # the most bytes held at a sample of each iteration replayed
+    live = {number: ITERATION_SCALARS[0], condition: ITERATION_SCALARS[1]}  # the buffers held before each iteration
+    for iteration in range(replayed_count):
+        start = len(events)
         before = [*feeds, held_condition]
         if iteration:
             feeds, kept = fetches[:1 + carried], [*kept, *fetches[1 + carried:]]  # SaveOutputsAndUpdateFeeds
@@ -127,10 +135,50 @@ def loop_run(graph: ModelGraph, op: Op, trips: int, rules: InferenceRules, trace
         fetches = [feeds[passed[k] - 1] if i is None and passed[k] >= 1 else i for k, i in enumerate(made)]
         before_condition, held_condition = held_condition, fetches[0] if fetches else None
         events.extend(_released([before_condition], [*feeds, *fetches, held_condition, *kept]))
+        peaks.append(_held_at_samples(live, events[start:]))
+    skipped = []
+    if trips > replayed_count:  # the scan outputs the iterations not replayed keep, as one block
+        skipped = [next(fresh)]
+        events.append(("alloc", skipped[0], (trips - replayed_count) * _kept_per_iteration(peaks)))
     sizes = {t: graph.tensors[t].nbytes or 0 for t in outputs}
     events.extend(("alloc", t, sizes[t]) for t in op.outputs if t in sizes)
-    events.extend(_released([*feeds, *fetches, held_condition, *kept, number], []))
-    return LoopRun(tuple(events), _sampled_peak(events))
+    events.extend(_released([*feeds, *fetches, held_condition, *kept, number, *skipped], []))
+    return LoopRun(tuple(events), max((iteration_peak(peaks, k) for k in _peak_candidates(peaks, trips)), default=0))
+
+
+# Iterations 0 and 1 may trace the body's memory pattern (for the outer and for the carried shapes); from
+# iteration 2 on every iteration allocates as the one before, in the pattern's block where the session has it,
+# and keeps as many bytes more (its scan outputs): ITERATIONS_BEFORE_REPEAT replayed iterations show the line.
+ITERATIONS_BEFORE_REPEAT = 4
+# The most body steps replayed one by one for a Loop's run (iterations times the body's ops): the bound on the work
+# a trip count can cause; past it, loop-iterations-summarized.
+REPLAYED_BODY_STEPS = 1 << 16
+# The most iterations replayed one by one, whatever the body's size (every smaller trip count is exact in the arena)
+MOST_REPLAYED_ITERATIONS = 64
+
+
+def replayed_iterations(body: ModelGraph) -> int:
+    """Give how many iterations of a Loop whose body is `body` are replayed one by one (see loop_run)."""
+    return max(ITERATIONS_BEFORE_REPEAT, min(MOST_REPLAYED_ITERATIONS, REPLAYED_BODY_STEPS // max(len(body.ops), 1)))
+
+
+def iteration_peak(peaks: Sequence[int], iteration: int) -> int:
+    """Give the most bytes iteration `iteration` holds at a sample, from the peaks of the iterations replayed
+    (`peaks`, at least ITERATIONS_BEFORE_REPEAT of them where there are more iterations): an iteration past them
+    holds what the last one held and the scan outputs kept by the iterations between."""
+    if iteration < len(peaks):
+        return peaks[iteration]
+    return peaks[-1] + (iteration - len(peaks) + 1) * _kept_per_iteration(peaks)
+
+
+def _kept_per_iteration(peaks: Sequence[int]) -> int:
+    """Give the bytes each iteration past the replayed ones keeps (the growth of the last replayed iterations)."""
+    return max(peaks[-1] - peaks[-2], 0) if len(peaks) >= 2 else 0
+
+
+def _peak_candidates(peaks: Sequence[int], trips: int) -> list[int]:
+    """Give the iterations among which a run of `trips` iterations holds its most: those replayed and the last."""
+    return [*range(len(peaks)), *([trips - 1] if trips > len(peaks) else [])]
 
 
 def _frame(body: ModelGraph, timeline: Timeline, block: int | None, nbytes: Sequence[int],
@@ -205,8 +253,14 @@ def _passed_through(body: ModelGraph, timeline: Timeline) -> list[int]:
 
 def _sampled_peak(events: Sequence[Event]) -> int:
     """Give the most bytes live at a sample of `events`."""
-    live: dict[int, int] = {}
-    total = peak = 0
+    return _held_at_samples({}, events)
+
+
+def _held_at_samples(live: dict[int, int], events: Sequence[Event]) -> int:
+    """Give the most bytes live at a sample of `events`, `live` holding the buffers live before them (updated to
+    those live after)."""
+    total = sum(live.values())
+    peak = 0
     for kind, buffer, size in events:
         if kind == "alloc":
             live[buffer] = size
@@ -260,6 +314,12 @@ def loop_warnings(graph: ModelGraph, trips: Mapping[int, int]) -> list[Warning]:
                 f"({', '.join(unsized[:5])}{' ...' if len(unsized) > 5 else ''}) and count 0 bytes in each of its "
                 f"{trips[op.index]} iterations, "
                 "so its bytes are a lower bound")))
+        if op.index in trips and trips[op.index] > replayed_iterations(body):
+            warnings.append(Warning("loop-iterations-summarized", (
+                f"Loop node '{op.name}': of its {trips[op.index]:,} iterations the estimate replays the first "
+                f"{replayed_iterations(body)} one by one; every later one repeats the one before and keeps its scan "
+                "outputs, so its peak is worked out exactly, and the arena's held bytes count the scan outputs the "
+                "others keep as one block")))
         if op.index in trips and trips[op.index] > 0 and body.outputs and not _condition_passed(body):
             warnings.append(Warning("loop-may-stop-early", (
                 f"Loop node '{op.name}': its body computes its condition, so it may stop before its trip count "
