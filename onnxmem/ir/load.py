@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -21,6 +22,9 @@ from onnxmem.ir.modelcheck import all_initializers, check_model
 from onnxmem.shapes.rules import ONNX_DOMAIN_RULE_OPS
 from onnxmem.targets.ort.tables import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
 from onnxmem.views.report import Warning
+
+if TYPE_CHECKING:
+    from onnxmem.ir.graph import NodeFacts
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class LoadedModel:
     # the serialized model as it was read (protobuf, up to SERIALIZED_BYTES_KEPT): shape inference reads it as it
     # is where the model needs no preparation, instead of a copy serialized again (see shapes.infer_symbolic)
     data: bytes | None = dataclasses.field(default=None, repr=False)
+    # what the runtime's transforms that made this model say of its nodes (where they came from, where they run)
+    facts: NodeFacts | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -119,26 +125,36 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
     return LoadedModel(proto, path, found, nodes, kept)
 
 
-# The most bytes a model file may hold: protobuf's own limit on one serialized message (2 GiB). A file that is not
-# a regular file (a pipe, a device) is read up to this and no further.
-MAX_MODEL_BYTES = 2**31
+# The most bytes a model file may hold: protobuf parses no message of 2 GiB or more. A pipe is read up to this and
+# no further.
+MAX_MODEL_BYTES = 2**31 - 1
 _CHUNK_BYTES = 1 << 24
+# The longest a pipe may keep the reader waiting for its next bytes (one given as the model with no writer would
+# otherwise block for ever).
+PIPE_WAIT_S = 10.0
+_SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 
 def _read_bounded(path: Path, where: str, protobuf: bool) -> bytes:
-    """Give the file's bytes, reading at most MAX_MODEL_BYTES; a stream that is not a protobuf message (the
-    first fields that cannot be ONNX's, as /dev/zero's zeros) is refused as soon as that shows."""
+    """Give the file's bytes, reading at most MAX_MODEL_BYTES: a file's size is checked before it is opened, a
+    device, a socket or a directory is refused unopened, a pipe is read without ever waiting more than
+    PIPE_WAIT_S for bytes; a stream that is not a protobuf message (the first fields that cannot be ONNX's) is
+    refused as soon as that shows."""
     try:
-        with open(path, "rb", buffering=0) as file:
-            status = os.fstat(file.fileno())
-            if stat.S_ISREG(status.st_mode) and status.st_size > MAX_MODEL_BYTES:
-                raise ModelFileError(f"{where}: {status.st_size:,} bytes, more than the 2 GiB one protobuf message "
-                                     "can hold: not an ONNX model file (its weights may be meant as external data)")
+        _refuse_special(os.stat(path), where)  # (a stat opens nothing: nothing to block on)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with open(descriptor, "rb", buffering=0) as file:
+            status = os.fstat(descriptor)  # the file opened, which may not be the one stat saw
+            _refuse_special(status, where)
+            pipe = not stat.S_ISREG(status.st_mode)
             chunks: list[bytes] = []
             total = 0
             fields = _FieldWalk(where) if protobuf else None
-            first = status.st_size + 1 if stat.S_ISREG(status.st_mode) else _CHUNK_BYTES
+            first = _CHUNK_BYTES if pipe else status.st_size + 1
             while True:
+                if pipe:
+                    _wait_for_bytes(descriptor, where)
                 chunk = file.read(min(first if not chunks else _CHUNK_BYTES, MAX_MODEL_BYTES + 1 - total))
                 if not chunk:
                     break
@@ -147,11 +163,34 @@ def _read_bounded(path: Path, where: str, protobuf: bool) -> bytes:
                 if fields is not None:
                     fields.feed(chunk)
                 if total > MAX_MODEL_BYTES:
-                    raise ModelFileError(f"{where}: more than 2 GiB read (the most one protobuf message can hold) "
-                                         "without its end: not an ONNX model")
+                    raise ModelFileError(f"{where}: 2 GiB read (more than one protobuf message can hold) without "
+                                         "its end: not an ONNX model")
     except OSError as exc:
         raise ModelFileError(f"{where}: could not be read: {_one_line(exc)}") from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _refuse_special(status: os.stat_result, where: str) -> None:
+    """Raise where the file is no model file to read: a device, a socket, a directory, or a file too large."""
+    for test, kind in _SPECIAL_FILES:
+        if test(status.st_mode):
+            raise ModelFileError(f"{where}: not a valid ONNX model file: it is {kind}, not a regular file")
+    if stat.S_ISREG(status.st_mode) and status.st_size > MAX_MODEL_BYTES:
+        raise ModelFileError(f"{where}: {status.st_size:,} bytes, 2 GiB or more, which one protobuf message cannot "
+                             "hold: not an ONNX model file (its weights may be meant as external data)")
+
+
+def _wait_for_bytes(descriptor: int, where: str) -> None:
+    """Return when the pipe has bytes to read or its writer has closed it; raise after PIPE_WAIT_S without."""
+    import select
+
+    if not hasattr(select, "poll"):  # (Windows: no named pipes to open by path)
+        return
+    poller = select.poll()
+    poller.register(descriptor, select.POLLIN | select.POLLHUP)
+    if not poller.poll(int(PIPE_WAIT_S * 1000)):
+        raise ModelFileError(f"{where}: a pipe that gave no bytes for {PIPE_WAIT_S:g} s (no writer?): give the "
+                             "model as a file")
 
 
 class _FieldWalk:
