@@ -4,7 +4,8 @@ skip-done logic, the time budget and the child-process runner.
 A row is one JSON object on one line of rows.jsonl (schema in benchmarks/results/cuda/README.md). Every row has
 `schema`, `kind`, `key`, `case`, `time` and `error` (None when it succeeded); a measurement is done when a row with
 its key and no error exists (an error of kind "failed", a deterministic exception, counts as done too, so that a
-later window does not spend its minutes on it again; a timeout or a budget skip does not).
+later window does not spend its minutes on it again; a timeout, a crash, a budget skip or a part skipped for
+want of what it needs does not).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 MEASURE = Path(__file__).resolve().parent / "measure.py"
 
 # the parts in the order the campaign runs them: the most valuable data first
-PARTS = ("context", "training", "fit", "memtracker", "ort", "estimate")
-# error kinds that leave a measurement to be done again by a later window
-RETRY_ERRORS = ("timeout", "budget", "crashed")
+PARTS = ("context", "training", "fit", "ort", "memtracker", "estimate")
+# error kinds that leave a measurement to be done again by a later window (skipped: the part could not run here)
+RETRY_ERRORS = ("timeout", "budget", "crashed", "skipped")
 
 
 def now_iso() -> str:
@@ -199,6 +200,8 @@ def run_child(command: Sequence[str], timeout_s: float, env: dict[str, str] | No
     started = time.monotonic()
     with subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                           cwd=str(cwd) if cwd else None, start_new_session=True) as process:
+        with _ACTIVE_LOCK:
+            ACTIVE.add(process)
         try:
             output, _ = process.communicate(timeout=timeout_s)
             code: int | None = process.returncode
@@ -206,8 +209,26 @@ def run_child(command: Sequence[str], timeout_s: float, env: dict[str, str] | No
             _kill_group(process)
             output, _ = process.communicate()
             code = None
+        finally:
+            with _ACTIVE_LOCK:
+                ACTIVE.discard(process)
     text = output.decode("utf-8", errors="replace") if output else ""
     return ChildResult(code, time.monotonic() - started, text[-tail_chars:])
+
+
+# the children running now (each in its own session: killing the driver would not end them)
+ACTIVE: set[subprocess.Popen[bytes]] = set()
+_ACTIVE_LOCK = threading.Lock()
+
+
+def kill_active() -> int:
+    """Give the number of running children whose process groups were killed (the driver's last act when it is
+    stopped: a child in its own session would outlive it and hold the GPU)."""
+    with _ACTIVE_LOCK:
+        running = list(ACTIVE)
+    for process in running:
+        _kill_group(process)
+    return len(running)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

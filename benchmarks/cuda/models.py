@@ -65,15 +65,26 @@ class LogitsOnly(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """Give the logits of the model for its inputs (ids; or ids and decoder ids; or audio)."""
-        config = self.model.config
-        kwargs: dict[str, Any] = {"use_cache": False} if getattr(config, "use_cache", None) is not None else {}
-        if getattr(config, "is_encoder_decoder", False):
-            return self.model(input_ids=inputs[0], decoder_input_ids=inputs[1], **kwargs).logits
-        if getattr(config, "model_type", "") == "wav2vec2":
-            return self.model(input_values=inputs[0]).logits
-        return self.model(input_ids=inputs[0], **kwargs).logits
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Give the logits for the token ids."""
+        kwargs = {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}
+        return self.model(input_ids=ids, **kwargs).logits
+
+
+class Seq2SeqLogits(LogitsOnly):
+    """An encoder-decoder transformers model that returns its decoder's logits only."""
+
+    def forward(self, ids: torch.Tensor, decoder_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """Give the decoder's logits for the encoder's and the decoder's token ids."""
+        return self.model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False).logits
+
+
+class AudioLogits(LogitsOnly):
+    """A speech transformers model (raw audio in) that returns its per-frame logits only."""
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """Give the per-frame logits for the audio samples."""
+        return self.model(input_values=values).logits
 
 
 class TinyCNN(nn.Module):
@@ -142,6 +153,7 @@ def _timm(name: str, **kwargs: Any) -> Callable[[bool], nn.Module]:
 
 def _hf(kind: str) -> Callable[[bool], nn.Module]:
     def build(small: bool) -> nn.Module:
+        import_vision()  # transformers imports torchvision when it is installed
         import transformers as tf
 
         d, layers, heads, vocab = (32, 1, 2, DRY_VOCAB) if small else (256, 4, 8, VOCAB)
@@ -151,8 +163,8 @@ def _hf(kind: str) -> Callable[[bool], nn.Module]:
                 num_hidden_layers=layers, hidden_size=d, intermediate_size=4 * d, num_attention_heads=heads,
                 max_position_embeddings=512, num_labels=10, **common)))
         if kind == "gpt2":
-            return LogitsOnly(tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=layers, n_embd=d, n_head=heads,
-                                                               n_positions=512, **common)))
+            return LogitsOnly(tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_positions=512,
+                                                               bos_token_id=0, eos_token_id=0, **common)))
         if kind == "llama":  # grouped-query attention: 8 heads share 2 key/value heads
             return LogitsOnly(tf.LlamaForCausalLM(tf.LlamaConfig(
                 num_hidden_layers=layers, hidden_size=d, intermediate_size=(8 * d) // 3, num_attention_heads=heads,
@@ -163,13 +175,13 @@ def _hf(kind: str) -> Callable[[bool], nn.Module]:
                 num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), num_local_experts=4,
                 num_experts_per_tok=2, max_position_embeddings=512, **common)))
         if kind == "t5":
-            return LogitsOnly(tf.T5ForConditionalGeneration(tf.T5Config(
+            return Seq2SeqLogits(tf.T5ForConditionalGeneration(tf.T5Config(
                 d_model=d, d_kv=d // heads, d_ff=4 * d, num_layers=max(1, layers // 2),
                 num_decoder_layers=max(1, layers // 2), num_heads=heads, decoder_start_token_id=0, **common)))
         if kind == "wav2vec2":  # speech: a convolutional feature encoder on raw audio, then a transformer
             conv = (32, 32, 32) if small else (256, 256, 256, 256, 256)
             kernel, stride = ((10, 3, 2), (5, 2, 2)) if small else ((10, 3, 3, 3, 2), (5, 2, 2, 2, 2))
-            return LogitsOnly(tf.Wav2Vec2ForCTC(tf.Wav2Vec2Config(
+            return AudioLogits(tf.Wav2Vec2ForCTC(tf.Wav2Vec2Config(
                 hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * d,
                 conv_dim=conv, conv_kernel=kernel, conv_stride=stride, num_conv_pos_embeddings=16,
                 num_conv_pos_embedding_groups=2, mask_time_prob=0.0, layerdrop=0.0, vocab_size=32)))
@@ -195,8 +207,9 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("llama_gqa", "decoder-gqa", _hf("llama"), _ids(256, 16), _vocab, ("model.lm_head.*",), 8, per_token=True),
     Spec("mixtral_moe", "decoder-moe", _hf("mixtral"), _ids(128, 16), _vocab, ("model.lm_head.*",), 8,
          per_token=True),
-    Spec("t5", "encoder-decoder", _hf("t5"), _ids(128, 16, decoder=True), _vocab, ("model.lm_head.*",), 8,
-         per_token=True),
+    # T5 ties its head to the shared embedding: the frozen variant trains the decoder's blocks
+    Spec("t5", "encoder-decoder", _hf("t5"), _ids(128, 16, decoder=True), _vocab,
+         ("model.decoder.block.*", "model.decoder.final_layer_norm.*"), 8, per_token=True),
     Spec("wav2vec2", "speech", _hf("wav2vec2"), _audio(16000, 400), lambda small: 32, ("model.lm_head.*",), 4,
          per_token=True),
 )}
