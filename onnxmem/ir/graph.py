@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,10 +20,9 @@ if TYPE_CHECKING:
     import networkx as nx
 
 WEIGHT, INPUT, ACTIVATION, OUTPUT, OUTER = "weight", "input", "activation", "output", "outer"
-# A tensor onnxruntime keeps in host memory while the model runs on a device (the CUDA provider's CPU nodes' outputs
-# and its MemcpyToHost copies: cuda_placement): no device buffer, so liveness does not count it.
+# A tensor onnxruntime keeps in host memory while the model runs on a device (the outputs of an op placed off the
+# device: Op.placement): no device buffer, so liveness does not count it.
 HOST = "host"
-HOST_KEY = "onnxmem.device"  # the node metadata cuda_placement marks such nodes with
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training")
 # Domains whose operators onnxruntime implements; ONNX's schema registry does not know them.
 _RUNTIME_DOMAINS = (
@@ -44,6 +44,49 @@ class Tensor:
     consumers: list[int] = field(default_factory=list)  # op indices, implicit (subgraph) reads included
 
 
+class Origin(enum.Enum):
+    """Where an op came from: the model, or a change the runtime makes to it before it runs it."""
+
+    MODEL = "model"  # a node of the model as given
+    DUPLICATED = "duplicated"  # a copy the runtime made of a model node (onnxruntime's unique DequantizeLinear)
+    INLINED = "inlined"  # a node of a function body the runtime inlined in place of its call
+    INSERTED = "inserted"  # a node the runtime inserted (the CPU provider's Casts, the CUDA provider's Memcpy)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """An op's origin, and where the runtime added it, its rank among the ops of that origin: the order in which
+    it numbers them (its node indices, which its execution order compares: schedule.ort_order)."""
+
+    origin: Origin
+    rank: int = 0
+
+
+MODEL_NODE = Provenance(Origin.MODEL)
+INSERTED_NODE = Provenance(Origin.INSERTED)  # (onnxruntime indexes the nodes it inserts in graph order: no rank)
+
+
+class Placement(enum.Enum):
+    """Where an op runs, and where its outputs are."""
+
+    DEVICE = "device"  # on the provider's device, its outputs in device memory
+    HOST = "host"  # on the host (a node a device provider leaves to the CPU): its outputs in host memory
+    HOST_OUTPUTS = "host outputs"  # on the device, its outputs in host memory (Shape, Size, MemcpyToHost)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the transforms that made a model say of its main graph's nodes, by node position: the provenance of
+    each node not of the model as given, and the placement of each node not on the device (a node absent from
+    either: MODEL_NODE, Placement.DEVICE). build_graph gives them to the ops (Op.provenance, Op.placement)."""
+
+    provenance: Mapping[int, Provenance] = field(default_factory=dict)
+    placement: Mapping[int, Placement] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.provenance) or bool(self.placement)
+
+
 @dataclass(slots=True)
 class Op:
     """An operator node, with the tensors it reads and writes as indices into ModelGraph.tensors."""
@@ -60,6 +103,8 @@ class Op:
     # the PyTorch op this node was exported from, "<aten target> <fx node> <argument tensors...>" (the dynamo
     # exporter's pkg.torch.onnx.fx_node metadata), or "": nodes sharing it are one ATen op decomposed
     origin: str = ""
+    provenance: Provenance = MODEL_NODE  # where it came from (the transform that made it says: NodeFacts)
+    placement: Placement = Placement.DEVICE  # where it runs (ditto)
 
 
 class ModelGraph:
@@ -144,13 +189,15 @@ class ModelGraph:
 
 
 def build_graph(model: onnx.ModelProto, types: Mapping[str, TensorType] | None = None,
-                metadata: bool = True) -> ModelGraph:
+                metadata: bool = True, facts: NodeFacts | None = None) -> ModelGraph:
     """Give the graph of a model, sized by the type of each tensor that inference found (unsized without
     `types`: the wiring alone, to size later with ModelGraph.set_types). `metadata` False: the caller knows no
-    node has metadata naming its layer (see load.NodeKinds), which is then not read."""
+    node has metadata naming its layer (see load.NodeKinds), which is then not read. `facts`: what the transforms
+    that made the model say of its main graph's nodes (their ops' provenance and placement; the outputs of an op
+    placed off the device are HOST tensors)."""
     types = {} if types is None else types
     known_ops = _known_functions(model)
-    graph = _Builder(types, known_ops, metadata).build(model.graph, outer=frozenset())
+    graph = _Builder(types, known_ops, metadata).build(model.graph, outer=frozenset(), facts=facts or None)
     graph.properties = {prop.key: prop.value for prop in (*model.metadata_props, *model.graph.metadata_props)}
     return graph
 
@@ -166,7 +213,7 @@ class _Builder:
         self.metadata = metadata
         self.known: dict[tuple[str, str] | str, bool] = {}  # by (domain, op type); by op type in domain ''
 
-    def build(self, graph: GraphProto, outer: frozenset[str]) -> ModelGraph:
+    def build(self, graph: GraphProto, outer: frozenset[str], facts: NodeFacts | None = None) -> ModelGraph:
         tensors: list[Tensor] = []
         index: dict[str, int] = {}
         warnings: list[Warning] = []
@@ -198,6 +245,9 @@ class _Builder:
         index_get = index.get
         make_tensor, make_op = Tensor, Op
         scope: frozenset[str] | None = None  # names a subgraph may read; built at the first subgraph
+        provenance_of = facts.provenance.get if facts is not None else None
+        placement_of = facts.placement.get if facts is not None else None
+        provenance, placement, device = MODEL_NODE, Placement.DEVICE, Placement.DEVICE
         for position, node in enumerate(graph.node):
             op_type, domain = node.op_type, node.domain
             name = node.name or f"{op_type}_{position}"
@@ -228,8 +278,11 @@ class _Builder:
                             if index[t.name] not in implicit:
                                 implicit.append(index[t.name])
             kind = WEIGHT if op_type == "Constant" and domain in ("", "ai.onnx") else ACTIVATION
-            if metadata and len(node.metadata_props) and any(p.key == HOST_KEY for p in node.metadata_props):
-                kind = HOST
+            if provenance_of is not None and placement_of is not None:
+                provenance = provenance_of(position, MODEL_NODE)
+                placement = placement_of(position, device)
+                if placement is not device:
+                    kind = HOST
             op_outputs = []
             for oname in node.output[:]:  # (a slice is a list made at once: twice as fast as iterating the field)
                 if not oname:
@@ -258,7 +311,7 @@ class _Builder:
                 layer = (head if head.strip("/") else "") if rest else _scope_of(name)
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
-                               tuple(implicit) if implicit else (), subgraphs, layer, origin))
+                               tuple(implicit) if implicit else (), subgraphs, layer, origin, provenance, placement))
             operator = op_type if not domain else (domain, op_type)  # (ONNX's domain '': by op type alone)
             is_known = known.get(operator)
             if is_known is None:

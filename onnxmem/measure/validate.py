@@ -32,6 +32,7 @@ from onnxmem.targets.ort import ExecutionProvider, execution_provider
 from onnxmem.targets.ort.arena import arena_weight_bytes, session_held_bytes
 from onnxmem.targets.ort.planner import infer_symbolic
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
+from onnxmem.targets.ort.saved import saved_graph_facts
 from onnxmem.views.report import Warning, plain
 
 SCHEMA = "onnxmem.validate/1"
@@ -133,7 +134,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     measured = target.measure(source, feeds, opt_level=opt_level, runs=runs, mem_pattern=mem_pattern)
     ran = measured.optimized_model if measured.optimized_model is not None else loaded.proto
     ran_sized = bind_and_infer(ran, _dims_of(ran, sized.dims))
-    graph = build_graph(ran, ran_sized.types)
+    graph = build_graph(ran, ran_sized.types, facts=saved_graph_facts(ran))  # (the nodes onnxruntime added)
     unnamed = {i for i, node in enumerate(ran.graph.node) if not node.name}
     order = ran_order(graph, measured.execution_order, unnamed) if measured.execution_order else []
     taken = take_ran_branches(graph, measured.execution_order)

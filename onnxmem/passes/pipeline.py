@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnxmem.ir.dtypes import dtype_name
-from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Tensor, build_graph
+from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph
 from onnxmem.ir.load import LoadedModel, load_model
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
@@ -34,6 +34,27 @@ _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
 Model = str | os.PathLike[str] | onnx.ModelProto | LoadedModel
 
 
+class Schedules:
+    """A cache, for one wiring (its ops), of the size-free part of the passes after sizing: per order name, the
+    order and its lifetimes (liveness.lifetimes), made at the first call that needs them. Its owner is the caller
+    that sizes one wiring at many dims (fit's family: plan.family.ModelFamily), which gives it to each Sizing it
+    makes (Sizing.schedules); a Sizing of another wiring is scheduled without it."""
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self._ops = ops
+        self._made: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = {}
+
+    def schedule(self, graph: ModelGraph, order: str, rules: InferenceRules) -> tuple[Sequence[int], Lifetimes]:
+        """Give the order of this name on the graph, and its lifetimes (each made once per order and rules)."""
+        found = self._made.get(order) if graph.ops is self._ops else None
+        if found is None or found[0] is not rules:
+            made = execution_order(graph, order, rules)
+            found = (rules, made, lifetimes(graph, made, rules))
+            if graph.ops is self._ops:
+                self._made[order] = found
+        return found[1], found[2]
+
+
 @dataclass(frozen=True)
 class Sizing:
     """The passes up to sizing: the model's graph sized at its bound dims, and the shapes onnxruntime's planner
@@ -48,14 +69,12 @@ class Sizing:
     symbolic: Mapping[str, TensorType] | None  # the planner types (to size the graph at other dims)
     free: tuple[InputDim, ...]  # the model's free input dims
     default_dim: int | None
-    # a memo: per order name, the rules, the order and the size-free part of liveness (lifetimes) of this wiring,
-    # made by the first after_sizing that needs them (shared by Sizings of the same wiring: see dataclasses.replace)
     provider: ExecutionProvider = execution_provider(DEFAULT_PROVIDER)
     # the model as given, where onnxruntime's changes made another (its QDQ copies, the CPU provider's Casts, the CUDA
     # provider's placement): a training step (PyTorch's, not onnxruntime's) reads this one
     given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
-    schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = dataclasses.field(
-        default_factory=dict, compare=False, repr=False)
+    # the cache of orders its maker owns for Sizings of this wiring (see Schedules): None where it has none
+    schedules: Schedules | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,7 @@ def _graph(run: PipelineRun) -> None:
     assert loaded is not None
     if run.free is None:
         run.free = input_dims(loaded.proto)  # (a KV cache has thousands of inputs: read once)
-    run.graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata)
+    run.graph = build_graph(loaded.proto, metadata=loaded.nodes is None or loaded.nodes.metadata, facts=loaded.facts)
 
 
 def _planner_types(run: PipelineRun) -> None:
@@ -208,11 +227,11 @@ def _order(run: PipelineRun) -> None:
     assert sized is not None
     rules, graph = run.buffer_rules, sized.graph
     if isinstance(order, str) and order not in SIZE_DEPENDENT_ORDERS:
-        memo = sized.schedules.get(order)
-        if memo is None or memo[0] is not rules:
-            made = execution_order(graph, order, rules)
-            memo = sized.schedules[order] = (rules, made, lifetimes(graph, made, rules))
-        run.steps, run.prepared = memo[1], memo[2]
+        if sized.schedules is not None:
+            run.steps, run.prepared = sized.schedules.schedule(graph, order, rules)
+        else:
+            steps = run.steps = execution_order(graph, order, rules)
+            run.prepared = lifetimes(graph, steps, rules)
     else:
         run.steps, run.prepared = execution_order(graph, order, rules), None
 
@@ -245,12 +264,14 @@ def _training(run: PipelineRun) -> None:
 
     # Gradient accumulation: a micro-step's activations are those of the micro-batch. The step is PyTorch's:
     # it reads the model as given, not as onnxruntime changes it to run it, with the measured rules.
-    proto = (sized.given or sized.loaded).proto
+    source = sized.given or sized.loaded
+    proto = source.proto
     micro = micro_batch_dims(proto, dict(sized.dims), training)
     training_graph = sized.graph
     if micro != sized.dims or sized.given is not None:
         training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
-                                                           symbolic=sized.symbolic, free=list(sized.free)).types)
+                                                           symbolic=sized.symbolic, free=list(sized.free)).types,
+                                     facts=source.facts)
     # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
     # of that order (the engine runs the ready function made last first), whatever order inference assumes
     result = training_memory(training_graph, execution_order(training_graph, "model", run.rules), training)

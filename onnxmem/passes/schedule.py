@@ -6,11 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onnxmem.errors import ModelFileError
-from onnxmem.ir.graph import ModelGraph
-from onnxmem.targets.ort.cpu.float16 import INSERTED_CAST_PREFIX
-from onnxmem.targets.ort.cpu.inline import INLINED_NODE_PREFIX, inlined_node_rank
-from onnxmem.targets.ort.cuda.placement import MEMCPY_OPS, MEMCPY_PREFIX
-from onnxmem.targets.ort.qdq import DUPLICATED_SUFFIX
+from onnxmem.ir.graph import MODEL_NODE, ModelGraph, Origin
 
 
 def model_order(graph: ModelGraph) -> list[int]:
@@ -69,38 +65,36 @@ def ort_order(graph: ModelGraph) -> list[int]:
     comparing node indices: the last leaf's inputs are explored first, the highest-index input first, and an op
     is emitted after all of its inputs (docs/ort-memory-planner.md; it matched onnxruntime 1.32 on 19 graphs).
     Constant nodes become initializers before onnxruntime indexes the rest; they run first here, costing nothing.
-    The DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the nodes of the
-    function bodies onnxruntime's partitioner inlines (transforms.INLINED_NODE_PREFIX: in the order it inlined
-    them), then the Casts onnxruntime's CPU provider inserts (named as its InsertCastTransformer names them, as
-    transforms.cpu_float16_casts does) and the Memcpy nodes its MemcpyTransformer inserts (cuda_placement) are
-    indexed after every node of the model, in the order they were added (the duplicates: in the order of the
-    DequantizeLinear they copy, file order standing for onnxruntime's topological order there, then of their
-    readers).
+    The nodes onnxruntime adds (Op.provenance, as the provider's transforms say) are indexed after every node of
+    the model: the DequantizeLinear duplicates of EnsureUniqueDQForNodeUnit (qdq.unique_dequantize), then the nodes
+    of the function bodies its partitioner inlines, then the Casts its CPU provider inserts and the Memcpy nodes
+    its MemcpyTransformer inserts, each in the order it added them (their provenance's rank; the inserted ones:
+    in graph order).
     """
     ops = graph.ops
-    # one pass over the ops: the Constants, the nodes onnxruntime inserts and the DequantizeLinear duplicates
+    # one pass over the ops: the Constants and the nodes onnxruntime adds
     constants: list[int] = []
     inserted: list[int] = []
-    duplicates: list[int] = []
-    inlined: list[tuple[int, int]] = []  # (its index among the inlined nodes, op)
+    duplicates: list[tuple[int, int]] = []  # (its rank among the duplicates, op)
+    inlined: list[tuple[int, int]] = []  # (its rank among the inlined nodes, op)
     for op in ops:
-        op_type = op.op_type
-        if op_type == "Constant" and op.domain in ("", "ai.onnx"):
+        if op.op_type == "Constant" and op.domain in ("", "ai.onnx"):
             constants.append(op.index)
-        elif (op_type == "Cast" and op.name.startswith(INSERTED_CAST_PREFIX)) or \
-                (op_type in MEMCPY_OPS and op.name.startswith(MEMCPY_PREFIX)):
+            continue
+        provenance = op.provenance
+        if provenance is MODEL_NODE:  # (most ops: one identity test)
+            continue
+        origin = provenance.origin
+        if origin is Origin.INSERTED:
             inserted.append(op.index)
-        elif op_type == "DequantizeLinear" and DUPLICATED_SUFFIX in op.name:
-            duplicates.append(op.index)
-        elif op.name.startswith(INLINED_NODE_PREFIX) and (seq := inlined_node_rank(op.name)) is not None:
-            inlined.append((seq, op.index))  # (the call only for such names: a graph may have 100k others)
+        elif origin is Origin.DUPLICATED:
+            duplicates.append((provenance.rank, op.index))
+        elif origin is Origin.INLINED:
+            inlined.append((provenance.rank, op.index))
     skip = set(constants)
-    if duplicates:
-        by_name = {op.name: op.index for op in ops}
-        duplicates.sort(key=lambda i: (by_name.get(ops[i].name.split(DUPLICATED_SUFFIX)[0], i), i))
     # onnxruntime's node indices, up to order: the model's nodes, then the DequantizeLinear duplicates, the nodes
     # of inlined function bodies (in the order they were inlined) and the inserted nodes
-    added = duplicates + [op for _, op in sorted(inlined)] + inserted
+    added = [op for _, op in sorted(duplicates)] + [op for _, op in sorted(inlined)] + inserted
     rank: list[int] | None = None  # onnxruntime's node index, where it is not the op's own
     if added:
         rank = list(range(len(ops)))

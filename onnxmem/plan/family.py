@@ -27,11 +27,12 @@ from onnxmem.ir.dtypes import element_bits, tensor_bytes
 from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
 from onnxmem.ir.load import LoadedModel
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
-from onnxmem.passes.liveness import Lifetimes, Timeline, live_bytes
+from onnxmem.passes.liveness import Timeline, live_bytes
 from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import (
     Analysis,
     PipelineRun,
+    Schedules,
     Sizing,
     after_sizing,
     analysis,
@@ -43,7 +44,7 @@ from onnxmem.passes.pipeline import (
 from onnxmem.shapes.dims import InputDim, bind_dims, input_dims
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
-from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.views.report import Report, Warning
 
 # Small primes: unlikely to equal a constant of the model. Where two shapes happen to coincide at a probe (16 and
@@ -65,7 +66,7 @@ class _Template:
     weights_bytes: int
     input_polys: list[Poly]  # bytes of each graph input as a polynomial of the value
     size_warnings: list[Warning]  # the activations the plan could not size (the same at every value)
-    schedules: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]]  # the Sizings' memo (see analyze.Sizing)
+    schedules: Schedules  # the orders of its graph's wiring, shared by the Sizings made from it
     timeline: Timeline  # at the first probe: its buffer plan and lifetimes hold at every value where plan_holds
 
     def plan_holds(self, value: int) -> bool:
@@ -194,6 +195,9 @@ class ModelFamily:
                 return None
             dims.append(affine)
         plan_shapes = None if first.plan_shapes is None else list(first.plan_shapes)
+        # the orders of this wiring, made once for every value (the first here)
+        schedules = Schedules(graph.ops)
+        run.sized = dataclasses.replace(first, schedules=schedules)
         run_stages(run, "order", "liveness")
         timeline = run.timeline
         assert timeline is not None
@@ -218,7 +222,7 @@ class ModelFamily:
         inputs = [p for t, p in zip(graph.tensors, polys, strict=True) if t.kind == INPUT and p is not None]
         template = _Template(graph, dims, _frontier(_step_polys(timeline, polys)), list(first.warnings),
                              signatures, plan_shapes, weights, inputs, size_warnings(graph, timeline),
-                             first.schedules, timeline)
+                             schedules, timeline)
         return template if all(template.plan_holds(p) for p in probes) else False
 
     def arena_inputs(self, value: int) -> tuple[ModelGraph, Timeline, list[int | None] | None,
@@ -268,7 +272,8 @@ class ModelFamily:
         sized = sizing(self.loaded, self._binding(value), default_dim=self.options.get("default_dim"),
                        rules=self.options.get("rules", DEFAULT_INFERENCE_RULES),
                        provider=self.provider)
-        return sized if self._given is None else dataclasses.replace(sized, given=self._given)
+        # (its orders are shared by the analyses fit makes of it: its what-ifs)
+        return dataclasses.replace(sized, given=self._given or sized.given, schedules=Schedules(sized.graph.ops))
 
     def _exact_analysis(self, value: int) -> Analysis:
         """Give the full analysis at `value` (analyze.analysis's, its inference redone)."""

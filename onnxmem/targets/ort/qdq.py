@@ -14,11 +14,13 @@ from collections.abc import Iterable
 import onnx
 from onnx import ModelProto
 
+from onnxmem.ir.graph import NodeFacts, Origin, Placement, Provenance
 from onnxmem.ir.load import LoadedModel
 
 # onnxruntime names a duplicate after the DequantizeLinear it copies ("<name>/duplicated", its output
 # "<output>/duplicated"); onnxruntime adds the duplicates after the model's nodes, so their node indices come after
-# every other's: its execution order ranks them so (schedule.ort_order).
+# every other's: the transform gives each the provenance DUPLICATED, ranked in the order onnxruntime indexes them
+# (that of the DequantizeLinear it copies, then its own), which its execution order follows (schedule.ort_order).
 DUPLICATED_SUFFIX = "/duplicated"
 DQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
@@ -30,7 +32,8 @@ def unique_dequantize(loaded: LoadedModel) -> LoadedModel | None:
     Per DequantizeLinear of the main graph, one edge per (reader, input position): the first reader keeps the
     original and each other edge gets a duplicate; where the original's output is a graph output or a subgraph
     reads it, every same-graph edge gets a duplicate and the original stays for those. A duplicate is placed just
-    before its reader (the file stays in topological order)."""
+    before its reader (the file stays in topological order). The model's facts (LoadedModel.facts) follow its
+    nodes; each duplicate is DUPLICATED."""
     if loaded.data is not None and b"DequantizeLinear" not in loaded.data:
         return None  # (the file as read names no such operator: a search of its bytes, not a walk of its nodes)
     graph = loaded.proto.graph
@@ -42,7 +45,7 @@ def unique_dequantize(loaded: LoadedModel) -> LoadedModel | None:
         return None
     taken: set[str] = {n.name for n in nodes} | {o for n in nodes for o in n.output} | \
         {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    before: dict[int, list[onnx.NodeProto]] = {}  # reader's position -> the duplicates placed before it
+    before: dict[int, list[tuple[int, onnx.NodeProto]]] = {}  # reader's position -> (DQ, duplicate) placed before it
     renamed: dict[tuple[int, int], str] = {}  # (reader, input position) -> the duplicate's output
     for dq_index, edges in shared:
         original = nodes[dq_index]
@@ -54,11 +57,23 @@ def unique_dequantize(loaded: LoadedModel) -> LoadedModel | None:
             copy.name = name
             del copy.output[:]
             copy.output.append(output)
-            before.setdefault(reader, []).append(copy)
+            before.setdefault(reader, []).append((dq_index if original.name else -1, copy))
             renamed[(reader, position)] = output
+    facts = loaded.facts or NodeFacts()
+    provenance: dict[int, Provenance] = {}
+    placement: dict[int, Placement] = {}
+    moved = [0] * len(nodes)  # per node: its position in the new graph
+    copies: list[tuple[int, int]] = []  # (the named DequantizeLinear it copies or -1, position) per duplicate
     out_nodes: list[onnx.NodeProto] = []
     for i, node in enumerate(nodes):
-        out_nodes.extend(before.get(i, ()))
+        for dq_index, duplicate in before.get(i, ()):
+            copies.append((dq_index, len(out_nodes)))
+            out_nodes.append(duplicate)
+        moved[i] = len(out_nodes)
+        if i in facts.provenance:
+            provenance[moved[i]] = facts.provenance[i]
+        if i in facts.placement:
+            placement[moved[i]] = facts.placement[i]
         if not any((i, j) in renamed for j in range(len(node.input))):
             out_nodes.append(node)
             continue
@@ -68,11 +83,18 @@ def unique_dequantize(loaded: LoadedModel) -> LoadedModel | None:
             if (i, j) in renamed:
                 copy.input[j] = renamed[(i, j)]
         out_nodes.append(copy)
+    # onnxruntime indexes the duplicates in the order of the DequantizeLinear they copy (an unnamed one's: in their
+    # own), after any made before
+    first = 1 + max((p.rank for p in provenance.values() if p.origin is Origin.DUPLICATED), default=-1)
+    ordered = sorted((moved[dq] if dq >= 0 else position, position) for dq, position in copies)
+    for rank, (_, position) in enumerate(ordered, start=first):
+        provenance[position] = Provenance(Origin.DUPLICATED, rank)
     changed = ModelProto()
     changed.CopyFrom(loaded.proto)
     del changed.graph.node[:]
     changed.graph.node.extend(out_nodes)
-    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
+    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None,
+                               facts=NodeFacts(provenance, placement))
 
 
 def _shared_dequantize(nodes: list[onnx.NodeProto], graph_outputs: set[str], subgraph_reads: set[str]) -> \

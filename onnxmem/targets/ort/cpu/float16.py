@@ -11,6 +11,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
+from onnxmem.ir.graph import INSERTED_NODE, NodeFacts, Origin, Placement, Provenance
 from onnxmem.ir.load import LoadedModel, model_shell
 from onnxmem.ir.tensor_types import Dim, TensorType, decode_type
 from onnxmem.targets.ort.cpu.inline import NodeMemo, holds_graph, infer_node, inline_functions
@@ -19,7 +20,8 @@ from onnxmem.targets.ort.planner import declared_dim_names, runtime_view
 
 # The name onnxruntime's InsertCastTransformer gives the Casts it adds (AddCastNode: "InsertedPrecisionFreeCast_"
 # and the cast tensor's name); the transform names its Casts so. Onnxruntime adds them after the model's nodes,
-# so their node indices come after every other's: its execution order ranks them so (schedule.ort_order).
+# so their node indices come after every other's: the transform gives them the provenance INSERTED, which its
+# execution order ranks so (schedule.ort_order).
 INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
 # Initializers up to this many elements are read by the provider transform's shape inference (axes, shapes).
 _INFERENCE_VALUES_UP_TO = 64
@@ -42,7 +44,8 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     model's own Casts (_without_duplicate_casts). A converted node's float32 output is declared with the shape
     onnxruntime first infers for it (_first_output_shapes), which its planner compares. None where no operator
     needs a Cast. `types`: the model's tensor types (planner.infer_symbolic). The main graph only: a subgraph's
-    nodes are left as they are (the caller says so)."""
+    nodes are left as they are (the caller says so). The model's facts (LoadedModel.facts) follow its nodes; the
+    bodies' nodes are INLINED (ranked in the order inlined), the Casts INSERTED."""
     model = loaded.proto
     graph = model.graph
     versions = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
@@ -116,12 +119,20 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     float_types: dict[tuple[Dim, ...], onnx.TypeProto] = {}  # (see _float_value)
     out_rank: list[int] = []  # per node: onnxruntime's node index, up to order (the inserted Casts after all)
     inserted_rank = len(nodes) if inlined is None else max(inlined.rank, default=0) + 1
+    facts = loaded.facts or NodeFacts()
+    originals = len(graph.node)  # (a rank below: the model's node at that position; above: an inlined one)
+    out_facts: list[tuple[Provenance | None, Placement | None]] = []  # per node: its facts, where not the defaults
 
     def add(node: onnx.NodeProto, rank: int | None = None) -> None:
         nonlocal inserted_rank
         out_nodes.append(node)
         if rank is None:
             rank, inserted_rank = inserted_rank, inserted_rank + 1
+            out_facts.append((INSERTED_NODE, None))
+        elif rank < originals:
+            out_facts.append((facts.provenance.get(rank), facts.placement.get(rank)))
+        else:
+            out_facts.append((Provenance(Origin.INLINED, rank - originals), None))
         out_rank.append(rank)
 
     for i, node in enumerate(nodes):
@@ -167,7 +178,16 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
     def dtype(name: str) -> int:
         return TensorProto.FLOAT if name in as_float else known.get(name, (0, None, None))[0]
 
-    out_nodes = _without_duplicate_casts(out_nodes, out_rank, dtype, outputs)
+    kept = _without_duplicate_casts(out_nodes, out_rank, dtype, outputs)
+    out_nodes = [out_nodes[i] for i in kept]
+    provenance: dict[int, Provenance] = {}
+    placement: dict[int, Placement] = {}
+    for position, i in enumerate(kept):
+        made, where = out_facts[i]
+        if made is not None:
+            provenance[position] = made
+        if where is not None:
+            placement[position] = where
     changed = ModelProto()
     changed.CopyFrom(model_shell(model))
     changed.graph.CopyFrom(_without_nodes(graph))
@@ -175,7 +195,7 @@ def cpu_float16_casts(loaded: LoadedModel, types: Mapping[str, TensorType]) -> L
         changed.graph.initializer.extend(inlined.initializers)
     changed.graph.value_info.extend(twins)
     changed.graph.node.extend(out_nodes)
-    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
+    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None, facts=NodeFacts(provenance, placement))
 
 
 def inserted_cast_count(model: ModelProto) -> tuple[int, list[str]]:
@@ -289,10 +309,11 @@ _CAST_TYPE_GROUP: dict[int, int] = {
 
 
 def _without_duplicate_casts(nodes: list[onnx.NodeProto], rank: Sequence[int], dtype: Callable[[str], int],
-                             outputs: Container[str]) -> list[onnx.NodeProto]:
-    """Give the nodes after onnxruntime's RemoveDuplicateCastTransformer (insert_cast_transformer.cc), which runs
-    after the Casts go in: walking the Casts in node index order (`rank`), a Cast's reader that is a Cast back to
-    its input's type (not making a graph output) goes, its readers reading the first Cast's input; the first Cast
+                             outputs: Container[str]) -> list[int]:
+    """Give the positions of the nodes kept (their inputs rewired) after onnxruntime's
+    RemoveDuplicateCastTransformer (insert_cast_transformer.cc), which runs after the Casts go in: walking the
+    Casts in node index order (`rank`), a Cast's reader that is a Cast back to its input's type (not making a
+    graph output) goes, its readers reading the first Cast's input; the first Cast
     goes too where Casts were all its readers and it makes no graph output (the Casts kept then read its input).
     A Cast to a lower type group followed by one to a higher group is left alone (a real loss of precision). The
     net effect on the inserted Casts is already in cpu_float16_casts; this drops the pairs a model's own Cast
@@ -332,7 +353,7 @@ def _without_duplicate_casts(nodes: list[onnx.NodeProto], rank: Sequence[int], d
             gone.add(i)
             source[first_out] = first_in
     if not gone:
-        return nodes
+        return list(range(len(nodes)))
     kept = []
     for i, node in enumerate(nodes):
         if i in gone:
@@ -340,7 +361,7 @@ def _without_duplicate_casts(nodes: list[onnx.NodeProto], rank: Sequence[int], d
         for j, name in enumerate(node.input):
             node.input[j] = read(name)
         _rename_subgraph_reads(node, read)
-        kept.append(node)
+        kept.append(i)
     return kept
 
 

@@ -2,8 +2,9 @@
 subgraphs GetCpuPreferredNodes hands back) and the Memcpy nodes MemcpyTransformer inserts between the two memories
 (rules.cuda says where each rule comes from). Taken from onnxruntime's source, not measured: no GPU was available.
 
-The transform marks every node that runs on the CPU with node metadata (HOST_KEY); graph.build_graph gives their
-outputs, and the MemcpyToHost copies, the kind HOST, which liveness does not count as device bytes."""
+The transform says where each node runs (LoadedModel.facts: Placement.HOST for a node on the CPU, HOST_OUTPUTS for a
+device node that writes host memory, the MemcpyToHost copies included; the copies are INSERTED): graph.build_graph
+gives their ops those facts and their outputs the kind HOST, which liveness does not count as device bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from collections.abc import Callable, Mapping
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto
 
-from onnxmem.ir.graph import HOST_KEY
+from onnxmem.ir.graph import INSERTED_NODE, NodeFacts, Provenance
+from onnxmem.ir.graph import Placement as Where
 from onnxmem.ir.load import LoadedModel, has_float16
 from onnxmem.ir.tensor_types import TensorType
 from onnxmem.targets.ort.cuda.tables import (
@@ -28,8 +30,7 @@ from onnxmem.targets.ort.cuda.tables import (
 )
 from onnxmem.views.report import Warning
 
-HOST_VALUE = "cpu"  # HOST_KEY's value on a node the CUDA provider leaves to the CPU provider
-HOST_OUTPUT = "output"  # HOST_KEY's value on a device node that writes its outputs in host memory
+_PLACED_KEY = "onnxmem.device"  # the model metadata that marks a model this transform made (already_placed)
 MEMCPY_PREFIX = "onnxmem_Memcpy_"  # the names of the Memcpy nodes the transform inserts
 MEMCPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
 DEVICE_SUFFIX = "_CUDAExecutionProvider"  # AddCopyNode: GenerateNodeArgName(arg->Name() + "_" + provider_.Type())
@@ -76,7 +77,7 @@ def _lacks_half_kernel(kinds: set[str]) -> bool:
 
 def already_placed(model: ModelProto) -> bool:
     """Say whether the model is one this transform made (placed_model marks the model itself)."""
-    return any(p.key == HOST_KEY for p in model.metadata_props)
+    return any(p.key == _PLACED_KEY for p in model.metadata_props)
 
 
 def _is_constant(node: onnx.NodeProto) -> bool:
@@ -214,9 +215,10 @@ def _constant_elements(node: onnx.NodeProto) -> int:
 
 
 def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | None:
-    """Give the model with the placement written into it: its host nodes marked (HOST_KEY), each MemcpyFromHost
-    and MemcpyToHost inserted after the node that makes its source (its device readers reading the device copy,
-    as AddCopyNode rewires them). None where the placement changes nothing."""
+    """Give the model with the placement written into it: each MemcpyFromHost and MemcpyToHost inserted after the
+    node that makes its source (its device readers reading the device copy, as AddCopyNode rewires them), and in
+    its facts where each node runs (the model's facts follow its nodes). None where the placement changes
+    nothing."""
     model = loaded.proto
     graph = model.graph
     nodes = list(graph.node)
@@ -234,23 +236,38 @@ def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | Non
         nonlocal counter
         made = onnx.helper.make_node(op, [source], [target], name=f"{MEMCPY_PREFIX}{counter}")
         counter += 1
-        if op == "MemcpyToHost":  # runs on the device, writes host memory
-            made.metadata_props.add(key=HOST_KEY, value=HOST_OUTPUT)
         return made
 
     for name, device_name in to_device.items():
         copies_after.setdefault(producer.get(name, -1), []).append(copy_node("MemcpyFromHost", name, device_name))
     for name, device_name in to_host.items():
         copies_after.setdefault(producer.get(name, -1), []).append(copy_node("MemcpyToHost", device_name, name))
-    out_nodes: list[onnx.NodeProto] = list(copies_after.get(-1, []))
+    facts = loaded.facts or NodeFacts()
+    provenance: dict[int, Provenance] = {}
+    where: dict[int, Where] = {}
+    out_nodes: list[onnx.NodeProto] = []
+
+    def add_copies(copies: list[onnx.NodeProto]) -> None:
+        for made in copies:
+            provenance[len(out_nodes)] = INSERTED_NODE
+            if made.op_type == "MemcpyToHost":  # runs on the device, writes host memory
+                where[len(out_nodes)] = Where.HOST_OUTPUTS
+            out_nodes.append(made)
+
+    add_copies(copies_after.get(-1, []))
     for i, node in enumerate(nodes):
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
+        position = len(out_nodes)
+        if i in facts.provenance:
+            provenance[position] = facts.provenance[i]
         if i in host:
-            copy.metadata_props.add(key=HOST_KEY, value=HOST_VALUE)
+            where[position] = Where.HOST
         else:
             if i in host_outputs:  # a device kernel that writes its output in host memory (Shape, Size)
-                copy.metadata_props.add(key=HOST_KEY, value=HOST_OUTPUT)
+                where[position] = Where.HOST_OUTPUTS
+            elif i in facts.placement:
+                where[position] = facts.placement[i]
             cpu_in = CUDA_CPU_INPUTS.get(_key(node), ())
             for j, name in enumerate(copy.input):
                 if name in to_device and j not in cpu_in:
@@ -262,19 +279,19 @@ def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | Non
                 if name in to_host and j not in cpu_out:
                     copy.output[j] = to_host[name]
         out_nodes.append(copy)
-        out_nodes.extend(copies_after.get(i, []))
+        add_copies(copies_after.get(i, []))
     changed = ModelProto()
     changed.CopyFrom(model)
     del changed.graph.node[:]
     changed.graph.node.extend(out_nodes)
-    changed.metadata_props.add(key=HOST_KEY, value="placed")  # (already_placed: the transform runs once)
+    changed.metadata_props.add(key=_PLACED_KEY, value="placed")  # (already_placed: the transform runs once)
     for name in (*to_device, *to_host):  # the copies' types, where the model declares the source's
         declared = _declared(graph, name)
         if declared is not None:
             info = changed.graph.value_info.add()
             info.CopyFrom(declared)
             info.name = to_device.get(name) or to_host[name]
-    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None)
+    return dataclasses.replace(loaded, proto=changed, data=None, nodes=None, facts=NodeFacts(provenance, where))
 
 
 def _declared(graph: onnx.GraphProto, name: str) -> onnx.ValueInfoProto | None:
@@ -303,8 +320,9 @@ def on_cuda(loaded: LoadedModel) -> tuple[LoadedModel, list[Warning]]:
     if changed is None:
         return loaded, []
     parts = []
-    writers = sorted({n.op_type for n in changed.proto.graph.node if n.op_type not in MEMCPY_OPS
-                      and any(p.key == HOST_KEY and p.value == HOST_OUTPUT for p in n.metadata_props)})
+    assert changed.facts is not None
+    writers = sorted({changed.proto.graph.node[i].op_type for i, where in changed.facts.placement.items()
+                      if where is Where.HOST_OUTPUTS and changed.proto.graph.node[i].op_type not in MEMCPY_OPS})
     if writers:
         parts.append(f"{'/'.join(writers)} on the device with their outputs in host memory")
     if placement.shape_nodes:
