@@ -535,6 +535,9 @@ def _plan_options(command: Any) -> Any:
                      help="Training: data-parallel GPUs; with --shard, model states are divided across them."),
         click.option("--shard", type=_TableChoice(lambda: _module("onnxmem.plan.fit").SHARD_STAGES), default=None,
                      help="Training: divide weights, gradients and optimizer states as ZeRO/FSDP do."),
+        click.option("--offload", type=click.Choice(["none", "optimizer", "params", "both"]), default="none",
+                     show_default=True, help="Sharded training: keep the optimizer states (optimizer), the "
+                     "parameters (params: zero3, fsdp) or both in CPU memory, as DeepSpeed's offload does."),
         click.option("--what-if/--no-what-if", default=True, show_default=True,
                      help="Evaluate the single changes that would lower the peak."),
         click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
@@ -555,10 +558,11 @@ Examples:
   onnxmem fit model.onnx --memory 24GiB --training --grad-accum 4 --dim seq=512   (batch in multiples of 4)""")
 @_plan_options
 @click.option("--search", default="batch", show_default=True, metavar="DIM",
-              help="The dim to search: batch, seq, ... (the other dims are bound with --dim).")
+              help="The dim to search: batch, seq, ... (the other dims are bound with --dim); gpus: the fewest "
+              "GPUs that fit sharded training (--shard).")
 def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
         dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-        what_if: bool,
+        offload: str, what_if: bool,
         fmt: str, plot_file: str | None, debug: bool, search: str, **training_flags: Any) -> None:
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
@@ -569,7 +573,7 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
             result = plan_fit(model, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve, search=search,
                               dims=parse_dims(dims), default_dim=default_dim, order=order,
                               training=_training_from(training_flags), gpus=gpus, shard=shard, what_if=what_if,
-                              provider=provider, progress=progress)
+                              provider=provider, progress=progress, offload=offload)
             if progress is not None:
                 progress(f"the report at {search}={max(result.max_value, result.step)}")
             timeline = series_of(result.report) if result.report is not None else None
@@ -589,7 +593,7 @@ Example (a CI gate: exit 1 when it does not fit):
 @_plan_options
 def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
           dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-          what_if: bool,
+          offload: str, what_if: bool,
           fmt: str, plot_file: str | None, debug: bool, **training_flags: Any) -> None:
     """Exit 0 when MODEL at its --dim values fits --budget SIZE (or --gpu NAME), 1 when it does not, 2 on bad input.
 
@@ -605,7 +609,8 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
         with _progress_line() as progress:
             result = plan_check(model, bound, memory=memory, gpu=gpu, runtime=runtime, reserve=reserve,
                                 default_dim=default_dim, order=order, training=_training_from(training_flags),
-                                gpus=gpus, shard=shard, what_if=what_if, provider=provider, progress=progress)
+                                gpus=gpus, shard=shard, what_if=what_if, provider=provider, progress=progress,
+                                offload=offload)
             timeline = series_of(result.report) if result.report is not None else None
             if plot_file:
                 from onnxmem.views.plot import save_plot

@@ -32,6 +32,7 @@ from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import Analysis, Sizing, analysis
 from onnxmem.plan.family import ModelFamily
 from onnxmem.plan.gpus import find_gpu
+from onnxmem.plan.sharding import SHARD_STAGES, check_sharding, sharded_step, smallest_gpus
 from onnxmem.shapes.dims import input_dims
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider
 from onnxmem.targets.ort.arena import session_held_bytes
@@ -44,7 +45,7 @@ from onnxmem.views.report import (
     ReserveItem,
     Sharding,
     Target,
-    TrainingParameterGroup,
+    TrainingReport,
     WhatIf,
 )
 
@@ -249,9 +250,14 @@ def budget_bytes(target: Target) -> int:
     return max(0, target.memory_bytes - target.reserve_bytes)
 
 
-def check_parallelism(gpus: int, shard: str | None, training: bool) -> None:
+def check_parallelism(gpus: int, shard: str | None, training: bool, offload: str = "none") -> None:
     """Raise TargetError where GPUs or sharding are asked for without what they need: more than one GPU needs a
-    stage (ddp: each GPU holds everything), and a stage needs training (it divides training state)."""
+    stage (ddp: each GPU holds everything), a stage needs training (it divides training state), offload a stage."""
+    if offload != "none" and not shard:
+        raise TargetError(f"--offload {offload} moves sharded states to CPU memory: give a stage with --shard "
+                          "zero1|zero2|zero3|fsdp (shard= in Python)")
+    if shard:
+        check_sharding(shard, gpus, offload)
     if gpus < 1:
         raise TargetError(f"gpus {gpus}: must be a positive integer")
     if gpus > 1 and not shard:
@@ -261,46 +267,6 @@ def check_parallelism(gpus: int, shard: str | None, training: bool) -> None:
                           + ("" if training else ", and add --training (training= in Python)"))
     if shard and not training:
         raise TargetError("sharding divides training state across GPUs: it needs --training (training= in Python)")
-
-
-# --- sharding ---------------------------------------------------------------------------------------------------
-
-SHARD_STAGES = ("ddp", "zero1", "zero2", "zero3")
-# What each stage divides across GPUs (ZeRO paper, DeepSpeed stages 1-3; FSDP's SHARD_GRAD_OP is zero2,
-# FULL_SHARD is zero3).
-_DIVIDES: dict[str, tuple[bool, bool, bool]] = {  # weights, gradients, optimizer states
-    "ddp": (False, False, False),
-    "zero1": (False, False, True),
-    "zero2": (False, True, True),
-    "zero3": (True, True, True),
-}
-
-
-def shard_states(weights_bytes: int, gradient_bytes: int, optimizer_state_bytes: int, gpus: int, stage: str,
-                 largest_module_bytes: int = 0) -> Sharding:
-    """Give the model states per GPU when `gpus` GPUs divide them as ZeRO stage `stage` does.
-
-    A divided part is split evenly, rounded up (partitions are padded to equal size). ZeRO-3 also holds, while a
-    module runs, that module's gathered weights and their gradients: 2 x `largest_module_bytes`, the term DeepSpeed's
-    estimate_zero3_model_states_mem_needs counts as 4 bytes x the largest layer's parameters (fp16 weights and
-    gradients).
-    """
-    if stage not in _DIVIDES:
-        raise TargetError(f"sharding stage '{stage}' is unknown: choose one of {', '.join(SHARD_STAGES)}")
-    if gpus < 1:
-        raise TargetError(f"gpus {gpus}: must be a positive integer")
-    divide_w, divide_g, divide_o = _DIVIDES[stage]
-
-    def part(nbytes: int, divided: bool) -> int:
-        return -(-nbytes // gpus) if divided else nbytes
-
-    w, g, o = part(weights_bytes, divide_w), part(gradient_bytes, divide_g), part(optimizer_state_bytes, divide_o)
-    gathered = 2 * largest_module_bytes if stage == "zero3" and gpus > 1 else 0
-    unsharded = weights_bytes + gradient_bytes + optimizer_state_bytes
-    per_gpu = w + g + o + gathered
-    return Sharding(stage=stage, gpus=gpus, weights_bytes=w, gradient_bytes=g, optimizer_state_bytes=o,
-                    gathered_bytes=gathered, unsharded_bytes=unsharded, per_gpu_bytes=per_gpu,
-                    saved_bytes=unsharded - per_gpu)
 
 
 # --- one evaluation: the peak that must fit ---------------------------------------------------------------------
@@ -317,7 +283,7 @@ class _Need:
 _STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
 
 
-def _need(report: Report, gpus: int, shard: str | None) -> _Need:
+def _need(report: Report, gpus: int, shard: str | None, offload: str = "none") -> _Need:
     training = report.training
     if training is None:
         inf = report.inference
@@ -330,10 +296,9 @@ def _need(report: Report, gpus: int, shard: str | None) -> _Need:
     where = f"{training.peak_step} step, {training.peak_phase}: {training.peak_event}"
     if not shard:
         return _Need(training.peak_bytes, weights + gradients + optimizer_states, where, None)
-    largest = max((g.trainable_bytes + g.frozen_bytes for g in training.parameter_groups), default=0)
-    sharding = shard_states(weights, gradients, optimizer_states, gpus, shard, largest)
-    peak = training.peak_bytes - sharding.saved_bytes
-    return _Need(peak, sharding.per_gpu_bytes, where, sharding)
+    sharding = sharded_step(training, shard, gpus, offload)
+    return _Need(sharding.peak_bytes, sharding.per_gpu_bytes - sharding.gathered_bytes, sharding.peak_event,
+                 sharding)
 
 
 def _required(need: _Need, target: Target) -> int:
@@ -379,7 +344,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         order: str = DEFAULT_ORDER, training: TrainingOptions | None = None, gpus: int = 1,
         shard: str | None = None, what_if: bool = True, limit: int = SEARCH_LIMIT,
         provider: str | ExecutionProvider = DEFAULT_PROVIDER,
-        progress: Callable[[str], None] | None = None) -> FitResult:
+        progress: Callable[[str], None] | None = None, offload: str = "none") -> FitResult:
     """Give the largest value of dim `search` whose peak fits the target, with the curve it was found on.
 
     Evaluates the estimator at 1, 2, 4, ... then bisects; the answer b fits and b + 1 does not, both evaluated.
@@ -399,8 +364,10 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         The dim to search (batch, seq, ...); the model's other symbolic dims are bound by `dims`.
     dims, default_dim, order, training, provider
         As analyze.analysis.
-    gpus, shard
-        Training: data-parallel GPUs, and the ZeRO/FSDP stage that divides the model states across them.
+    gpus, shard, offload
+        Training: data-parallel GPUs, the ZeRO/FSDP stage that divides the model states across them, and what of
+        them lives in CPU memory (none, optimizer, params, both: DeepSpeed's offload). search="gpus" finds the
+        fewest GPUs that fit (max_value is that count: memory falls as GPUs are added).
     what_if
         Also evaluate the single changes that would let the next value fit.
     limit
@@ -425,8 +392,11 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    check_parallelism(gpus, shard, training is not None)
+    check_parallelism(gpus, shard, training is not None, offload)
     say = progress or _quiet
+    if search == "gpus":
+        return _fit_gpus(model, target, budget, dims, default_dim, order, training, shard, offload, what_if,
+                         provider, say)
     say("loading and sizing the model")
     family = ModelFamily(model, search, dims, **_options(order, default_dim, training, provider))
     loaded = family.loaded
@@ -445,7 +415,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
                 peak, weights = family.inference_peak_bytes(value)
                 need = needs[value] = _Need(peak, weights, "", None)
             else:
-                need = needs[value] = _need(family.report(value), gpus, shard)
+                need = needs[value] = _need(family.report(value), gpus, shard, offload)
             required = _family_arena_required(family, value) \
                 if _simulates_arena(target, training, shard) else _required(need, target)
             points[value] = FitPoint(value, need.peak_bytes, required, required <= budget)
@@ -492,9 +462,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         say("evaluating what-ifs")
         # the curve already shows a smaller value: the what-ifs are the other changes that would let `at` fit
         answer_at = family.report(at) if training is not None else None
-        groups = answer_at.training.parameter_groups if answer_at and answer_at.training else ()
-        what_ifs = _what_ifs(family.sizing(at), groups, needs[at], "", 0, order, training, gpus, shard, target,
-                             budget)
+        what_ifs = _what_ifs(family.sizing(at), answer_at, needs[at], "", 0, order, training, gpus, shard, target,
+                             budget, offload)
     return FitResult(
         model=name, dim=search, dims={k: v for k, v in bound.items() if k != search},
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
@@ -585,14 +554,14 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
           reserve: str | int | None = None, default_dim: int | None = None, order: str = DEFAULT_ORDER,
           training: TrainingOptions | None = None, gpus: int = 1, shard: str | None = None,
           what_if: bool = True, provider: str | ExecutionProvider = DEFAULT_PROVIDER,
-          progress: Callable[[str], None] | None = None) -> CheckResult:
+          progress: Callable[[str], None] | None = None, offload: str = "none") -> CheckResult:
     """Say whether the model at its bound dims fits the target (a budget gate: `onnxmem check` exits 0 or 1).
 
     Parameters
     ----------
     model, dims, default_dim, order, training, provider
         As analyze.analysis.
-    memory, gpu, runtime, reserve, gpus, shard, what_if, progress
+    memory, gpu, runtime, reserve, gpus, shard, offload, what_if, progress
         As fit.
 
     Returns
@@ -607,10 +576,10 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     """
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
-    check_parallelism(gpus, shard, training is not None)
+    check_parallelism(gpus, shard, training is not None, offload)
     analysed = analysis(model, dims, progress=progress, **_options(order, default_dim, training, provider))
     report = analysed.report
-    need = _need(report, gpus, shard)
+    need = _need(report, gpus, shard, offload)
     required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto,
                                     analysed.sizing.provider) \
         if _simulates_arena(target, training, shard) else _required(need, target)
@@ -620,9 +589,8 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
         if progress is not None:
             progress("evaluating what-ifs")
         search = "batch" if "batch" in report.dims else ""
-        groups = report.training.parameter_groups if report.training else ()
-        what_ifs = _what_ifs(analysed.sizing, groups, need, search, report.dims.get(search, 0), order, training,
-                             gpus, shard, target, budget)
+        what_ifs = _what_ifs(analysed.sizing, report, need, search, report.dims.get(search, 0), order, training,
+                             gpus, shard, target, budget, offload)
     return CheckResult(
         model=report.model, dims=dict(report.dims), mode="training" if training is not None else "inference",
         target=target, budget_bytes=budget, peak_bytes=need.peak_bytes, required_bytes=required,
@@ -634,15 +602,15 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
 # --- what-ifs ---------------------------------------------------------------------------------------------------
 
 
-def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need, search: str, value: int,
+def _what_ifs(at: Sizing, base: Report | None, need: _Need, search: str, value: int,
               order: str, training: TrainingOptions | None, gpus: int, shard: str | None,
-              target: Target | None = None, budget: int | None = None) -> tuple[WhatIf, ...]:
+              target: Target | None = None, budget: int | None = None, offload: str = "none") -> tuple[WhatIf, ...]:
     """Give the single changes that lower the peak at a binding (`at`: its Sizing), the one that saves most first.
     Each is the analysis of the changed model or options (analyze.analysis): the passes after sizing run again on
     the same Sizing (another order, other training options), on the half-precision Sizing, or all of them at
-    another binding; its peak is what `report` says of that change. `groups`: the training report's parameter
-    groups. With a target and its budget, each says whether that change alone makes it fit (the allocator's rounding
-    applied to the changed peak)."""
+    another binding; its peak is what `report` says of that change. `base`: the report at that binding (its training
+    part's parameter groups; sharded, what offload or more GPUs would give). With a target and its budget, each
+    says whether that change alone makes it fit (the allocator's rounding applied to the changed peak)."""
     found: list[WhatIf] = []
 
     def add(change: str, peak: int, detail: str, persistent: int | None = None, required: int | None = None) -> None:
@@ -654,7 +622,7 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
             found.append(WhatIf(change, peak, need.peak_bytes - peak, detail, fits))
 
     def add_report(change: str, analysed: Analysis, detail: str) -> None:
-        changed = _need(analysed.report, gpus, shard)
+        changed = _need(analysed.report, gpus, shard, offload)
         required = arena_required_bytes(analysed.graph, analysed.timeline, analysed.loaded.proto, at.provider) \
             if target is not None and _simulates_arena(target, training, shard) else None
         add(change, changed.peak_bytes, detail, changed.persistent_bytes, required)
@@ -692,6 +660,11 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
     if training.optimizer_impl != "fused":
         changes.append(("fused optimizer", dataclasses.replace(training, optimizer_impl="fused"),
                         "a fused update keeps no full-size temporaries"))
+    groups = base.training.parameter_groups if base is not None and base.training is not None else ()
+    if shard and base is not None and base.training is not None:
+        for change, detail, persistent, peak in _sharded_what_ifs(base.training, shard, gpus, offload, target,
+                                                                  budget):
+            add(change, peak, detail, persistent)
     if groups:
         largest = max(groups, key=lambda g: g.trainable_bytes)
         if largest.trainable_bytes > 0:
@@ -706,10 +679,100 @@ def _what_ifs(at: Sizing, groups: Sequence[TrainingParameterGroup], need: _Need,
         result = analysed.report
         if options.checkpoint is not None and result.training and result.training.checkpoint:
             peak = result.training.checkpoint.peak_bytes
-            if shard and need.sharding:
-                peak -= need.sharding.saved_bytes
+            if shard and need.sharding:  # per GPU: the activations checkpointing does not keep, off the step's peak
+                dropped = result.training.saved_activation_bytes - result.training.checkpoint.saved_activation_bytes
+                peak = max(need.sharding.per_gpu_bytes, need.peak_bytes - max(0, dropped))
+                detail += "; per GPU: the kept activations it drops, off the sharded peak"
+                if base is not None and base.training is not None:  # with each sharded change too
+                    for both, words, persistent, changed in _sharded_what_ifs(base.training, shard, gpus, offload,
+                                                                              target, budget, dropped) \
+                            if dropped > 0 else ():
+                        add(f"{change} + {both}", changed, words, persistent)
             add(change, peak, detail)
         else:
             add_report(change, analysed, detail)
     found.sort(key=lambda w: -w.saved_bytes)
     return tuple(found)
+
+
+def _sharded_what_ifs(training: TrainingReport, shard: str, gpus: int, offload: str, target: Target | None,
+                      budget: int | None, dropped: int = 0) -> list[tuple[str, str, int, int]]:
+    """Give (change, detail, persistent bytes, peak) per GPU for sharded training: offloading to CPU memory (what
+    DeepSpeed can move at this stage) and the fewest GPUs that fit (fit --search gpus); `dropped`: activation bytes
+    checkpointing would not keep (off each peak, not below the model states)."""
+    def sharded(n: int, moved: str) -> Sharding:
+        s = sharded_step(training, shard, n, moved)
+        return dataclasses.replace(s, peak_bytes=max(s.per_gpu_bytes, s.peak_bytes - dropped))
+
+    found = []
+    offloads = ["optimizer"] if offload in ("none", "params") and shard != "fsdp" else []
+    if shard in ("zero3", "fsdp") and offload != "both":
+        offloads.append("both")
+    for other in offloads:
+        s = sharded(gpus, other)
+        what = "optimizer states" if other == "optimizer" else "optimizer states and parameters"
+        found.append((f"offload {what} to CPU (--offload {other})",
+                      f"CPU memory per node: {s.cpu_bytes / GiB:,.2f} GiB (DeepSpeed's estimate); the update "
+                      "runs on the CPU", s.per_gpu_bytes, s.peak_bytes))
+    if target is not None and budget is not None and shard != "ddp":
+        def fits(n: int) -> bool:
+            s = sharded(n, offload)
+            return _required(_Need(s.peak_bytes, min(s.per_gpu_bytes, s.peak_bytes), "", s), target) <= budget
+
+        fewest, _ = smallest_gpus(fits, limit=2**16)
+        if fewest > gpus:
+            s = sharded(fewest, offload)
+            found.append((f"{fewest} GPUs (--gpus {fewest})", "the fewest that fit at this stage (fit --search "
+                          "gpus): the states divide further, activations do not", s.per_gpu_bytes, s.peak_bytes))
+    return found
+
+
+def _fit_gpus(model: str | os.PathLike[str] | onnx.ModelProto, target: Target, budget: int,
+              dims: Mapping[str, int] | None, default_dim: int | None, order: str,
+              training: TrainingOptions | None, shard: str | None, offload: str, what_if: bool,
+              provider: str | ExecutionProvider, say: Callable[[str], None]) -> FitResult:
+    """Give the fewest GPUs whose per-GPU peak fits (fit --search gpus): the step analysed once, the sharding
+    evaluated at 1, 2, 4, ... GPUs, then bisected; max_value is that count (0: none up to the limit fits)."""
+    if training is None or not shard or shard == "ddp":
+        raise TargetError("--search gpus finds how many GPUs divide the training state enough to fit: it needs "
+                          "--training and --shard zero1|zero2|zero3|fsdp (ddp holds everything on each GPU)")
+    say("analysing the model")
+    analysed = analysis(model, dims, **_options(order, default_dim, training, provider))
+    report = analysed.report
+    assert report.training is not None
+    limit = 2**16
+    points: dict[int, FitPoint] = {}
+    needs: dict[int, _Need] = {}
+
+    def fits(n: int) -> bool:
+        if n not in points:
+            need = needs[n] = _need(report, n, shard, offload)
+            required = _required(need, target)
+            points[n] = FitPoint(n, need.peak_bytes, required, required <= budget)
+        return points[n].fits
+
+    fewest, _ = smallest_gpus(fits, limit)
+    if fewest > 1:
+        fits(fewest - 1)
+    curve = tuple(points[n] for n in sorted(points))
+    pow2 = next((p.value for p in curve if p.fits and p.value & (p.value - 1) == 0), 0)
+    if fewest:
+        notes = [f"verified: {fewest} GPU(s) fit" + (f" and {fewest - 1} do not (both evaluated)" if fewest > 1
+                                                      else ""),
+                 "for --search gpus, max_value is the fewest GPUs that fit and max_power_of_two the fewest power "
+                 "of two: per-GPU memory falls as GPUs are added"]
+    else:
+        notes = [f"nothing fits: even {limit} GPUs leave more per GPU than the budget (what does not divide: "
+                 "activations, replicated states)"]
+    shown = fewest or limit
+    what_ifs: tuple[WhatIf, ...] = ()
+    if what_if and not fewest:
+        what_ifs = _what_ifs(analysed.sizing, report, needs[limit], "", 0, order, training, limit, shard, target,
+                             budget, offload)
+    return FitResult(
+        model=report.model, dim="gpus", dims=dict(report.dims), mode="training", target=target, budget_bytes=budget,
+        max_value=fewest, max_power_of_two=pow2, bounded=bool(fewest), search_limit=limit,
+        monotonic=all(a.peak_bytes >= b.peak_bytes for a, b in zip(curve, curve[1:], strict=False)),
+        evaluations=len(points), curve=curve, linear=None, sharding=needs[shown].sharding, what_ifs=what_ifs,
+        notes=tuple(notes), warnings=report.warnings, report_at_answer=lambda: report,
+    )

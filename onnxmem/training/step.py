@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
+from onnxmem.passes.liveness import live_bytes
 from onnxmem.training.export import EXPORT_WARNINGS, RECOMMENDED_EXPORT, Restored, export_findings, export_mode
 from onnxmem.training.model import StepModel, build_model
 from onnxmem.training.optimizers import optimizer_state_bytes, param_grad_bytes
@@ -38,10 +39,13 @@ from onnxmem.training.options import (
     training_options,
 )
 from onnxmem.training.rules import OptimizerRule
-from onnxmem.training.simulate import simulate
+from onnxmem.training.schedule import Buffer
+from onnxmem.training.simulate import Run, simulate
 from onnxmem.training.values import module_path
 from onnxmem.training.whatifs import checkpoint_what_if, hand_formula, recompute_what_if
 from onnxmem.views.report import (
+    STATE_SERIES,
+    TrainingParameter,
     TrainingParameterGroup,
     TrainingReport,
     TrainingTimeline,
@@ -99,8 +103,34 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         assumptions=_assumptions(graph, model, options, rule),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
-                                  tuple(later.live)),
+                                  tuple(later.live), _state_series(first), _state_series(later),
+                                  _parameters(model)),
     )
+
+
+def _state_series(run: Run) -> dict[str, tuple[int, ...]]:
+    """Give, per model-state category (STATE_SERIES), its live bytes at every event of a run: what sharding
+    divides (plan/sharding.py reads them)."""
+    def category(b: Buffer) -> str:
+        return "update temporaries" if b.category == "temporaries" and b.name.endswith("update temporaries") \
+            else b.category
+
+    events = len(run.live)
+    return {c: tuple(live_bytes(((b.nbytes, b.start, b.end) for b in run.buffers if category(b) == c), events))
+            for c in STATE_SERIES}
+
+
+def _parameters(model: StepModel) -> tuple[TrainingParameter, ...]:
+    """Give every parameter, trainable then frozen, each in the order its first reader runs."""
+    rows = []
+    for trainable, items in ((True, model.params), (False, model.frozen)):
+        for t in items:
+            v = model.values[t]
+            reader = v.consumers[0] if v.consumers else None
+            rows.append((reader if reader is not None else len(model.nodes), TrainingParameter(
+                v.name, module_path(model.nodes[reader].layer) if reader is not None else "", v.shape,
+                v.numel or 0, trainable)))
+    return tuple(row for _, row in sorted(rows, key=lambda r: r[0]))
 
 
 def training_warnings(report: TrainingReport) -> list[Warning]:

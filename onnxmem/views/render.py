@@ -319,7 +319,7 @@ def render_fit(result: FitResult, fmt: str) -> str:
     out = [f"# onnxmem fit: {markdown_code(result.model)}" if markdown else f"onnxmem fit: {result.model}",
            *([""] if markdown else []), f"**{answer}**" if markdown else answer, "",
            f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
-           *_target_lines(result.target, result.budget_bytes, markdown), ""]
+           *_target_lines(result.target, result.budget_bytes, markdown), *sharding_lines(result.sharding), ""]
     out += [f"- {n}" for n in result.notes if not n.startswith(("nothing fits", "largest "))]  # (the answer's)
     if result.linear:
         lin = result.linear
@@ -339,6 +339,12 @@ def render_fit(result: FitResult, fmt: str) -> str:
 def fit_answer(result: FitResult) -> str:
     """Give a fit's answer in one line: the largest value that fits and against what budget, or nothing fits."""
     dim, budget = result.dim, format_bytes(result.budget_bytes)
+    if dim == "gpus":  # (the fewest that fit: memory falls as GPUs are added)
+        if result.max_value == 0:
+            return (f"nothing fits: even {result.search_limit} GPUs need "
+                    f"{format_bytes(_point(result, result.search_limit))} each, more than the budget {budget} (what "
+                    "does not divide: activations, replicated states)")
+        return f"fewest GPUs that fit: {result.max_value} (budget {budget} per GPU)"
     if result.max_value == 0:
         return (f"nothing fits: {dim}={result.step} needs {format_bytes(_point(result, result.step))}, more than the "
                 f"budget {budget}")
@@ -368,11 +374,7 @@ def render_check(result: CheckResult, fmt: str) -> str:
            f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}", "",
            f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
            *_target_lines(result.target, result.budget_bytes, markdown)]
-    if result.sharding:
-        s = result.sharding
-        out.append(f"model states per GPU: weights {format_bytes(s.weights_bytes)}, gradients "
-                   f"{format_bytes(s.gradient_bytes)}, optimizer states {format_bytes(s.optimizer_state_bytes)}, "
-                   f"gathered {format_bytes(s.gathered_bytes)} (one GPU alone: {format_bytes(s.unsharded_bytes)})")
+    out += sharding_lines(result.sharding)
     out += _what_if_lines(result.what_ifs, "What would lower the peak", markdown)
     out += _warning_lines(result.warnings, markdown)
     return terminal_text("\n".join(out) + ("\n" if markdown else ""))
@@ -392,6 +394,24 @@ def _target_lines(target: Target, budget: int, markdown: bool = False) -> list[s
              f"{indent}memory: {target.memory_source}"]
     lines += [f"{indent}{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve]
     lines.append(f"{indent}allocator {target.allocator}: {target.allocator_rule}")
+    return lines
+
+
+def sharding_lines(s: Sharding | None) -> list[str]:
+    """Give the lines that say what one GPU holds when the states are sharded (none unsharded)."""
+    if s is None:
+        return []
+    lines = [f"model states per GPU: {format_bytes(s.per_gpu_bytes)}: weights {format_bytes(s.weights_bytes)}, "
+             f"gradients {format_bytes(s.gradient_bytes)}, optimizer states {format_bytes(s.optimizer_state_bytes)}, "
+             f"gathered {format_bytes(s.gathered_bytes)} (one GPU alone: {format_bytes(s.unsharded_bytes)})"]
+    if s.peak_bytes:
+        lines.append(f"per GPU at the peak: activations and the rest {format_bytes(s.activation_bytes)} (update "
+                     f"temporaries over one shard: {format_bytes(s.update_temporary_bytes)}) at {s.peak_event}")
+    if s.gathered_unit:
+        lines.append(f"gathered unit: {s.gathered_unit} ({s.gathered_parameters:,} parameters)")
+    if s.offload != "none" or s.cpu_bytes:
+        lines.append(f"offload: {s.offload}; CPU memory per node {format_bytes(s.cpu_bytes)} (DeepSpeed's estimate, "
+                     "with its 1.5 buffer factor)")
     return lines
 
 

@@ -164,6 +164,22 @@ class CheckpointWhatIf:
     extra_forward_flops: int  # the checkpointed segments run forward twice
 
 
+# The model-state categories a training timeline follows event by event (TrainingTimeline.first_states): what
+# sharding divides or moves. "update temporaries" are the optimizer update's, apart from other temporaries.
+STATE_SERIES = ("parameter gradients", "optimizer state", "low-precision weight copies", "update temporaries")
+
+
+@dataclass(frozen=True)
+class TrainingParameter:
+    """One parameter of the step, in the order its first reader runs: what finds the unit ZeRO-3 gathers."""
+
+    name: str
+    module: str  # dotted module path of its first reader ('' where the file has no scopes)
+    shape: tuple[int | str | None, ...] | None
+    elements: int
+    trainable: bool
+
+
 @dataclass(frozen=True)
 class TrainingTimeline:
     """A training step event by event (data, forward, loss, backward, optimizer): the first step's live bytes and
@@ -173,6 +189,10 @@ class TrainingTimeline:
     events: tuple[str, ...]
     first_live_bytes: tuple[int, ...]
     later_live_bytes: tuple[int, ...]
+    # per event, the bytes of each model-state category live (STATE_SERIES): what sharding divides; not in JSON
+    first_states: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict, compare=False)
+    later_states: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict, compare=False)
+    parameters: tuple[TrainingParameter, ...] = dataclasses.field(default=(), compare=False)
 
     def to_list(self) -> list[dict[str, Any]]:
         """Give the events of both steps, the first step's then the later one's, as JSON-ready objects
@@ -305,15 +325,23 @@ class Target:
 class Sharding:
     """Model states per GPU when N GPUs divide them as ZeRO (DeepSpeed) or FSDP does; activations stay per GPU."""
 
-    stage: str  # ddp | zero1 | zero2 | zero3
+    stage: str  # ddp | zero1 | zero2 | zero3 | fsdp
     gpus: int
     weights_bytes: int  # per GPU
     gradient_bytes: int
     optimizer_state_bytes: int
-    gathered_bytes: int  # zero3: the largest module's weights and gradients gathered while it runs
+    gathered_bytes: int  # zero3/fsdp: the gathered unit's weights and gradients while it runs
     unsharded_bytes: int  # the same states on one GPU
     per_gpu_bytes: int  # weights + gradients + optimizer states + gathered, per GPU
     saved_bytes: int  # unsharded - per GPU
+    offload: str = "none"  # none | optimizer | params | both: what lives in CPU memory (DeepSpeed's offload)
+    cpu_bytes: int = 0  # CPU memory per node as DeepSpeed's estimator counts it (its 1.5 buffer factor)
+    gathered_unit: str = ""  # what one gathered unit is and how it was found
+    gathered_parameters: int = 0  # elements of that unit
+    update_temporary_bytes: int = 0  # the optimizer update's temporaries per GPU (each rank updates its shard)
+    activation_bytes: int = 0  # per GPU at the peak: all but the model states (activations, inputs, temporaries)
+    peak_bytes: int = 0  # per GPU: per_gpu_bytes + activation_bytes at the step's worst event
+    peak_event: str = ""  # that event: step, phase and event
 
 
 @dataclass(frozen=True)
