@@ -97,8 +97,8 @@ def _shape(value: onnx.ValueInfoProto, dims: dict[str, int]) -> tuple[int, ...]:
             if d.dim_param not in dims:
                 raise DimError(f"dimension '{d.dim_param}' of input '{value.name}' is unbound: give it a value")
             size = dims[d.dim_param]
-            if isinstance(size, bool) or not isinstance(size, (int, numpy.integer)) or size <= 0:
-                raise DimError(f"dimension '{d.dim_param}' must be a positive integer, not {size!r}")
+            if isinstance(size, bool) or not isinstance(size, (int, numpy.integer)) or size < 0:
+                raise DimError(f"dimension '{d.dim_param}' must be a non-negative integer, not {size!r}")
             shape.append(int(size))
         else:
             raise DimError(f"input '{value.name}' has an unnamed dimension of unknown size at axis {k}")

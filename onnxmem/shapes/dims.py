@@ -141,7 +141,11 @@ def _evaluate_dim(expression: str, bound: Mapping[str, int]) -> int | None:
 
 def _check_dim_values(dims: Mapping[str, int], default_dim: int | None) -> None:
     for name, value in [*dims.items(), *([("--default-dim", default_dim)] if default_dim is not None else [])]:
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise DimError(f"dim {name}={value}: must be a positive integer")
+        # a named dim may be 0 where the model's arithmetic allows it (past=0: a decoder's prefill, its cache empty);
+        # shape inference refuses a graph that cannot run empty
+        least = 1 if name == "--default-dim" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise DimError(f"dim {name}={value}: must be " + ("a positive integer" if least else
+                                                              "a non-negative integer (0 where the model allows it)"))
         if value >= 2**62:
             raise DimError(f"dim {name}={value}: too large (sizes would overflow 64-bit integers)")
