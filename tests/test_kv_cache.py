@@ -1,5 +1,5 @@
-"""A decoder with its KV cache at an empty cache: a zero dim is allowed where the model's arithmetic allows it
-(past=0, a prefill), refused where it is negative or is --default-dim."""
+"""A decoder with its KV cache at an empty cache: a zero dim is allowed where the model's arithmetic allows it (a
+dim it adds to another: past in 'past + seq', a prefill), refused elsewhere, where negative and for --default-dim."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def test_prefill_with_an_empty_cache() -> None:
 
 def test_negative_dims_and_a_zero_default_are_refused() -> None:
     model = make_llama(SHAPES["tiny"])
-    with pytest.raises(DimError, match="non-negative"):
+    with pytest.raises(DimError, match="non-negative"):  # past is added to seq: 0 is allowed, -1 not
         onnxmem.analyze(model, {"batch": 2, "seq": 16, "past": -1})
     with pytest.raises(DimError, match="positive"):
         onnxmem.analyze(model, {"batch": 2, "seq": 16}, default_dim=0)
+    with pytest.raises(DimError, match="positive"):  # a batch of 0 is no arithmetic the model does
+        onnxmem.analyze(model, {"batch": 0, "seq": 16, "past": 4})

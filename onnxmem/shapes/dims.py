@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from onnx import ModelProto
@@ -61,7 +61,7 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
               default_dim: int | None = None) -> tuple[dict[str, int], tuple[Warning, ...]]:
     """Give the value of every free input dim: given, computed from an expression of given ones, or defaulted."""
     names = {d.name for d in free}
-    _check_dim_values(dims, default_dim)
+    _check_dim_values(dims, default_dim, names)
     unknown = sorted(set(dims) - names)
     if unknown:
         known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
@@ -139,13 +139,15 @@ def _evaluate_dim(expression: str, bound: Mapping[str, int]) -> int | None:
     return result if result is not None and result > 0 else None
 
 
-def _check_dim_values(dims: Mapping[str, int], default_dim: int | None) -> None:
+def _check_dim_values(dims: Mapping[str, int], default_dim: int | None, names: Iterable[str] = ()) -> None:
+    # a dim may be 0 where the model's arithmetic allows it: a dim it adds to another ('past + seq': a decoder's
+    # prefill with an empty KV cache); any other dim, and --default-dim, must be positive
+    summed = {term for n in names if "+" in n for term in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n)}
     for name, value in [*dims.items(), *([("--default-dim", default_dim)] if default_dim is not None else [])]:
-        # a named dim may be 0 where the model's arithmetic allows it (past=0: a decoder's prefill, its cache empty);
-        # shape inference refuses a graph that cannot run empty
-        least = 1 if name == "--default-dim" else 0
+        least = 0 if name in summed else 1
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise DimError(f"dim {name}={value}: must be " + ("a positive integer" if least else
-                                                              "a non-negative integer (0 where the model allows it)"))
+            raise DimError(f"dim {name}={value}: must be " + (
+                "a non-negative integer" if not least else
+                "a positive integer (0 only for a dim the model adds to another, as past in 'past + seq')"))
         if value >= 2**62:
             raise DimError(f"dim {name}={value}: too large (sizes would overflow 64-bit integers)")
