@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import stat
 import warnings
 from collections.abc import Iterable
@@ -44,15 +43,14 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class NodeKinds:
-    """What a serialized model tells of its nodes, anywhere in it, by searching its bytes (a node's op type is
-    field 4 of NodeProto: the tag byte 0x22, its length, the name), so False is sure and True means "may":
+    """What the model's nodes are, anywhere in it (every graph at every depth, local functions), as the check of
+    the parsed model walked them (modelcheck.check_model):
 
     `prepared`: a Constant node or a fused operator (see shapes._prepared); `graphs`: a node holding a graph (a
     control-flow operator, or an operator of a domain the model declares beyond ONNX's own); `merges`: a node
     whose output dims onnxruntime merges from its inputs (rules.inference.PLANNER_MERGES_DIMS), or of such a
-    domain; `metadata`: node metadata naming layers or PyTorch ops (see graph._layer_and_origin).
-
-    A search of the bytes is far cheaper than reading every node of a large graph from protobuf.
+    domain; `metadata`: node metadata naming layers or PyTorch ops (see graph._layer_and_origin), told by a search
+    of the file's bytes (True means "may"; it names layers and checks nothing).
     """
 
     prepared: bool
@@ -61,11 +59,11 @@ class NodeKinds:
     metadata: bool
 
     @classmethod
-    def of(cls, data: bytes, domains: Iterable[str]) -> NodeKinds:
-        """Give the kinds of the model serialized as `data`, whose opset_import declares `domains`."""
-        found = {match.group(1)[1:].decode() for match in _OP_TYPES.finditer(data)}
-        return cls(prepared=bool(found & _PREPARED), graphs=bool(found & CONTROL_FLOW),
-                   merges=bool(found & _PLANNER_ROUND_OPS),
+    def of(cls, op_types: frozenset[str], holds_graphs: bool, data: bytes, domains: Iterable[str]) -> NodeKinds:
+        """Give the kinds of a model whose nodes have `op_types`, hold a graph where `holds_graphs`, whose
+        opset_import declares `domains`, serialized as `data`."""
+        return cls(prepared=bool(op_types & _PREPARED), graphs=holds_graphs or bool(op_types & CONTROL_FLOW),
+                   merges=bool(op_types & _PLANNER_ROUND_OPS),
                    metadata=any(part in data for part in _LAYER_METADATA)).declaring(domains)
 
     def declaring(self, domains: Iterable[str]) -> NodeKinds:
@@ -78,10 +76,6 @@ class NodeKinds:
 _PREPARED = frozenset({"Constant", *(key.split("::")[1] for key in SHAPE_AS)})
 # the planner rounds' operators of ONNX's domain: those that merge dims, and those with a shape rule of ours
 _PLANNER_ROUND_OPS = frozenset(PLANNER_MERGES_DIMS) | ONNX_DOMAIN_RULE_OPS
-# Every op type above, CONTROL_FLOW and PLANNER_MERGES_DIMS as it is serialized: one pass finds them all (a search
-# per op type would read the bytes once per op type)
-_OP_TYPES = re.compile(b'"(' + b"|".join(re.escape(bytes([len(n)]) + n.encode())
-                                         for n in sorted(_PREPARED | CONTROL_FLOW | _PLANNER_ROUND_OPS)) + b")")
 _LAYER_METADATA = (b"pkg.torch.onnx", b"namespace")
 
 
@@ -117,9 +111,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         ) from None
     except Exception as exc:  # noqa: BLE001 - the text and JSON parsers raise their own ParseError classes
         raise ModelFileError(f"{where}: could not be read as ONNX ({fmt}): {_one_line(exc)}") from None
-    nodes = NodeKinds.of(data, [o.domain for o in proto.opset_import]) if fmt == "protobuf" else None
-    checked = check_model(proto, where, data if fmt == "protobuf" else None, nodes is None or nodes.graphs,
-                          nodes is None or nodes.prepared)
+    checked = check_model(proto, where, data if fmt == "protobuf" else None)
+    nodes = NodeKinds.of(checked.op_types, checked.holds_graphs, data, [o.domain for o in proto.opset_import]) \
+        if fmt == "protobuf" else None
     found = (*checked.warnings, *_missing_external_data(checked.external, path.parent))
     kept = data if nodes is not None and len(data) <= SERIALIZED_BYTES_KEPT else None
     return LoadedModel(proto, path, found, nodes, kept)

@@ -3,17 +3,17 @@ element types, dims, initializer data against its dims, external-data locations,
 control-flow bodies, opsets and local functions.
 
 An invalid model is a ModelFileError naming the tensor or node and what is wrong (PROBLEMS); a model that stands
-but that the installed onnx does not fully know gets a named warning (WARNINGS). Every check reads lists the
-model keeps short (opsets, functions, graph inputs and outputs, initializers); nodes are read only where the
-loader's search of the bytes says a node may hold a graph, so a 100k-node graph costs milliseconds.
+but that the installed onnx does not fully know gets a named warning (WARNINGS). Every check reads the parsed
+model, never its bytes, and applies to every graph at every depth (the bodies of If, Loop, Scan and of any node
+holding a graph, nested, and local functions): one walk over the nodes gives the graphs, the Constant nodes and
+the op types (a 100k-node graph: about 0.1 s).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -66,11 +66,8 @@ LONGEST_INT_VECTOR = 1 << 20
 # Initializers up to this size have their data measured exactly (reading a larger raw_data copies it).
 _EXACT_DATA_BYTES = 64 * 1024 * 1024
 _PATH_MAX, _NAME_MAX = 4096, 255
-# A negative dim as protobuf writes it (field 1, tag 0x08, a ten-byte varint whose last byte is 0x01): bytes
-# without one hold no negative dim (a tensor whose dims have an odd number of negatives has a count <= 0 and is
-# read anyway); with one, every initializer's dims are read. Writers never pack dims, which this search assumes.
-_NEGATIVE_VARINT = re.compile(rb"\x08[\x80-\xff]{9}\x01")
 _STANDARD = ("", "ai.onnx")
+_STANDARD_SET = frozenset(_STANDARD)
 _INT_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.UINT64, TensorProto.UINT32,
                         TensorProto.INT16, TensorProto.UINT16, TensorProto.INT8, TensorProto.UINT8})
 _DATA_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
@@ -89,41 +86,36 @@ _TYPED_FIELDS: dict[int, str] = {
 
 @dataclass(frozen=True)
 class Checked:
-    """What the check found that loading goes on with: warnings, and the external-data locations of the
-    initializers (location -> the number of tensors stored there)."""
+    """What the check found that loading goes on with: warnings, the external-data locations of the initializers
+    (location -> the number of tensors stored there), and what the walk saw of the nodes at every depth: their op
+    types, and whether a node holds a graph."""
 
     warnings: tuple[Warning, ...]
     external: dict[str, int]
+    op_types: frozenset[str] = frozenset()
+    holds_graphs: bool = False
 
 
-def check_model(model: ModelProto, where: str, data: bytes | None = None, subgraphs: bool = True,
-                constants: bool = True) -> Checked:
+def check_model(model: ModelProto, where: str, data: bytes | None = None) -> Checked:
     """Give what the model's structure tells (see Checked), or raise ModelFileError where the model is invalid.
 
     `where` names the model in messages; `data`, its serialized bytes where the caller has them (their strings
-    are then checked for UTF-8 in one parse); `subgraphs` False: the caller knows no node holds a graph (see
-    load.NodeKinds), so only the main graph's lists are read; `constants` False: the caller knows the model has
-    no Constant node, whose values are otherwise checked as initializers are.
+    are then checked for UTF-8 in one parse).
     """
     _check_is_model(model, where)
     _check_utf8(model, where, data)
     warnings = _check_opsets(model, where)
-    graphs = list(_graphs(model, subgraphs)) if subgraphs else [model.graph]
+    walk = _walk(model)
     external: dict[str, int] = {}
-    negatives = data is None or _NEGATIVE_VARINT.search(data) is not None
-    for graph in graphs:
-        _check_initializers(graph, where, external, graph is not model.graph, negatives)
+    for graph in walk.graphs:
+        _check_initializers(graph, where, external, graph is not model.graph)
         _check_values(graph, where)
-        if constants:
-            _check_constants(graph.node, where, {}, negatives)
-    if constants:
-        for function in model.functions:
-            _check_constants(function.node, where, {}, negatives)
-    if subgraphs:
-        for graph in [*graphs, *model.functions]:
-            _check_bodies(graph.node, where)
+    for nodes in walk.with_constants:
+        _check_constants(nodes, where, {})
+    for nodes in walk.with_bodies:
+        _check_bodies(nodes, where)
     _check_functions(model, where)
-    return Checked(tuple(warnings), external)
+    return Checked(tuple(warnings), external, frozenset(walk.op_types), walk.holds_graphs)
 
 
 def all_initializers(graph: GraphProto) -> Iterator[TensorProto]:
@@ -321,14 +313,48 @@ def _function_name(key: tuple[str, str]) -> str:
 
 # --- graphs -------------------------------------------------------------------------------------------------
 
-def _graphs(model: ModelProto, subgraphs: bool) -> Iterator[GraphProto]:
-    yield from _subgraphs_of(model.graph) if subgraphs else (model.graph,)
-    if subgraphs:
-        for function in model.functions:
-            for node in function.node:
-                for attribute in node.attribute:
-                    for graph in _attribute_graphs(attribute):
-                        yield from _subgraphs_of(graph)
+@dataclass
+class _Walk:
+    """What one walk over every node of a model finds (see _walk)."""
+
+    graphs: list[GraphProto]  # the main graph and every graph a node holds, at any depth
+    op_types: set[str]
+    with_constants: list[Sequence[onnx.NodeProto]]  # the node lists (of graphs, of functions) with a Constant node
+    with_bodies: list[Sequence[onnx.NodeProto]]  # those with a control-flow node of ONNX's domain
+    holds_graphs: bool  # whether a node holds a graph
+
+
+def _walk(model: ModelProto) -> _Walk:
+    """Give every graph of the model and what its nodes are, reading each node list once (iteratively: nesting
+    depth is the file's). A node holds graphs where it is a control-flow operator or of a domain beyond ONNX's
+    own (as graph.build_graph reads them); its graph attributes are read there only."""
+    walk = _Walk([], set(), [], [], False)
+    graphs: list[GraphProto] = [model.graph]
+    functions: list[Sequence[onnx.NodeProto]] = [f.node for f in model.functions]
+    while graphs or functions:
+        if graphs:
+            graph = graphs.pop()
+            walk.graphs.append(graph)
+            nodes: Sequence[onnx.NodeProto] = graph.node
+        else:
+            nodes = functions.pop()
+        kinds = {(node.op_type, node.domain) for node in nodes}  # (one pass: reading a node costs most)
+        op_types = {op_type for op_type, _ in kinds}
+        walk.op_types |= op_types
+        if "Constant" in op_types:
+            walk.with_constants.append(nodes)
+        if op_types & _BODIES.keys():
+            walk.with_bodies.append(nodes)
+        if not op_types & CONTROL_FLOW and {domain for _, domain in kinds} <= _STANDARD_SET:
+            continue  # a standard operator holds no graph (reading every node's attributes is costly)
+        for node in nodes:
+            if node.op_type not in CONTROL_FLOW and node.domain in _STANDARD:
+                continue
+            for attribute in node.attribute:
+                held = _attribute_graphs(attribute)
+                walk.holds_graphs = walk.holds_graphs or bool(held)
+                graphs.extend(held)
+    return walk
 
 
 def _subgraphs_of(graph: GraphProto) -> Iterator[GraphProto]:
@@ -352,26 +378,24 @@ def _attribute_graphs(attribute: AttributeProto) -> list[GraphProto]:
     return []
 
 
-def _check_initializers(graph: GraphProto, where: str, external: dict[str, int], nested: bool,
-                        negatives: bool) -> None:
-    _check_tensors(graph.initializer, where, external, nested, negatives, graph.name, "initializer")
+def _check_initializers(graph: GraphProto, where: str, external: dict[str, int], nested: bool) -> None:
+    _check_tensors(graph.initializer, where, external, nested, graph.name, "initializer")
 
 
-def _check_constants(nodes: Iterable[onnx.NodeProto], where: str, external: dict[str, int],
-                     negatives: bool) -> None:
+def _check_constants(nodes: Iterable[onnx.NodeProto], where: str, external: dict[str, int]) -> None:
     """Raise where the value of a Constant node is invalid as an initializer would be (inference folds it into one)."""
     for node in nodes:
         if node.op_type == "Constant" and node.domain in _STANDARD:
             values = [a.t for a in node.attribute if a.type == AttributeProto.TENSOR]
             label = quoted(node.output[0] if node.output else node.name)
-            _check_tensors(values, where, external, False, negatives, "", "the value of Constant", label)
+            _check_tensors(values, where, external, False, "", "the value of Constant", label)
 
 
 def _check_tensors(initializers: Iterable[TensorProto], where: str, external: dict[str, int], nested: bool,
-                   negatives: bool, graph_name: str, what: str, label: str = "") -> None:
+                   graph_name: str, what: str, label: str = "") -> None:
     """Raise where an initializer is given twice, has no ONNX element type, a negative dim, more elements than
     64-bit sizes count, data that its dims do not fit, or an unusable external-data location; count the external
-    locations into `external`. `negatives` False: the bytes hold no negative varint, so no dim is negative."""
+    locations into `external`."""
     initializers = list(initializers)
     if not label and len({t.name for t in initializers}) != len(initializers):
         seen: set[str] = set()
@@ -386,7 +410,7 @@ def _check_tensors(initializers: Iterable[TensorProto], where: str, external: di
             raise _fail(where, "bad-data-type", what=what, name=_shown(tensor, label), dtype=tensor.data_type)
         dims = tensor.dims[:]  # (a list made at once: prod and min over the protobuf field take twice as long)
         count = prod(dims)
-        if (negatives or count <= 0) and dims and min(dims) < 0:
+        if dims and min(dims) < 0:
             raise _fail(where, "negative-dim", what=what, name=_shown(tensor, label), dims=list(dims))
         if count >= largest:
             raise _fail(where, "too-many-elements", what=what, name=_shown(tensor, label),
