@@ -255,3 +255,49 @@ def test_a_negative_dim_written_packed_is_refused(tmp_path: Path) -> None:
     path.write_bytes(_model_bytes(model, initializer_bytes=[packed]))
     code, _, err = run("report", str(path))
     assert_one_line_error(code, err, "initializer 'w' has a negative dim: dims [-4, -2]")
+
+
+# --- silently wrong: weights inside a branch -------------------------------------------------------------------
+
+def test_weights_inside_an_if_branch_are_named_with_their_graph() -> None:
+    # 4 MiB of weights in the then-branch (an initializer) and 64 bytes in the else-branch (a Constant node)
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [1024, 1024], bytes(4 * MiB), raw=True)
+    then_branch = _branch("t", [weight], [helper.make_node("MatMul", ["x", "w"], ["t_out"])])
+    constant = helper.make_tensor("k", TensorProto.FLOAT, [16], bytes(64), raw=True)
+    else_branch = _branch("e", nodes=[helper.make_node("Constant", [], ["k"], value=constant),
+                                      helper.make_node("Add", ["x", "k"], ["e_out"])])
+    model = _model([helper.make_node("If", ["c"], ["y"], name="gate", then_branch=then_branch,
+                                     else_branch=else_branch)],
+                   [_value("x", [1024]), _value("c", [], TensorProto.BOOL)], [_value("y", [1024])])
+    found = [w for w in onnxmem.analyze(model, {}).warnings if w.code == "subgraph-weights"]
+    assert len(found) == 1
+    message = found[0].message
+    assert message.startswith(f"2 weights ({4 * MiB + 64:,} bytes)")
+    assert f"graph 't' of If node 'gate', 'then_branch': 1 ({4 * MiB:,} bytes)" in message
+    assert "graph 'e' of If node 'gate', 'else_branch': 1 (64 bytes)" in message
+
+
+# --- never write over an input ---------------------------------------------------------------------------------
+
+def _mlp_with_external_weights(folder: Path, weights: str) -> Path:
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], bytes(64), raw=True)
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_value("x", [1, 4])], [_value("y", [1, 4])],
+                   [weight])
+    path = folder / "model.png"  # a model need not end in .onnx: the picture would land on it
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=weights,
+              size_threshold=0)
+    return path
+
+
+@pytest.mark.parametrize("command", [["report"], ["check", "--memory", "1GiB"], ["fit", "--memory", "1GiB"]])
+def test_plot_never_writes_over_the_model_or_its_weights(tmp_path: Path, command: list[str]) -> None:
+    path = _mlp_with_external_weights(tmp_path, "weights.svg")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    (tmp_path / "link.svg").symlink_to(tmp_path / "weights.svg")
+    for target, needle in ((path, "is the model"), (tmp_path / "weights.svg", "external data file 'weights.svg'"),
+                           (tmp_path / "link.svg", "external data file 'weights.svg'"),
+                           (tmp_path / "sub" / ".." / "model.png", "is the model")):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        code, _, err = run(command[0], str(path), *command[1:], "--plot", str(target))
+        assert_one_line_error(code, err, "--plot", needle, "never writes over")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from onnxmem.errors import OnnxMemError, TrainingOptionError, one_line
+from onnxmem.errors import OnnxMemError, TrainingOptionError, one_line, quoted
 from onnxmem.measure.ort_cpu import OPT_LEVELS
 from onnxmem.passes.orders import DEFAULT_ORDER, ORDERS, orders_help
 from onnxmem.passes.pipeline import analysis, analyze
@@ -134,6 +135,25 @@ def _run(debug: bool, work: Any, fmt: str = "table", model: str = "") -> None:
         click.echo(f"onnxmem: internal error: {type(exc).__name__}: {text} (rerun with --debug and report it)",
                    err=True)
         sys.exit(EXIT_INTERNAL)
+
+
+def _refuse_overwriting(option: str, output: str | None, model: str) -> None:
+    """Raise where an output path (`option`'s) is a file the model is read from: the model or its external data
+    (symlinks resolved; the same file by os.path.samefile where both exist): onnxmem never writes over its input."""
+    if output is None:
+        return
+    from onnxmem.ir.load import input_files
+
+    target = Path(output)
+    for given, what in input_files(model):
+        try:
+            same = os.path.samefile(target, given) if target.exists() and given.exists() else \
+                target.resolve() == given.resolve()
+        except (OSError, RuntimeError):  # (RuntimeError: a symlink loop, Python < 3.13)
+            same = False
+        if same:
+            raise OnnxMemError(f"{option} {quoted(output)} is {what}: onnxmem never writes over a file it reads; "
+                               "give another path")
 
 
 def _error_json(fmt: str, model: str, exc: BaseException, message: str | None = None) -> None:
@@ -402,6 +422,7 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
         sys.exit(_report_many(paths, request, jobs, debug))
 
     def work() -> None:
+        _refuse_overwriting("--plot", plot_file, paths[0])
         with _progress_line() as progress:
             analysed = analysis(paths[0], request["dims"], default_dim=default_dim, order=order,
                                 training=request["training"], provider=provider, progress=progress)
@@ -567,6 +588,7 @@ def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, re
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
     def work() -> None:
+        _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import fit as plan_fit  # (fit's and check's modules: start-up a report does not need
 
         with _progress_line() as progress:
@@ -603,6 +625,7 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
 
     def work() -> None:
         nonlocal fits
+        _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import check as plan_check
 
         bound = parse_dims(dims)

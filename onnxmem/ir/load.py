@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from onnxmem.errors import ModelFileError, quoted
 from onnxmem.ir.dtypes import element_bits, tensor_bytes
-from onnxmem.ir.modelcheck import all_initializers, check_model
+from onnxmem.ir.modelcheck import all_initializers, check_model, external_locations
 from onnxmem.shapes.rules import ONNX_DOMAIN_RULE_OPS
 from onnxmem.targets.ort.tables import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
 from onnxmem.views.report import Warning
@@ -246,6 +246,21 @@ def _varint(data: bytes, position: int) -> tuple[int | None, int]:
     if len(data) - position >= 10:
         return 1 << 70, position + 10  # longer than any varint: no length protobuf accepts
     return None, position
+
+
+def input_files(source: str | os.PathLike[str]) -> list[tuple[Path, str]]:
+    """Give the files a model given by path is read from, each with what it is: the model and, where it is a
+    regular file that parses, its external data files (nothing is read from a pipe, which one read empties)."""
+    path = Path(source)
+    found = [(path, "the model")]
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return found
+        proto = onnx.ModelProto.FromString(_read_bounded(path, str(path), True))
+    except (OSError, ModelFileError, DecodeError):
+        return found
+    return found + [(path.parent / location, f"the model's external data file {quoted(location)}")
+                    for location in external_locations(proto)]
 
 
 def _missing_external_data(external: dict[str, int], base: Path) -> list[Warning]:

@@ -21,8 +21,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-from onnxmem.errors import ModelFileError, quoted
-from onnxmem.ir.dtypes import dtype_name, element_bits
+from onnxmem.errors import ModelFileError, listing, quoted
+from onnxmem.ir.dtypes import dtype_name, element_bits, tensor_bytes
 from onnxmem.targets.ort.tables import CONTROL_FLOW
 from onnxmem.views.report import Warning
 
@@ -58,6 +58,9 @@ WARNINGS: dict[str, str] = {
                    "{known}, and infers its operators by those rules (pip install -U onnx)",
     "newer-ir-version": "the model's IR version {version} is newer than the installed onnx {onnx} knows ({known}) "
                         "(pip install -U onnx)",
+    "subgraph-weights": "{count} weights ({nbytes:,} bytes) live in graphs that nodes hold (control-flow bodies), "
+                        "which weights_bytes and the peak leave out (onnxruntime holds them from session creation): "
+                        "{places}",
 }
 
 # The longest integer vector declared on a graph input that is given to ONNX's shape inference: its data
@@ -115,7 +118,18 @@ def check_model(model: ModelProto, where: str, data: bytes | None = None) -> Che
     for nodes in walk.with_bodies:
         _check_bodies(nodes, where)
     _check_functions(model, where)
+    warnings.extend(_subgraph_weights(walk))
     return Checked(tuple(warnings), external, frozenset(walk.op_types), walk.holds_graphs)
+
+
+def external_locations(model: ModelProto) -> list[str]:
+    """Give the external-data locations of the model's initializers and Constant values, at every depth."""
+    walk = _walk(model)
+    tensors = [*(t for graph in walk.graphs for t in graph.initializer),
+               *(a.t for nodes in walk.with_constants for node in nodes for a in node.attribute
+                 if a.type == AttributeProto.TENSOR)]
+    return list(dict.fromkeys(entry.value for t in tensors if t.data_location == TensorProto.EXTERNAL
+                              for entry in t.external_data if entry.key == "location"))
 
 
 def all_initializers(graph: GraphProto) -> Iterator[TensorProto]:
@@ -318,6 +332,7 @@ class _Walk:
     """What one walk over every node of a model finds (see _walk)."""
 
     graphs: list[GraphProto]  # the main graph and every graph a node holds, at any depth
+    holders: list[str]  # per graph after the main one: the node and attribute that hold it
     op_types: set[str]
     with_constants: list[Sequence[onnx.NodeProto]]  # the node lists (of graphs, of functions) with a Constant node
     with_bodies: list[Sequence[onnx.NodeProto]]  # those with a control-flow node of ONNX's domain
@@ -328,13 +343,15 @@ def _walk(model: ModelProto) -> _Walk:
     """Give every graph of the model and what its nodes are, reading each node list once (iteratively: nesting
     depth is the file's). A node holds graphs where it is a control-flow operator or of a domain beyond ONNX's
     own (as graph.build_graph reads them); its graph attributes are read there only."""
-    walk = _Walk([], set(), [], [], False)
-    graphs: list[GraphProto] = [model.graph]
+    walk = _Walk([], [], set(), [], [], False)
+    graphs: list[tuple[GraphProto, str]] = [(model.graph, "")]
     functions: list[Sequence[onnx.NodeProto]] = [f.node for f in model.functions]
     while graphs or functions:
         if graphs:
-            graph = graphs.pop()
+            graph, holder = graphs.pop()
             walk.graphs.append(graph)
+            if holder:
+                walk.holders.append(holder)
             nodes: Sequence[onnx.NodeProto] = graph.node
         else:
             nodes = functions.pop()
@@ -353,8 +370,28 @@ def _walk(model: ModelProto) -> _Walk:
             for attribute in node.attribute:
                 held = _attribute_graphs(attribute)
                 walk.holds_graphs = walk.holds_graphs or bool(held)
-                graphs.extend(held)
+                holder = f"{node.op_type} node {quoted(node.name)}, {quoted(attribute.name)}"
+                graphs.extend((graph, holder) for graph in held)
     return walk
+
+
+def _subgraph_weights(walk: _Walk) -> list[Warning]:
+    """Give the warning naming the initializers and Constant values that live in graphs held by nodes, with the
+    graph each lives in (checked beforehand: their dims are sound)."""
+    places: list[str] = []
+    count = total = 0
+    for graph, holder in zip(walk.graphs[1:], walk.holders, strict=True):
+        tensors = [*graph.initializer, *(a.t for node in graph.node if node.op_type == "Constant"
+                                         and node.domain in _STANDARD for a in node.attribute
+                                         if a.type == AttributeProto.TENSOR)]
+        if not tensors:
+            continue
+        nbytes = sum(tensor_bytes(t.data_type, math.prod(t.dims)) or 0 for t in tensors)
+        count, total = count + len(tensors), total + nbytes
+        places.append(f"graph {quoted(graph.name)} of {holder}: {len(tensors)} ({nbytes:,} bytes)")
+    if not places:
+        return []
+    return [_warning("subgraph-weights", count=count, nbytes=total, places=listing(places, 5, "; "))]
 
 
 def _subgraphs_of(graph: GraphProto) -> Iterator[GraphProto]:
