@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onnxmem.errors import (
+        ArgumentError,
         DimError,
         MissingExtraError,
         ModelFileError,
@@ -29,8 +30,8 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
     **dict.fromkeys(("Analysis", "analysis", "analyze"), "passes.pipeline"),
-    **dict.fromkeys(("DimError", "MissingExtraError", "ModelFileError", "OnnxMemError", "RuntimeMeasurementError",
-                     "TargetError"), "errors"),
+    **dict.fromkeys(("ArgumentError", "DimError", "MissingExtraError", "ModelFileError", "OnnxMemError",
+                     "RuntimeMeasurementError", "TargetError"), "errors"),
     **dict.fromkeys(("check", "fit", "parse_size"), "plan.fit"),
     **dict.fromkeys(("CheckResult", "FitResult", "InferenceReport", "Report", "Warning"), "views.report"),
     "TrainingOptions": "training.step",
@@ -53,6 +54,7 @@ __all__ = [
     "Validation",
     "Warning",
     "OnnxMemError",
+    "ArgumentError",
     "ModelFileError",
     "DimError",
     "MissingExtraError",

@@ -68,3 +68,7 @@ def one_line(text: str, longest: int = LONGEST_MESSAGE) -> str:
     if len(text) > longest:
         text = f"{text[:longest]}... (cut: {len(text) - longest:,} more characters)"
     return text
+
+
+class ArgumentError(OnnxMemError, TypeError):
+    """An argument given to a library function has a type it does not take; the message names the argument."""

@@ -301,3 +301,31 @@ def test_plot_never_writes_over_the_model_or_its_weights(tmp_path: Path, command
         code, _, err = run(command[0], str(path), *command[1:], "--plot", str(target))
         assert_one_line_error(code, err, "--plot", needle, "never writes over")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+
+
+# --- library arguments checked at the door ---------------------------------------------------------------------
+
+def _entry_points() -> dict[str, object]:
+    return {"analyze": onnxmem.analyze, "analysis": onnxmem.analysis, "fit": lambda *a, **k: onnxmem.fit(
+        *a[:1], dims=a[1], memory="1GiB", **k), "check": lambda *a, **k: onnxmem.check(*a, memory="1GiB", **k),
+        "validate": lambda *a, **k: onnxmem.validate(*a, **{n: v for n, v in k.items() if n != "order"})}
+
+
+@pytest.mark.parametrize("name", ["analyze", "analysis", "fit", "check", "validate"])
+@pytest.mark.parametrize(("argument", "given", "error"), [
+    ("model", 42, onnxmem.ArgumentError), ("model", b"m.onnx", onnxmem.ArgumentError),
+    ("dims", [("batch", 2)], onnxmem.ArgumentError), ("dims", {"batch": "2"}, onnxmem.DimError),
+    ("dims", {3: 2}, onnxmem.DimError), ("dims", {"batch": True}, onnxmem.DimError),
+    ("default_dim", "4", onnxmem.DimError), ("order", 5, onnxmem.ArgumentError),
+    ("provider", 3, onnxmem.ArgumentError), ("training", "adam", onnxmem.ArgumentError)])
+def test_a_wrong_argument_is_an_error_that_names_it(tmp_path: Path, name: str, argument: str, given: object,
+                                                     error: type[Exception]) -> None:
+    if name == "validate" and argument in ("order", "training"):
+        pytest.skip("validate takes no such argument")
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_value("x", ["batch", 4])], [_value("y", ["batch", 4])])
+    path = save(model, tmp_path / "m.onnx")
+    arguments: dict[str, object] = {"model": path, "dims": {"batch": 2}, argument: given}
+    call = _entry_points()[name]
+    with pytest.raises(error, match=rf"^{name}\({argument}=\.\.\.\)") as raised:
+        call(arguments.pop("model"), arguments.pop("dims"), **arguments)  # type: ignore[operator]
+    assert isinstance(raised.value, onnxmem.OnnxMemError)

@@ -20,6 +20,7 @@ from typing import Any
 
 import onnx
 
+from onnxmem.arguments import check_arguments
 from onnxmem.ir.graph import ModelGraph, build_graph
 from onnxmem.ir.load import load_model
 from onnxmem.passes.liveness import Timeline, pattern_block_bytes
@@ -124,6 +125,7 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
     RuntimeMeasurementError
         onnxruntime could not run the model.
     """
+    check_arguments("validate", model, dims, default_dim, provider=provider)
     from onnxmem.measure.inputs import make_feeds
 
     loaded = load_model(model)

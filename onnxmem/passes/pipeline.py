@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from onnxmem.arguments import check_arguments
 from onnxmem.ir.dtypes import dtype_name
 from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph
 from onnxmem.ir.load import LoadedModel, load_model
@@ -144,6 +145,7 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
+    check_arguments("analysis", model, dims, default_dim, order, provider, training, (LoadedModel, Sizing))
     if progress is not None and not isinstance(model, Sizing):
         progress("loading the model and sizing its tensors")
     sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules,
@@ -358,6 +360,7 @@ def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, def
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
+    check_arguments("analyze", model, dims, default_dim, order, provider, training, (LoadedModel, Sizing))
     return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
                     provider=provider, progress=progress).report
 

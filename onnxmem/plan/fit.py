@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from onnxmem.arguments import check_arguments
 from onnxmem.errors import DimError, TargetError
 from onnxmem.ir.graph import ModelGraph
 from onnxmem.ir.load import LoadedModel
@@ -390,6 +391,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     DimError
         `search` is no dim of the model, or is also bound in `dims`.
     """
+    check_arguments("fit", model, dims, default_dim, order, provider, training)
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     check_parallelism(gpus, shard, training is not None, offload)
@@ -574,6 +576,7 @@ def check(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str, in
     TargetError
         The target is missing, ambiguous or malformed.
     """
+    check_arguments("check", model, dims, default_dim, order, provider, training)
     target = resolve_target(memory, gpu, runtime, reserve)
     budget = budget_bytes(target)
     check_parallelism(gpus, shard, training is not None, offload)
