@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import onnx
@@ -332,34 +331,57 @@ def test_gpus_must_be_positive(tmp_path: Path) -> None:
     assert code == 2 and "Invalid value for '--gpus'" in err
 
 
+# The command run by the signal test, stopped where it is ready: an audit hook (sys.addaudithook) says so on a pipe,
+# then waits there for the signal, so that the signal lands at that stage whatever the machine's load: "imports",
+# once console.run has set its early handlers and starts importing the CLI; "analysis", as the model is opened.
+_STOPPED_AT = """
+import os, sys, time
+stage, ready = sys.argv.pop(1), int(sys.argv.pop(1))
+model = sys.argv[2]
+fired = []
+
+def stop(event, args):
+    if fired:
+        return
+    if (stage == "imports" and event == "import" and args[0] == "onnxmem.cli.commands") or \
+            (stage == "analysis" and event == "open" and args and str(args[0]) == model):
+        fired.append(event)
+        os.write(ready, b"ready\\n")
+        time.sleep(120)  # the signal ends the wait: its handler exits, or raises here
+
+sys.addaudithook(stop)
+sys.argv[0] = "onnxmem"
+from onnxmem.cli.console import run
+run()
+"""
+
+
 @pytest.mark.parametrize(("signum", "code", "word"), [(signal.SIGINT, 130, "interrupted"),
                                                       (signal.SIGTERM, 143, "terminated")])
-@pytest.mark.parametrize("after_s", [0.05, 0.4])
+@pytest.mark.parametrize("stage", ["imports", "analysis"])
 def test_a_signal_at_any_time_ends_with_one_line(tmp_path: Path, signum: int, code: int, word: str,
-                                                 after_s: float) -> None:
-    # While the command starts (its imports) and while it analyses a graph of ~10k nodes: one line, no traceback.
-    from benchmarks.llm_graphs import LlamaShape, make_llama
+                                                 stage: str) -> None:
+    # While the command starts (its imports) and while it analyses a graph: one line, no traceback. The child says
+    # when it has reached the stage (no sleep: on a loaded machine a timed signal came before any handler).
+    import select
 
-    path = save(make_llama(LlamaShape(layers=200, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)),
-                tmp_path / "m.onnx")
-    for _ in range(4):
-        process = subprocess.Popen([sys.executable, "-m", "onnxmem", "report", path, "--dim", "batch=1", "--dim",
-                                    "seq=8", "--dim", "past=1", "--training"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
-        time.sleep(after_s)
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen([sys.executable, "-c", _STOPPED_AT, stage, str(write_end), "report", path,
+                                    "--dim", "batch=2", "--training"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, pass_fds=(write_end,),
+                                   cwd=Path(__file__).resolve().parent.parent)
+        os.close(write_end)
+        write_end = -1
+        assert select.select([read_end], [], [], 120)[0], "the command never reached the stage"
+        assert os.read(read_end, 16) == b"ready\n"
         process.send_signal(signum)
         _, err = process.communicate(timeout=120)
-        # our frames in a traceback: only module-level code (importing the package, __main__ importing console)
-        # means the signal came before console.run installed the handlers
-        ours = [line for line in err.splitlines() if line.strip().startswith("File ")
-                and f"{os.sep}onnxmem{os.sep}" in line]
-        before_ours = process.returncode == -signum and all(line.endswith("in <module>") for line in ours)
-        if "Fatal Python error: init_import_site" not in err and not before_ours:
-            break
-        # a loaded machine: the signal came while the interpreter itself started, before any handler of ours was
-        # installed (its default action, site's import interrupted, runpy still looking for the package, or our
-        # package's module-level imports); later is still during our imports
-        after_s *= 2
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
     assert process.returncode == code, err[-2000:]
     assert err == f"onnxmem: {word}\n"
 
