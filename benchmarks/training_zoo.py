@@ -584,6 +584,20 @@ def render(rows: list[ZooRow]) -> str:
     return "\n".join(out)
 
 
+def estimate_again(path: Path, folder: Path) -> None:
+    """Recompute the estimates of the rows in `path` (on the exports in `folder`) and rewrite them."""
+    rows = json.loads(path.read_text())
+    for row in rows:
+        case = case_named(row["model"])
+        variant = row["variant"]
+        row["estimate"], row["warned"] = estimate(folder / f"{case.name}.train.onnx", {"batch": row["batch"]}, case,
+                                                  row["optimizer"], variant)
+        if row.get("default") is not None:
+            row["default"], row["default_warned"] = estimate(folder / f"{case.name}.default.onnx", {}, case,
+                                                             row["optimizer"], variant)
+    path.write_text(json.dumps(rows, indent=1))
+
+
 def memtracker_again(path: Path, folder: Path) -> None:
     """Measure MemTracker's column of the rows in `path` again (with the exports' saved weights) and rewrite it."""
     sys.path.insert(0, str(TOOLS))
@@ -611,8 +625,14 @@ def main() -> None:
     parser.add_argument("--merge", default="", help="comma-separated JSON files of rows (--json): render them only")
     parser.add_argument("--memtracker-again", type=Path,
                         help="a JSON file of rows (--json): measure MemTracker's column again and rewrite it")
+    parser.add_argument("--estimate-again", type=Path,
+                        help="a JSON file of rows (--json): recompute onnxmem's estimates (a rule changes only them; "
+                             "the truth and MemTracker columns are kept) and rewrite it")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.estimate_again:
+        estimate_again(args.estimate_again, args.out)
+        return
     if args.memtracker_again:
         memtracker_again(args.memtracker_again, args.out)
         return

@@ -92,6 +92,8 @@ class StepModel:
     autograd_nodes: dict[int, int] = field(default_factory=dict)
     # what the ops ask of the device's libraries (DeviceModel.library_uses: oneDNN's primitives, MKL's GEMMs on CPU)
     library: object = None
+    # freeze/train patterns that reach a tied weight by a name PyTorch's named_parameters does not give it
+    tied_patterns: tuple[str, ...] = ()
 
 
 def _autocast_fp32(node: StepNode, device: DeviceModel) -> bool:
@@ -127,7 +129,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     n_graph_nodes = len(nodes)
     model_output, loss_value = _append_loss(graph, values, nodes, options)
     _wire(graph, values, nodes)
-    params, frozen, unmatched = _parameters(graph, values, nodes, options)
+    params, frozen, unmatched, tied_patterns = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options, device)
     roots = _storage_roots(values, nodes, graph)
     needs_grad, differentiable = _gradient_flow(values, nodes, params)
@@ -144,7 +146,8 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
                   n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
                   needs.forward_temporaries, needs.autograd_nodes,
-                  device.library_uses(nodes, values, needs_grad, differentiable, options.precision))
+                  device.library_uses(nodes, values, needs_grad, differentiable, options.precision),
+                  tied_patterns=tied_patterns)
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -240,9 +243,10 @@ def _wire(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode]) -> 
 
 
 def _parameters(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode], options: TrainingOptions) -> \
-        tuple[list[int], list[int], tuple[str, ...]]:
+        tuple[list[int], list[int], tuple[str, ...], tuple[str, ...]]:
     """Give the trainable and the frozen parameters, in first-use order: float initializers that feed computation,
-    not buffers (running statistics), not scalars; and the freeze/train patterns that match none of them."""
+    not buffers (running statistics), not scalars; the freeze/train patterns that match none of them; and the
+    patterns that reach a tied weight only by a name PyTorch does not give it (tied_weight_name)."""
     unmatched = {("freeze", p) for p in options.freeze} | {("train", p) for p in options.train}
     buffers: set[int] = {graph.tensor_index[name] for name in _signature_buffers(graph) if name in graph.tensor_index}
     for node in nodes:
@@ -251,6 +255,8 @@ def _parameters(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode
                 buffers.add(node.inputs[i])
     params: list[int] = []
     frozen: list[int] = []
+    tied: list[str] = []
+    named = set(re.findall(r": PARAMETER target='([^']+)'", graph.properties.get(GRAPH_SIGNATURE_PROPERTY, "")))
     seen: set[int] = set()
     for node in nodes:
         for t in node.inputs:
@@ -261,13 +267,48 @@ def _parameters(graph: ModelGraph, values: list[StepValue], nodes: list[StepNode
             if t in buffers or any(b in v.name for b in _BUFFER_NAMES) or (v.numel or 0) <= 1:
                 continue
             module = module_path(node.layer)
+            name = tied_weight_name(v.name, [_module_name(nodes[c].layer) for c in v.consumers if c < len(nodes)],
+                                    named)
             if unmatched:
-                unmatched -= {(flag, p) for flag, p in unmatched if _matches(v.name, module, (p,))}
-            if _is_trainable_name(v.name, module, options):
+                unmatched -= {(flag, p) for flag, p in unmatched
+                              if _matches(name, module, (p,)) or _matches(v.name, module, (p,))}
+            if _is_trainable_name(name, module, options):
                 params.append(t)
             else:
                 frozen.append(t)
-    return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched))
+            if name != v.name:
+                flags = (("train", options.train), ("freeze", options.freeze))
+                tied += [f"{flag} pattern '{p}' reaches '{v.name}' (the export's name) but not '{name}'"
+                         for flag, patterns in flags for p in patterns
+                         if _matches(v.name, module, (p,)) and not _matches(name, module, (p,))]
+    return params, frozen, tuple(f"{flag} pattern '{p}'" for flag, p in sorted(unmatched)), tuple(tied)
+
+
+def _module_name(layer: str) -> str:
+    """Give the name of the module a node runs in, as named_modules gives it: a dynamo export's innermost scope
+    ('model.lm_head' in ': Wrapper/model: Causal/model.lm_head: Linear/linear: aten.linear.default'), else the
+    module path."""
+    if ":" in layer:
+        names = [part.split(":")[0].strip() for part in layer.split("/")]
+        return names[-2] if len(names) >= 2 else ""
+    return module_path(layer)
+
+
+def tied_weight_name(name: str, readers: list[str], named: set[str] | frozenset[str] = frozenset()) -> str:
+    """Give the name PyTorch's named_parameters gives a weight: a weight tied across modules (read by several) is
+    listed once, by the module that registered it first, which is the first to read it in the forward (an
+    embedding before the head tied to it), while the dynamo exporter names the initializer by another owner (a
+    hand-tied head's, Falcon's, GPT-2's: 'lm_head.weight' where named_parameters gives only 'wte.weight';
+    benchmarks/training_single_ops.py --tied). `named`: the parameter names the export's graph signature lists
+    (each owner's, a tied weight's under both): the first reader's name is taken only where it is one of them."""
+    owner = name.rpartition(".")[0]
+    first = next((r for r in readers if r), "")
+    if not first or not owner or owner == first or owner not in readers:
+        return name
+    resolved = f"{first}.{name.rpartition('.')[2]}"
+    if named and resolved not in named:
+        return name
+    return resolved
 
 
 def _signature_buffers(graph: ModelGraph) -> list[str]:

@@ -131,6 +131,10 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Where": Saves(inputs=(0,)),
     "Gather": Saves(inputs=(1,)),
     "GatherElements": Saves(inputs=(1,)),
+    # advanced indexing (w[idx], aten.index.Tensor, which the dynamo exporter writes as GatherND) keeps its indices
+    # only, not the indexed tensor nor the gathered one (saved-tensor hooks: benchmarks/training_single_ops.py
+    # --gathernd); Qwen2-MoE's batched_mm gathers each token's expert weights so
+    "GatherND": Saves(inputs=(1,)),
     "ScatterND": Saves(inputs=(1,)),
     "AveragePool": UNARY_INPUT,
     # keep a mask or indices besides (or instead of) tensors

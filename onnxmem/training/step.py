@@ -213,6 +213,13 @@ def _assumptions(graph: ModelGraph, model: StepModel, options: TrainingOptions, 
         notes.append(f"[unmatched-pattern] no parameter's name or module path matches {', '.join(model.unmatched)}"
                      f": {'it changes' if len(model.unmatched) == 1 else 'they change'} nothing (the report's "
                      "parameter groups list the module paths)")
+    notes.extend(options.device_model.unmodelled(model.nodes, model.values, model.needs_grad, model.differentiable,
+                                                 options.precision))
+    if model.tied_patterns:
+        notes.append(f"[tied-weight-pattern] {'; '.join(model.tied_patterns)}: a weight tied to another module "
+                     "is listed once by PyTorch's named_parameters, under the module that registered it first, so "
+                     "a pattern applied to named_parameters does not reach it by the other name; it is matched by "
+                     "named_parameters' name here (a module's requires_grad_() would reach it by either)")
     if options.precision.startswith("amp-"):
         notes.append("mixed precision: fp32 master weights, gradients and optimizer state; MatMul/Gemm/Conv run in "
                      "16 bits on 16-bit copies of their inputs and weights; Softmax, LayerNorm and the loss in fp32")

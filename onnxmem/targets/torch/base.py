@@ -132,6 +132,12 @@ class DeviceModel(Protocol):
         """Give the buffers the libraries keep for `uses`, made at event(node, in its backward) (< 0: not run)."""
         ...
 
+    def unmodelled(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
+                   differentiable: list[bool], precision: str) -> tuple[str, ...]:
+        """Give '[unmodelled-kernel] message' notes for kernels the step runs whose memory the device model knows
+        it does not count (the estimate may be low there), empty where none."""
+        ...
+
     def held_bytes(self, events: Sequence[tuple[int, bool]]) -> HeldPeaks:
         """Give the allocator's peaks over (size, is a free) events: a free names the size it frees, the most recent
         live allocation of that size."""

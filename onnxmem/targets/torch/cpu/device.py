@@ -26,10 +26,11 @@ from onnxmem.targets.torch.cpu.tables import (
     CPU_ISAS,
     CPU_KERNELS,
     CPU_RECURRENT,
+    FROZEN_LSTM_FORWARD_HEAP,
     CpuIsa,
     CpuRecurrent,
 )
-from onnxmem.training.values import RecurrentDims, StepNode, StepValue
+from onnxmem.training.values import RecurrentDims, StepNode, StepValue, saves_rule
 
 CAVEAT = ("the CPU device model counts PyTorch's CPU heap as measured with a malloc counter on torch 2.13 (AVX2, "
           "one thread; AVX-512's primitives and MKL blocks taken as AVX2's)")
@@ -136,6 +137,21 @@ class TorchCpu:
         run = self._run(precision)
         return CpuLibraryUses(node_primitives(nodes, values, needs_grad, differentiable, run),
                               node_gemms(nodes, values, needs_grad, differentiable, run))
+
+    def unmodelled(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
+                   differentiable: list[bool], precision: str) -> tuple[str, ...]:
+        """Give a note where an LSTM runs without a backward (frozen, and nothing before it trains): PyTorch then
+        runs oneDNN's inference primitive, whose scratch is not modelled (tables.py FROZEN_LSTM_FORWARD_HEAP)."""
+        frozen = [n for n, node in enumerate(nodes) if not differentiable[n]
+                  and (rule := saves_rule(node.op_type, node.domain)) is not None and rule.recurrent == "LSTM"]
+        if not frozen:
+            return ()
+        low, high = FROZEN_LSTM_FORWARD_HEAP
+        return (f"[unmodelled-kernel] {len(frozen)} LSTM node(s) run without a backward (frozen): PyTorch runs "
+                f"oneDNN's inference primitive there, whose forward scratch is not counted (measured {low:,}-"
+                f"{high:,} bytes on single 1-2 layer LSTMs of 64-256 hidden units, batch 4-8, 32-64 steps, growing "
+                "with batch x steps x hidden: benchmarks/training_single_ops.py --frozen-lstm); the forward peak "
+                "may be that much higher",)
 
     def library_buffers(self, uses: object, event: Callable[[int, bool], int]) -> list[LibraryBuffer]:
         """Give oneDNN's cached primitives (tables.py OnednnPrimitives: each distinct key once, from the first event

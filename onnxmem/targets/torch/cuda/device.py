@@ -39,6 +39,11 @@ class TorchCuda:
     def check(self) -> None:
         """Raise nothing: the device takes no options."""
 
+    def unmodelled(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
+                   differentiable: list[bool], precision: str) -> tuple[str, ...]:
+        """Give nothing: the whole device is uncalibrated, which its caveat says."""
+        return ()
+
     def autocast_fp32(self, key: str, appended_loss: bool) -> bool:
         """Say whether autocast on CUDA runs the op in fp32 (tables.py AUTOCAST_FP32)."""
         return key in AUTOCAST_FP32

@@ -1,0 +1,212 @@
+"""Single-op measurements behind the training rules written from the training zoo (benchmarks/training_zoo.py).
+
+    python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--frozen-lstm]
+
+--tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
+hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
+gradient bytes one step makes when requires_grad is set by fnmatch patterns over named_parameters (the usual loop,
+and benchmarks/training_zoo.py's), by the exported name and by named_parameters' name; the step's c10 peak beside
+(PyTorch's allocator, exact, by the profiler). Behind onnxmem/training/model.py tied_weight_name.
+
+--dropout: one Linear + Dropout(0.1) (+ the loss) stepped in train mode and with the Dropout gone (what an eval
+export leaves): the c10 peak of each, and whether each export (train mode, optimize=False; eval mode, the default)
+has a Dropout node. What an eval export removes, which the export-mode-unknown warning states.
+
+--gathernd: what PyTorch saves for backward of advanced indexing (`w[idx]`, aten.index.Tensor, which the dynamo
+exporter writes as GatherND; Qwen2-MoE's batched_mm gathers each token's expert weights so), by saved-tensor hooks:
+the indices only, not the gathered tensor nor the indexed one. Behind SAVED_FOR_BACKWARD["GatherND"].
+
+--frozen-lstm: the heap peak (every malloc: the LD_PRELOAD counter, as benchmarks/accuracy_training.py measures;
+each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
+and PyTorch runs oneDNN's inference primitive: behind targets/torch/cpu/tables.py FROZEN_LSTM_FORWARD_HEAP and the
+unmodelled-kernel warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.torch_memory import c10_peak  # noqa: E402
+from benchmarks.zoo import quiet  # noqa: E402
+
+
+class TiedHead(nn.Module):
+    def __init__(self, vocab: int = 1000, d: int = 64) -> None:
+        super().__init__()
+        self.wte, self.proj = nn.Embedding(vocab, d), nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(self.wte(ids)))
+
+
+def tied() -> None:
+    import onnx
+
+    torch.manual_seed(0)
+    model = TiedHead()
+    ids = torch.randint(0, 1000, (8, 32))
+    names = [n for n, _ in model.named_parameters()]
+    with tempfile.TemporaryDirectory() as folder, quiet():
+        path = Path(folder) / "tied.onnx"
+        torch.onnx.export(model, (ids,), str(path), dynamo=True, optimize=False)
+        initializers = sorted(i.name for i in onnx.load(str(path)).graph.initializer if "weight" in i.name)
+    print(f"named_parameters: {names}; the dynamo export's initializers: {initializers}")
+    print()
+    print("| trainable by pattern (over named_parameters) | parameters reached | gradient bytes | step c10 peak |")
+    print("|---|---|---:|---:|")
+    for patterns in (("head.*", "proj.*"), ("wte.*", "proj.*"), ("proj.*",)):
+        for name, parameter in model.named_parameters():
+            parameter.grad = None
+            parameter.requires_grad_(any(fnmatch.fnmatchcase(name, p) for p in patterns))
+        reached = [n for n, p in model.named_parameters() if p.requires_grad]
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+
+        def step(opt: torch.optim.Optimizer = opt) -> None:
+            opt.zero_grad(set_to_none=True)
+            out = model(ids)
+            F.cross_entropy(out.reshape(-1, 1000), ids.reshape(-1)).backward()
+            opt.step()
+
+        peak = c10_peak(step)
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+        print(f"| {', '.join(patterns)} | {', '.join(reached)} | {grads:,} | {peak:,} |")
+
+
+class DropLinear(nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.fc, self.drop, self.head = nn.Linear(256, 512), nn.Dropout(p), nn.Linear(512, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(F.relu(self.fc(x))))
+
+
+def dropout() -> None:
+    import onnx
+
+    x, y = torch.randn(1024, 256), torch.randint(0, 10, (1024,))
+    print("| model | Dropout node in the export | step c10 peak |")
+    print("|---|---|---:|")
+    for label, p, export_train in (("Dropout(0.1), train mode", 0.1, True), ("Dropout removed (eval export)", 0.1,
+                                                                              False)):
+        torch.manual_seed(0)
+        model = DropLinear(p)
+        with tempfile.TemporaryDirectory() as folder, quiet():
+            path = Path(folder) / "m.onnx"
+            if export_train:
+                torch.onnx.export(model.train(), (x,), str(path), dynamo=True, optimize=False)
+            else:
+                torch.onnx.export(model.eval(), (x,), str(path), dynamo=True)
+            has = any(n.op_type == "Dropout" for n in onnx.load(str(path)).graph.node)
+        model.train() if export_train else model.eval()  # eval: the step PyTorch would make without the Dropout
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step(model: nn.Module = model, opt: torch.optim.Optimizer = opt) -> None:
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        print(f"| {label} | {has} | {c10_peak(step):,} |")
+    print(f"\n(the Dropout's output is 1024 x 512 x 4 = {1024 * 512 * 4:,} bytes)")
+
+
+def gathernd() -> None:
+    import onnx
+
+    saved: list[tuple[str, tuple[int, ...]]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((str(t.dtype), tuple(t.shape)))
+        return t
+
+    class Index(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 64, 32))
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return self.w[idx]
+
+    model, idx = Index(), torch.tensor([0, 2, 2, 1, 3, 0])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(idx)
+    with tempfile.TemporaryDirectory() as folder, quiet():
+        path = Path(folder) / "index.onnx"
+        torch.onnx.export(model, (idx,), str(path), dynamo=True, optimize=False)
+        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    print(f"w [4, 64, 32] fp32 (requires grad), idx [6] int64: w[idx] is {list(out.shape)}; exported as {ops}; "
+          f"saved for backward: {saved}")
+
+
+LSTM_SHAPES = ((1, 64, 128, 4, 32), (2, 64, 128, 4, 32), (1, 64, 128, 8, 32), (1, 128, 128, 4, 32),
+               (1, 64, 256, 4, 32), (1, 64, 128, 4, 64))
+
+
+def frozen_lstm_one(layers: int, features: int, hidden: int, batch: int, steps: int) -> None:
+    """Print the heap peak of a frozen LSTM's forward in this fresh process (under the malloc counter)."""
+    from benchmarks.accuracy_training import heap_peak, warm_up
+
+    warm_up()
+    torch.manual_seed(0)
+    lstm = nn.LSTM(features, hidden, num_layers=layers, batch_first=True).requires_grad_(False)
+    x = torch.randn(batch, steps, features)
+    outputs: list[torch.Tensor] = []
+    peak = heap_peak(lambda: outputs.append(lstm(x)[0]))
+    print(f"@@ {peak} {outputs[0].numel() * 4}")
+
+
+def frozen_lstm() -> None:
+    print("| layers | features | hidden | batch | steps | forward heap peak | of which the output |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in LSTM_SHAPES:
+        out = subprocess.run([sys.executable, __file__, "--frozen-lstm-one", *map(str, shape)], capture_output=True,
+                             text=True, check=True).stdout
+        peak, output = next(line for line in out.splitlines() if line.startswith("@@")).split()[1:]
+        print(f"| {' | '.join(map(str, shape))} | {int(peak):,} | {int(output):,} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--dropout", action="store_true")
+    parser.add_argument("--gathernd", action="store_true")
+    parser.add_argument("--frozen-lstm", action="store_true")
+    parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.frozen_lstm_one:
+        frozen_lstm_one(*args.frozen_lstm_one)
+        return
+    if args.frozen_lstm:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        frozen_lstm()
+        return
+    if args.gathernd:
+        gathernd()
+        return
+    everything = not (args.tied or args.dropout)
+    if args.tied or everything:
+        tied()
+        print()
+    if args.dropout or everything:
+        dropout()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Estimates that may be low for a reason onnxmem can see carry a named warning: a frozen LSTM on CPU runs oneDNN's
+inference primitive, whose forward scratch is not modelled (unmodelled-kernel)."""
+
+from __future__ import annotations
+
+import onnx
+import onnx.helper as oh
+from onnx import TensorProto
+
+import onnxmem
+from onnxmem.training.step import TrainingOptions
+
+from . import graphs
+
+T, B, I, H = 16, 8, 32, 64  # noqa: E741
+
+
+def lstm_head() -> onnx.ModelProto:
+    """LSTM (X [T,B,I]) -> its last hidden state Y_h [1,B,H] -> a Gemm head 'fc' [B,10]."""
+    return graphs.model(
+        [oh.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "c0"], ["Y", "Y_h", "Y_c"], name="/lstm/LSTM",
+                      hidden_size=H),
+         oh.make_node("Reshape", ["Y_h", "shape"], ["h"], name="/Reshape"),
+         oh.make_node("Gemm", ["h", "fc.weight", "fc.bias"], ["y"], name="/fc/Gemm", transB=1)],
+        [graphs.value("X", [T, B, I]), graphs.value("h0", [1, B, H]), graphs.value("c0", [1, B, H])],
+        [graphs.value("y", [B, 10])],
+        [graphs.external_header("W", TensorProto.FLOAT, [1, 4 * H, I]),
+         graphs.external_header("R", TensorProto.FLOAT, [1, 4 * H, H]),
+         graphs.external_header("B", TensorProto.FLOAT, [1, 8 * H]),
+         graphs.external_header("fc.weight", TensorProto.FLOAT, [10, H]),
+         graphs.external_header("fc.bias", TensorProto.FLOAT, [10]),
+         oh.make_tensor("shape", TensorProto.INT64, [2], [B, H])])
+
+
+def codes(**options: object) -> set[str]:
+    report = onnxmem.analyze(lstm_head(), None, training=TrainingOptions(optimizer="sgd", **options))  # type: ignore[arg-type]
+    return {w.code for w in report.warnings}
+
+
+def test_a_frozen_lstm_on_cpu_is_warned_about() -> None:
+    assert "unmodelled-kernel" in codes(device="cpu", train=("fc.*",))
+
+
+def test_a_trained_lstm_or_one_on_cuda_is_not() -> None:
+    assert "unmodelled-kernel" not in codes(device="cpu")
+    assert "unmodelled-kernel" not in codes(device="cuda", train=("fc.*",))
