@@ -1,6 +1,6 @@
 """Single-op measurements behind the training rules written from the training zoo (benchmarks/training_zoo.py).
 
-    python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--frozen-lstm]
+    python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--frozen-lstm]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -15,6 +15,12 @@ has a Dropout node. What an eval export removes, which the export-mode-unknown w
 --gathernd: what PyTorch saves for backward of advanced indexing (`w[idx]`, aten.index.Tensor, which the dynamo
 exporter writes as GatherND; Qwen2-MoE's batched_mm gathers each token's expert weights so), by saved-tensor hooks:
 the indices only, not the gathered tensor nor the indexed one. Behind SAVED_FOR_BACKWARD["GatherND"].
+
+--sdpa-heads: what F.scaled_dot_product_attention saves on CPU (saved-tensor hooks, fp32, batch 4, 4 query heads,
+32 tokens, head dim 32) where k and v have fewer heads than q: broadcast without enable_gqa (Falcon's multi-query
+attention) PyTorch runs the math path, keeping q scaled and k and v expanded to q's heads (copies) and the
+probabilities; with enable_gqa, flash attention. No rule yet: the loaded graph keeps the ATen op's tensor arguments
+but not its keyword arguments (enable_gqa), so the two cannot be told apart.
 
 --frozen-lstm: the heap peak (every malloc: the LD_PRELOAD counter, as benchmarks/accuracy_training.py measures;
 each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
@@ -152,6 +158,28 @@ def gathernd() -> None:
           f"saved for backward: {saved}")
 
 
+def sdpa_heads() -> None:
+    batch, heads, tokens, width = 4, 4, 32, 32
+    print("| k and v heads | mask | enable_gqa | backward | saved (shape, dtype) |")
+    print("|---:|---|---|---|---|")
+    for kv_heads, mask, gqa in ((4, "causal", False), (1, "causal", False), (1, "bool [B,1,T,T]", False),
+                                (1, "none", False), (1, "causal", True)):
+        q = torch.randn(batch, heads, tokens, width, requires_grad=True)
+        k, v = (torch.randn(batch, kv_heads, tokens, width, requires_grad=True) for _ in range(2))
+        attn_mask = torch.ones(batch, 1, tokens, tokens, dtype=torch.bool).tril() if mask.startswith("bool") else None
+        saved: list[str] = []
+
+        def pack(t: torch.Tensor, saved: list[str] = saved) -> torch.Tensor:
+            saved.append(f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}")
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask == "causal",
+                                                 enable_gqa=gqa)
+        assert out.grad_fn is not None
+        print(f"| {kv_heads} | {mask} | {gqa} | {out.grad_fn.name()} | {'; '.join(saved)} |")
+
+
 LSTM_SHAPES = ((1, 64, 128, 4, 32), (2, 64, 128, 4, 32), (1, 64, 128, 8, 32), (1, 128, 128, 4, 32),
                (1, 64, 256, 4, 32), (1, 64, 128, 4, 64))
 
@@ -184,6 +212,7 @@ def main() -> None:
     parser.add_argument("--tied", action="store_true")
     parser.add_argument("--dropout", action="store_true")
     parser.add_argument("--gathernd", action="store_true")
+    parser.add_argument("--sdpa-heads", action="store_true")
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,6 +228,9 @@ def main() -> None:
         return
     if args.gathernd:
         gathernd()
+        return
+    if args.sdpa_heads:
+        sdpa_heads()
         return
     everything = not (args.tied or args.dropout)
     if args.tied or everything:
