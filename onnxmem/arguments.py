@@ -11,17 +11,18 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from onnxmem.errors import ArgumentError, DimError, quoted
+from onnxmem.ir.load import LoadedModel
 from onnxmem.targets.ort.base import ExecutionProvider
-from onnxmem.training.options import TrainingOptions
 
 
 def check_arguments(function: str, model: object, dims: object = None, default_dim: object = None,
                     order: object = "", provider: object = "", training: object = None,
                     accepting: tuple[type, ...] = ()) -> None:
     """Raise where an argument of `function` has a type it does not take (`accepting`: the model types it takes
-    besides a path and a ModelProto)."""
-    if not isinstance(model, (str, os.PathLike, onnx.ModelProto, *accepting)):
-        taken = ", ".join(["a path (str or os.PathLike)", "an onnx.ModelProto", *(t.__name__ for t in accepting)])
+    besides a path, a ModelProto and a loaded model)."""
+    if not isinstance(model, (str, os.PathLike, onnx.ModelProto, LoadedModel, *accepting)):
+        taken = ", ".join(["a path (str or os.PathLike)", "an onnx.ModelProto", "a LoadedModel",
+                           *(t.__name__ for t in accepting)])
         raise ArgumentError(f"{function}(model=...): {_kind(model)}, where it takes {taken}")
     _check_dims(function, dims)
     if default_dim is not None and not _is_int(default_dim):
@@ -32,7 +33,11 @@ def check_arguments(function: str, model: object, dims: object = None, default_d
     if not isinstance(provider, (str, ExecutionProvider)):
         raise ArgumentError(f"{function}(provider=...): {_kind(provider)}, where it takes a provider's name (str) "
                             "or an ExecutionProvider")
-    if training is not None and not isinstance(training, TrainingOptions):
+    if training is None:
+        return
+    from onnxmem.training.options import TrainingOptions  # (an inference report loads no training module)
+
+    if not isinstance(training, TrainingOptions):
         raise ArgumentError(f"{function}(training=...): {_kind(training)}, where it takes onnxmem.TrainingOptions "
                             "or None")
 

@@ -145,7 +145,7 @@ def analysis(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, de
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
-    check_arguments("analysis", model, dims, default_dim, order, provider, training, (LoadedModel, Sizing))
+    check_arguments("analysis", model, dims, default_dim, order, provider, training, (Sizing,))
     if progress is not None and not isinstance(model, Sizing):
         progress("loading the model and sizing its tensors")
     sized = model if isinstance(model, Sizing) else sizing(model, dims, default_dim=default_dim, rules=rules,
@@ -360,7 +360,7 @@ def analyze(model: Model | Sizing, dims: Mapping[str, int] | None = None, *, def
     DimError
         A symbolic dim is unbound or bound to a bad value.
     """
-    check_arguments("analyze", model, dims, default_dim, order, provider, training, (LoadedModel, Sizing))
+    check_arguments("analyze", model, dims, default_dim, order, provider, training, (Sizing,))
     return analysis(model, dims, default_dim=default_dim, order=order, rules=rules, training=training,
                     provider=provider, progress=progress).report
 
