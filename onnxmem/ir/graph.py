@@ -11,6 +11,7 @@ import onnx
 from onnx import AttributeProto, GraphProto
 
 from onnxmem.errors import ModelFileError
+from onnxmem.ir.modelcheck import weight_bytes_by_dtype
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from onnxmem.shapes.rules import SHAPE_RULES, rule_key
 from onnxmem.targets.ort.tables import CONTROL_FLOW
@@ -130,6 +131,9 @@ class ModelGraph:
         # whether every op reads only tensors made by ops before it (build_graph knows it; the orders then need not
         # check that the file's order is topological, nor look for a cycle): False where not known
         self.in_file_order = False
+        # where the graph is a body a node holds: the bytes of its own initializers and Constants by element type,
+        # read from the file (exact whatever shape inference gives its tensors); empty for the main graph
+        self.own_weights: dict[int, int] = {}
         self._nx: nx.DiGraph | None = None
 
     @property
@@ -164,6 +168,7 @@ class ModelGraph:
         sized = ModelGraph(self.ops, tensors, self.inputs, self.outputs, self.warnings, self.tensor_index)
         sized.properties = self.properties
         sized.in_file_order = self.in_file_order
+        sized.own_weights = self.own_weights
         return sized
 
     def set_types(self, types: Mapping[str, TensorType]) -> None:
@@ -270,6 +275,8 @@ class _Builder:
                     scope = outer | _all_names(graph)
                 if scope is not None:
                     subgraphs = tuple(self.build(g, scope) for g in subgraph_protos)
+                    for sub, proto in zip(subgraphs, subgraph_protos, strict=True):
+                        sub.own_weights = weight_bytes_by_dtype(proto)
                 for sub in subgraphs:
                     for t in sub.tensors:
                         if t.kind == OUTER and t.name not in input_names:

@@ -58,9 +58,9 @@ WARNINGS: dict[str, str] = {
                    "{known}, and infers its operators by those rules (pip install -U onnx)",
     "newer-ir-version": "the model's IR version {version} is newer than the installed onnx {onnx} knows ({known}) "
                         "(pip install -U onnx)",
-    "subgraph-weights": "{count} weights ({nbytes:,} bytes) live in graphs that nodes hold (control-flow bodies), "
-                        "which weights_bytes and the peak leave out (onnxruntime holds them from session creation): "
-                        "{places}",
+    "subgraph-weights": "{count} weights ({nbytes:,} bytes) live in graphs that nodes hold (control-flow bodies) "
+                        "and are counted in weights_bytes and the peak (onnxruntime holds them from session "
+                        "creation, as the main graph's): {places}",
 }
 
 # The longest integer vector declared on a graph input that is given to ONNX's shape inference: its data
@@ -381,9 +381,7 @@ def _subgraph_weights(walk: _Walk) -> list[Warning]:
     places: list[str] = []
     count = total = 0
     for graph, holder in zip(walk.graphs[1:], walk.holders, strict=True):
-        tensors = [*graph.initializer, *(a.t for node in graph.node if node.op_type == "Constant"
-                                         and node.domain in _STANDARD for a in node.attribute
-                                         if a.type == AttributeProto.TENSOR)]
+        tensors = graph_weights(graph)
         if not tensors:
             continue
         nbytes = sum(tensor_bytes(t.data_type, math.prod(t.dims)) or 0 for t in tensors)
@@ -392,6 +390,23 @@ def _subgraph_weights(walk: _Walk) -> list[Warning]:
     if not places:
         return []
     return [_warning("subgraph-weights", count=count, nbytes=total, places=listing(places, 5, "; "))]
+
+
+def graph_weights(graph: GraphProto) -> list[TensorProto]:
+    """Give the weights of the graph itself (not of the graphs its nodes hold): its initializers and the tensors of
+    its Constant nodes."""
+    return [*graph.initializer, *(a.t for node in graph.node if node.op_type == "Constant"
+                                  and node.domain in _STANDARD for a in node.attribute
+                                  if a.type == AttributeProto.TENSOR)]
+
+
+def weight_bytes_by_dtype(graph: GraphProto) -> dict[int, int]:
+    """Give the bytes of the graph's own weights (graph_weights), by element type (checked beforehand: their dims
+    are sound)."""
+    by_dtype: dict[int, int] = {}
+    for t in graph_weights(graph):
+        by_dtype[t.data_type] = by_dtype.get(t.data_type, 0) + (tensor_bytes(t.data_type, math.prod(t.dims)) or 0)
+    return by_dtype
 
 
 def _subgraphs_of(graph: GraphProto) -> Iterator[GraphProto]:

@@ -470,6 +470,9 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
                 continue
         if kind == HOST and view_of[index] == index:
             host_bytes += t.nbytes or 0
+    for op in ops:
+        if op.subgraphs:  # the weights of its bodies, at every depth: the op that holds them is their reader
+            weights_of[op.index] += _body_weights(op.subgraphs, by_dtype)
     by_op_type, by_layer = _op_rows(graph, timeline, weights_of, allocated_of)
     weights_bytes = sum(by_dtype.values())
     output_bytes = sum(graph.tensors[t].nbytes or 0 for t in graph.outputs)
@@ -508,6 +511,20 @@ def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
         producer=producer.name if producer else "", op_type=producer.op_type if producer else "",
         layer=producer.layer if producer else "",
     )
+
+
+def _body_weights(bodies: Sequence[ModelGraph], by_dtype: dict[int, int]) -> int:
+    """Add the bytes of the weights of `bodies` and of the bodies their ops hold, at every depth, to `by_dtype`
+    (element type -> bytes), and give their total (iteratively: nesting depth is the file's)."""
+    total = 0
+    stack = list(bodies)
+    while stack:
+        body = stack.pop()
+        for dtype, nbytes in body.own_weights.items():
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+            total += nbytes
+        stack.extend(sub for op in body.ops for sub in op.subgraphs)
+    return total
 
 
 def _op_rows(graph: ModelGraph, timeline: Timeline, weights_of: list[int], allocated_of: list[int]) -> \
