@@ -34,7 +34,8 @@ class TrainingOptionError(OnnxMemError, ValueError):
 def require_extra(module: str, extra: str, purpose: str) -> MissingExtraError:
     """Give the error to raise when an optional module is missing."""
     return MissingExtraError(
-        f"{purpose} needs the '{module}' package: pip install \"onnxmem[{extra}]\""
+        f"{purpose} needs the '{module}' package: pip install \".[{extra}]\" in a clone of onnxmem (its extra "
+        f"onnxmem[{extra}])"
     )
 
 

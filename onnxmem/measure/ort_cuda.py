@@ -55,8 +55,9 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 _NO_CUDA_PROVIDER = (
     "Validation on CUDA needs onnxruntime-gpu and an NVIDIA GPU with CUDA 13 / cuDNN 9, but the installed "
-    "onnxruntime has no CUDAExecutionProvider: pip uninstall onnxruntime, then pip install \"onnxmem[gpu]\" "
-    "(the gpu extra conflicts with the cpu extra: both install the same onnxruntime module)"
+    "onnxruntime has no CUDAExecutionProvider: pip uninstall onnxruntime, then pip install \".[gpu]\" in a clone "
+    "of onnxmem (its extra onnxmem[gpu]; the gpu extra conflicts with the cpu extra: both install the same "
+    "onnxruntime module)"
 )
 
 # Sonames tried in order: onnxruntime-gpu >= 1.31 is built against CUDA 13; 12 and the unversioned name are
@@ -434,7 +435,8 @@ def require_cudart(names: Sequence[str] = CUDART_NAMES, dirs: Iterable[Path] | N
     if lib is None:
         raise MissingExtraError(
             f"Validation on CUDA needs the CUDA runtime library ({', '.join(names)}), found neither on the library "
-            "path nor in the nvidia pip packages: pip install \"onnxmem[gpu]\" (onnxruntime-gpu[cuda,cudnn])")
+            "path nor in the nvidia pip packages: pip install \".[gpu]\" in a clone of onnxmem (its extra "
+            "onnxmem[gpu]: onnxruntime-gpu[cuda,cudnn])")
     return lib
 
 

@@ -441,7 +441,8 @@ def _ort_symbolic_inference(model: ModelProto, warnings: list[Warning]) -> Model
         warnings.append(Warning(
             "contrib-shapes",
             "the model has non-standard operators that ONNX shape inference does not know, and onnxruntime's "
-            f"symbolic shape inference cannot run ({_one_line(exc)}): pip install \"onnxmem[cpu]\"",
+            f"symbolic shape inference cannot run ({_one_line(exc)}): pip install \".[cpu]\" in a clone of onnxmem "
+            "(its extra onnxmem[cpu])",
         ))
         return model
     # Its public infer_shapes() saves the model into the current directory whenever any shape stays
