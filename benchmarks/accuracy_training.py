@@ -638,21 +638,31 @@ def first_step(case: RealCase, state: dict[str, torch.Tensor], optimizer: str,
             parameter.requires_grad_(any(fnmatch.fnmatchcase(name, p) for p in HEADS[case.name]))
     inputs = case.inputs(case.batch)
     opt = OPTIMIZERS[optimizer](module.parameters())
-    micro_steps = 2 if variant == "grad-accum 2" else 1
-    micro = case.batch // micro_steps
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if variant == "amp-bf16" else contextlib.nullcontext()
+    autocast = torch.bfloat16 if variant == "amp-bf16" else None
+    return measure(variant_step(module, inputs, case.batch, case.loss, opt, 2 if variant == "grad-accum 2" else 1,
+                                autocast))
+
+
+def variant_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], batch: int,
+                 loss: Callable[[Any, int], torch.Tensor], opt: torch.optim.Optimizer, micro_steps: int,
+                 autocast: torch.dtype | None) -> Callable[[], None]:
+    """Give one training step of `module` as a function: zero_grad(set_to_none=True), then each of `micro_steps`
+    micro-batches of `inputs` (a batch of `batch` on dim 0) forward (under CPU autocast to `autocast` where given)
+    and backward, then opt.step()."""
+    micro = batch // micro_steps
+    context = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         for i in range(micro_steps):
-            with autocast:
+            with context:
                 # the loop holds the output until the step ends, as measure_steps and onnxmem assume
                 out = module(*(x[i * micro:(i + 1) * micro] for x in inputs))
-                value = case.loss(out, micro) / micro_steps
+                value = loss(out, micro) / micro_steps
             value.backward()
         opt.step()
 
-    return measure(step)
+    return step
 
 
 @dataclass

@@ -40,7 +40,6 @@ parameters, buffers and inputs. error = (estimate - truth) / truth.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
 import json
 import os
@@ -70,6 +69,7 @@ from benchmarks.accuracy_training import (  # noqa: E402
     check_measurement,
     heap_peak,
     under_malloc_counter,
+    variant_step,
     warm_up,
 )
 from benchmarks.zoo import quiet  # noqa: E402
@@ -340,20 +340,8 @@ def make_step(case: ZooCase, state: dict[str, torch.Tensor], optimizer: str, bat
             parameter.requires_grad_(any(fnmatch.fnmatchcase(name, p) for p in patterns))
     inputs = case.inputs(batch)
     opt = OPTIMIZERS[optimizer]([p for p in module.parameters() if p.requires_grad])
-    micro_steps = 2 if variant == "grad-accum 2" else 1
-    micro = batch // micro_steps
     dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(variant)
-    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        for i in range(micro_steps):
-            with autocast:
-                out = module(*(x[i * micro:(i + 1) * micro] for x in inputs))
-                value = case.loss(out, micro) / micro_steps
-            value.backward()
-        opt.step()
-
+    step = variant_step(module, inputs, batch, case.loss, opt, 2 if variant == "grad-accum 2" else 1, dtype)
     return module, opt, inputs, step
 
 
