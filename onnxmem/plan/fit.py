@@ -30,7 +30,7 @@ from onnxmem.ir.load import LoadedModel
 from onnxmem.passes.half_precision import half_precision, half_precision_sizing
 from onnxmem.passes.liveness import Timeline
 from onnxmem.passes.orders import DEFAULT_ORDER
-from onnxmem.passes.pipeline import Analysis, Sizing, analysis
+from onnxmem.passes.pipeline import Analysis, Schedules, Sizing, analysis
 from onnxmem.plan.family import ModelFamily
 from onnxmem.plan.gpus import find_gpu
 from onnxmem.plan.sharding import SHARD_STAGES, check_sharding, sharded_step, smallest_gpus
@@ -614,6 +614,8 @@ def _what_ifs(at: Sizing, base: Report | None, need: _Need, search: str, value: 
     another binding; its peak is what `report` says of that change. `base`: the report at that binding (its training
     part's parameter groups; sharded, what offload or more GPUs would give). With a target and its budget, each
     says whether that change alone makes it fit (the allocator's rounding applied to the changed peak)."""
+    if at.schedules is None:  # (the what-ifs that re-run the passes on `at` share one order and its lifetimes)
+        at = dataclasses.replace(at, schedules=Schedules(at.graph.ops))
     found: list[WhatIf] = []
 
     def add(change: str, peak: int, detail: str, persistent: int | None = None, required: int | None = None) -> None:
