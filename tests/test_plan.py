@@ -88,8 +88,8 @@ def test_fixed_costs_are_labelled_and_overridable() -> None:
     assert [r.name for r in gpu.reserve] == ["cuda-context"]
     assert budget_bytes(gpu) == 80 * 2**30 - gpu.reserve_bytes
     torch = resolve_target(gpu="A100-80GB", runtime="pytorch")
-    assert [r.name for r in torch.reserve] == ["cuda-context", "workspaces"]
-    assert all(r.source.startswith("stated default") for r in torch.reserve)
+    assert [r.name for r in torch.reserve] == ["cuda-context", "libraries", "workspaces"]
+    assert all(r.source.startswith("measured on an H100") for r in torch.reserve)
     assert torch.allocator == "pytorch-caching"
     given = resolve_target(gpu="A100-80GB", runtime="pytorch", reserve="1GiB")
     assert given.reserve_bytes == 2**30 and given.reserve[0].source == "given: 1GiB"
@@ -429,6 +429,28 @@ def test_nvidia_smi_names_find_their_gpu() -> None:
     assert find_gpu("Tesla T4").name == "T4-16GB"
     for name in ("B200", "GB200", "L40", "A40", "RTX4080"):
         assert find_gpu(name).name.startswith(name)
-    # the driver's figure where it is known: H100 SXM reports 81,559 MiB, not 80 GiB
-    assert find_gpu("H100-80GB").memory_bytes == 81559 * 2**20
-    assert "nvidia-smi" in find_gpu("H100-80GB").source and "nominal" in find_gpu("B200").source
+    # the driver's figure where it is known: an A100 80GB reports 81,920 MiB
+    assert find_gpu("A100-80GB").memory_bytes == 81920 * 2**20
+    assert "nvidia-smi" in find_gpu("A100-80GB").source and "nominal" in find_gpu("B200").source
+
+
+def test_the_h100_figures_are_the_committed_gpu_rows() -> None:
+    # what CUDA lets a process use on the H100 the project measured: the rows' cudaMemGetInfo total, less than
+    # nvidia-smi's memory.total; PyTorch's fixed costs are the context, libraries and workspaces those rows measured
+    import json
+    from pathlib import Path
+
+    rows_file = Path(__file__).resolve().parent.parent / "benchmarks/results/cuda/2026-11-27-h100-80gb.jsonl"
+    rows = {r["key"]: r for r in map(json.loads, rows_file.read_text().splitlines()) if r.get("key")}
+    context = rows["context/all"]["stages"]
+    total = context["context"]["mem_get_info_total"]
+    h100 = find_gpu("NVIDIA H100 80GB HBM3")
+    assert h100.memory_bytes == total < 81559 * 2**20 and h100.source.startswith("measured")
+    torch = resolve_target(gpu="H100-80GB", runtime="pytorch")
+    costs = {r.name: r.bytes for r in torch.reserve}
+    torch_reserved = context["context"]["reserved"]
+    assert costs["cuda-context"] == total - context["context"]["mem_get_info_free"] - torch_reserved
+    libraries = (context["cudnn"]["nvml"]["process"] - context["context"]["nvml"]["process"]) \
+        - (context["cudnn"]["reserved"] - torch_reserved)
+    assert costs["libraries"] == libraries
+    assert costs["workspaces"] == rows["fit/resnet18/answer"]["warm_up"]["after"]["reserved"]

@@ -117,7 +117,7 @@ def test_the_device_models_expose_held_bytes() -> None:
     assert (cuda.allocated, cuda.reserved) == (1024 + 3 * MIB // 2, 2 * MIB + 20 * MIB)
     cpu = TorchCpu().held_bytes(events)
     assert cpu.allocated == cpu.reserved == 1000 + 3 * MIB // 2
-    assert "not calibrated" in TorchCuda().caveat and "cuDNN workspaces" in TorchCuda().caveat
+    assert "H100" in TorchCuda().caveat and "convolution workspaces" in TorchCuda().caveat
 
 
 def test_devices_are_registered_with_their_declared_options() -> None:

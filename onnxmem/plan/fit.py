@@ -181,6 +181,10 @@ _CONTEXT_SOURCE = "stated default (not measured here): CUDA context with lazy mo
                   "typically 300-600 MiB; measure yours (nvidia-smi after creating a session) and pass --reserve"
 
 
+_TORCH_MEASURED = "measured on an H100 80GB (PyTorch 2.11, CUDA 13.0, cuDNN 9.19, driver 580.159.04, lazy module " \
+                  "loading): {}; pass --reserve for another GPU or build"
+
+
 @dataclass(frozen=True)
 class Runtime:
     """What a runtime costs before the model gets anything, and how its allocator rounds."""
@@ -198,9 +202,15 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                     "cudnn_conv_use_max_workspace=1"),
     ), "onnxruntime-arena"),
     Runtime("pytorch", (
-        ReserveItem("cuda-context", 512 * MiB, _CONTEXT_SOURCE),
-        ReserveItem("workspaces", 64 * MiB, "stated default (not measured here): cuBLAS and cuBLASLt workspaces "
-                    "(PyTorch's default is 32 MiB each on Hopper, less on older GPUs)"),
+        # measured on the H100 rows (benchmarks/results/cuda/2026-11-27-h100-80gb.jsonl, context/* and the training
+        # harness's warm-up): other GPUs, drivers and PyTorch builds differ by tens of MiB
+        ReserveItem("cuda-context", 648_871_936, _TORCH_MEASURED.format(
+            "the CUDA context PyTorch creates (cudaMemGetInfo's total less its free, less PyTorch's own 2 MiB)")),
+        ReserveItem("libraries", 88_080_384, _TORCH_MEASURED.format(
+            "cuBLAS, cuBLASLt and cuDNN loaded on first use (NVML's process memory growth less PyTorch's)")),
+        ReserveItem("workspaces", 69_206_016, _TORCH_MEASURED.format(
+            "cuBLAS and cuBLASLt workspaces held in PyTorch's caching allocator after a first matmul and "
+            "convolution (memory_reserved)")),
     ), "pytorch-caching"),
 )}
 

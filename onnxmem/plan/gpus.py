@@ -34,6 +34,16 @@ def _driver(name: str, mib: int, *aliases: str) -> Gpu:
     return Gpu(name, mib * MiB, _DRIVER, aliases)
 
 
+# measured on a GPU lent to the project: what CUDA lets a process use (cudaMemGetInfo's total), which is less than
+# nvidia-smi's memory.total by what the driver keeps (on the H100: 480 MiB, NVML's `used` before any process)
+_MEASURED = "measured: cudaMemGetInfo's total (what a CUDA process can use; nvidia-smi's memory.total is " \
+            "{smi:,} MiB) on an {board}, driver {driver} (benchmarks/results/cuda/{rows})"
+
+
+def _measured(name: str, total: int, smi_mib: int, board: str, driver: str, rows: str, *aliases: str) -> Gpu:
+    return Gpu(name, total, _MEASURED.format(smi=smi_mib, board=board, driver=driver, rows=rows), aliases)
+
+
 def _nominal(name: str, gib: int, *aliases: str) -> Gpu:
     return Gpu(name, gib * GiB, _NOMINAL, aliases)
 
@@ -56,7 +66,8 @@ GPUS: dict[str, Gpu] = {g.name: g for g in (
     _driver("A40-48GB", 46068, "NVIDIA A40"),
     _driver("L40-48GB", 46068, "NVIDIA L40"),
     _driver("L40S-48GB", 46068, "NVIDIA L40S"),
-    _driver("H100-80GB", 81559, "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+    _measured("H100-80GB", 85_017_493_504, 81559, "NVIDIA H100 80GB HBM3", "580.159.04",
+              "2026-11-27-h100-80gb.jsonl", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
     _nominal("H100-94GB", 94, "NVIDIA H100 NVL"),
     _driver("H200-141GB", 143771, "NVIDIA H200"),
     _nominal("B200-180GB", 180, "NVIDIA B200"),

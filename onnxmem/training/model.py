@@ -421,15 +421,17 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
     """Add what differentiable node `n` keeps for backward (by its rule in SAVED_FOR_BACKWARD, and what the device's
     kernel keeps besides: DeviceModel.node_facts), its extra buffers, its backward's and forward's temporaries and
     its inputs' gradients to `needs`."""
-    rule = saves_rule(node.op_type, node.domain)
+    # the device may run another kernel than the generic rule's (CUDA's attention backends): its rule key
+    key = device.kernel_key(NodeContext(graph, n, node, values, needs_grad, options.precision, rule_key(node)))
+    rule = saves_rule(key, "")
     if rule is None:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        key = rule_key(node)
         needs.unknown[key] = needs.unknown.get(key, 0) + 1
         rule = DEFAULT_SAVES
     inputs = list(node.inputs)
     out0 = values[node.outputs[0]] if node.outputs and node.outputs[0] >= 0 else None
     facts = device.node_facts(NodeContext(
-        graph, n, node, values, needs_grad, options.precision, rule_key(node), rule.recurrent,
+        graph, n, node, values, needs_grad, options.precision, key, rule.recurrent,
         node_recurrent_dims(node, values) if rule.recurrent else None))
     _kept_for_backward(n, node, rule, values, roots, needs_grad, options, needs)
     extra = _extra_bytes(n, node, rule, values, roots, out0, facts, needs)
@@ -535,9 +537,13 @@ def _attention_extra_bytes(n: int, rule: Saves, inputs: tuple[int, ...], values:
     extra = 0
     if rule.attention_probabilities and len(inputs) > 1 and inputs[0] >= 0 and inputs[1] >= 0:
         query = values[inputs[0]]
-        extra += rule.attention_probabilities * widened(query, _attention_bytes(query, values[inputs[1]]))
-    extra += sum(widened(values[inputs[i]], values[inputs[i]].nbytes) for i in rule.copies
-                 if i < len(inputs) and inputs[i] >= 0)
+        probabilities = _attention_bytes(query, values[inputs[1]])
+        extra += rule.attention_probabilities * widened(query, probabilities)
+        if rule.attention_masks and query.numel:
+            extra += rule.attention_masks * probabilities // (query.nbytes // query.numel)  # one byte each
+    repeat = _kv_repeat(values, inputs) if rule.repeated_kv else 1
+    extra += sum(widened(values[inputs[i]], values[inputs[i]].nbytes) * (repeat if i in (1, 2) else 1)
+                 for i in rule.copies if i < len(inputs) and inputs[i] >= 0)
     for i in rule.copies_when_view:
         t = inputs[i] if i < len(inputs) else -1
         if t >= 0 and (roots[t] != t or widened(values[t], values[t].nbytes) != values[t].nbytes):
@@ -545,6 +551,20 @@ def _attention_extra_bytes(n: int, rule: Saves, inputs: tuple[int, ...], values:
         elif t >= 0 and values[t].kind not in (WEIGHT, INPUT):
             needs.saved_by.setdefault(t, []).append(n)
     return extra
+
+
+def _kv_repeat(values: list[StepValue], inputs: tuple[int, ...]) -> int:
+    """Give how many query heads share one key/value head (q [..., heads, L, E] against k [..., kv_heads, S, E]),
+    1 where it cannot be read."""
+    if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0:
+        return 1
+    q_shape, k_shape = values[inputs[0]].shape, values[inputs[1]].shape
+    if not q_shape or not k_shape or len(q_shape) < 3 or len(k_shape) < 3:
+        return 1
+    q_heads, kv_heads = q_shape[-3], k_shape[-3]
+    if isinstance(q_heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and q_heads % kv_heads == 0:
+        return q_heads // kv_heads
+    return 1
 
 
 def _stat_count(value: StepValue, rule: Saves) -> int:

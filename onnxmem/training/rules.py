@@ -49,6 +49,10 @@ class Saves:
     # inputs kept as a matmul operand: a new contiguous copy where the input is a view of another storage (at::matmul
     # reshapes a strided [..., L, E] operand to [batch, L, E], which copies it), else the input's own storage
     copies_when_view: tuple[int, ...] = ()
+    # bool [..., q_len, kv_len] tensors kept besides (a math attention's dropout mask on CUDA)
+    attention_masks: int = 0
+    # the copies of inputs 1 and 2 (k and v) have the query's head count: grouped-query key/values repeated to it
+    repeated_kv: bool = False
     # a recurrent op's kind: what its kernel keeps besides its outputs and its backward's scratch are the device's
     # (targets/torch/cpu/tables.py CPU_RECURRENT, targets/torch/cuda/tables.py CUDA_RESERVE_VALUES)
     recurrent: str = ""
@@ -209,6 +213,15 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
     # probabilities, the dropout mask, float on CPU, and the dropped probabilities), in fp32 on CPU (measured under
     # autocast to bf16: BmmBackward keeps fp32 tensors)
     "scaled_dot_product_attention(dropout)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=3),
+    # the math path where a device's kernel choice sends it (targets/torch/cuda/attention.py): q * scale, k^T * scale,
+    # v and the probabilities (kept by softmax and by the matmul with v: one tensor); with dropout the bool mask
+    # and the dropped probabilities besides; grouped-query k and v repeated to the query's heads first (new tensors)
+    "scaled_dot_product_attention(math)": Saves(copies=(0, 1), copies_when_view=(2,), attention_probabilities=1),
+    "scaled_dot_product_attention(math-dropout)": Saves(copies=(0, 1), copies_when_view=(2,),
+                                                        attention_probabilities=2, attention_masks=1),
+    "scaled_dot_product_attention(math-gqa)": Saves(copies=(0, 1, 2), attention_probabilities=1, repeated_kv=True),
+    "scaled_dot_product_attention(math-dropout-gqa)": Saves(copies=(0, 1, 2), attention_probabilities=2,
+                                                            attention_masks=1, repeated_kv=True),
 }
 
 # ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).

@@ -119,8 +119,14 @@ class DeviceModel(Protocol):
         """Say whether autocast runs the op of this rule key (or a loss op onnxmem appends) in fp32."""
         ...
 
+    def kernel_key(self, context: NodeContext) -> str:
+        """Give the rule key (training/rules.py) of the kernel the device runs for this op: context.key where the
+        device has one kernel for it, a variant where the device picks among several (CUDA's attention backends)."""
+        ...
+
     def node_facts(self, context: NodeContext) -> NodeFacts:
-        """Give what the device's kernel for this differentiable op keeps and allocates besides its tensors."""
+        """Give what the device's kernel for this differentiable op keeps and allocates besides its tensors
+        (context.key is the kernel's key, from kernel_key)."""
         ...
 
     def library_uses(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],

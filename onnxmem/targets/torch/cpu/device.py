@@ -85,6 +85,11 @@ class TorchCpu:
     def _run(self, precision: str) -> CpuRun:
         return CpuRun(precision, self.threads, self.instruction_set)
 
+    def kernel_key(self, context: NodeContext) -> str:
+        """Give the generic rule's key: the CPU's kernel choices are the rules' own (its attention with dropout
+        takes the math path, without it flash attention)."""
+        return context.key
+
     def node_facts(self, context: NodeContext) -> NodeFacts:
         """Give what the op's CPU kernel keeps and allocates besides its tensors: a convolution's scratch (or the
         kernel's output- and input-sized temporaries, in oneDNN's blocked layout), a recurrent op's workspace and

@@ -20,3 +20,6 @@ AUTOCAST_FP32: frozenset[str] = frozenset({
 # values per step, direction, batch row and hidden unit (LSTM: its 4 gates, the cell and hidden states per step;
 # GRU's is not measured: taken as LSTM's)
 CUDA_RESERVE_VALUES: dict[str, int] = {"LSTM": 6, "GRU": 6}
+
+# ops that run in cuDNN's convolutions, whose workspaces the device model does not count (device.py unmodelled)
+CUDNN_CONVOLUTIONS: frozenset[str] = frozenset({"Conv", "ConvTranspose", "aten::convolution", "aten::conv2d"})
