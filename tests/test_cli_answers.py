@@ -132,13 +132,18 @@ def test_every_format_leads_with_the_answer(mlp: str) -> None:
     code, out, _ = run("report", mlp, "--dim", "batch=8")
     lines = out.splitlines()
     assert lines[1].startswith("total peak 796.00 KiB at step 2 (MatMul node 'MatMul_y')"), lines[:3]
-    assert "activations live" in lines[1]
+    assert lines[2].startswith("  = weights ") and "activations live" in lines[2]  # the peak's sum under it
     code, out, _ = run("report", mlp, "--dim", "batch=8", "--format", "markdown")
     assert out.splitlines()[2].startswith("**total peak")
     code, out, _ = run("report", mlp, "--dim", "batch=8", "--training")
-    assert out.splitlines()[1].startswith("training step peak") and out.splitlines()[2].startswith("inference peak")
+    lines = out.splitlines()
+    assert lines[1].startswith("training step peak") and lines[2].startswith("  = model states")
+    assert next(line for line in lines[2:] if not line.startswith(" ")).startswith("inference peak")
     code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{peak + 10}B")
     assert code == 0 and out.splitlines()[1] == "FITS: needs 796.00 KiB of 796.01 KiB (headroom 10 B)"
+    # the verdict's arithmetic under it: needs = peak + rounding, budget = memory - fixed costs
+    assert out.splitlines()[2] == "  needs 796.00 KiB = peak 796.00 KiB (no --runtime: no allocator rounding)"
+    assert out.splitlines()[3] == "  budget 796.01 KiB = memory 796.01 KiB (no fixed costs)"
     code, out, _ = run("check", mlp, "--dim", "batch=8", "--budget", f"{peak - 1}B", "--format", "markdown")
     assert code == 1 and out.splitlines()[2].startswith("**DOES NOT FIT: needs")
     code, out, _ = run("fit", mlp, "--memory", f"{MLP_WEIGHTS + MLP_PER_ROW * 100}B")
@@ -237,7 +242,8 @@ def test_several_models_as_tables_and_what_takes_one(tmp_path: Path) -> None:
     paths = make_folder(tmp_path / "models")
     code, out, err = run("report", paths[1], paths[0], "--default-dim", "2")
     assert code == 0, err
-    assert out.index(f"onnxmem report: {paths[1]}") < out.index(f"onnxmem report: {paths[0]}")
+    titles = [line for line in out.splitlines() if line.startswith("onnxmem report: ")]  # (long paths: shortened)
+    assert [t.endswith(Path(path).name) for t, path in zip(titles, (paths[1], paths[0]), strict=True)] == [True, True]
     for fmt in ("json", "html"):
         code, out, err = run("report", paths[0], paths[1], "--format", fmt)
         assert code == 2 and "takes one model" in err

@@ -7,7 +7,20 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from onnxmem.views.document import (
+    Answer,
+    Block,
+    Bullets,
+    Heading,
+    Para,
+    Table,
+    Title,
+    text_table,
+    to_markdown,
+    to_text,
+)
 from onnxmem.views.report import (
+    Arithmetic,
     CheckResult,
     FitResult,
     Report,
@@ -19,7 +32,7 @@ from onnxmem.views.report import (
     field_names,
     plain,
 )
-from onnxmem.views.safe import markdown_code, markdown_text, terminal_text
+from onnxmem.views.safe import markdown_text
 
 if TYPE_CHECKING:
     from onnxmem.measure.validate import Validation
@@ -47,14 +60,14 @@ def format_tick(n: int, unit: int) -> str:
     return f"{n / unit:.3f}".rstrip("0").rstrip(".") + f" {name}"
 
 
-def render(report: Report, fmt: str, top: int = 10, timeline: bool = False) -> str:
+def render(report: Report, fmt: str, top: int = 10, timeline: bool = False, width: int | None = None) -> str:
     """Give the report in the named format: table, json or markdown (`timeline`: JSON with the timelines, see
     Report.to_dict)."""
     if fmt == "json":
         return json_text(report.to_dict(timeline=True)) if timeline else render_json(report)
     if fmt == "markdown":
         return render_markdown(report, top)
-    return render_table(report, top)
+    return render_table(report, top, width)
 
 
 def render_json(report: Report) -> str:
@@ -132,13 +145,11 @@ def _shape(shape: Sequence[object] | None) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    return text_table(headers, rows, right)
 
-    def line(cells: Sequence[str]) -> str:
-        cells_and_widths = enumerate(zip(cells, widths, strict=True))
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in cells_and_widths).rstrip()
 
-    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+def _write(blocks: Sequence[Block], fmt: str, width: int | None) -> str:
+    return to_markdown(blocks) if fmt == "markdown" else to_text(blocks, width)
 
 
 def _summary_rows(report: Report) -> list[tuple[str, str, str]]:
@@ -152,188 +163,192 @@ def _summary_rows(report: Report) -> list[tuple[str, str, str]]:
     return rows
 
 
-def report_headline(report: Report) -> list[str]:
-    """Give the answer of a report in a line or two: the total peak, where it is, and what is live there (with
-    training, the training step's peak first)."""
+def report_answers(report: Report) -> list[Answer]:
+    """Give the answer of a report: the peak, where it is, and its sum (weights + inputs + activations live; with
+    training, the training step's peak first: model states + all else live)."""
     inf = report.inference
-    lines = []
+    answers = []
     t = report.training
     if t is not None:
         live = sum(r.bytes for r in t.live_at_peak if r.category not in _STATE_CATEGORIES)
-        lines.append(f"training step peak {format_bytes(t.peak_bytes)} in {t.peak_phase} of the {t.peak_step} step "
-                     f"({t.peak_event}): model states {format_bytes(t.peak_bytes - live)} (weights, gradients, "
-                     f"optimizer), all else live {format_bytes(live)}")
-    lines.append(f"{'inference peak' if t is not None else 'total peak'} {format_bytes(inf.peak_bytes)} at step "
-                 f"{inf.peak_step} ({inf.peak_op_type} node '{inf.peak_node}'): activations live "
-                 f"{format_bytes(inf.peak_activation_bytes)}, weights {format_bytes(inf.weights_bytes)}, inputs "
-                 f"{format_bytes(inf.input_bytes)}")
-    return lines
+        answers.append(Answer((
+            f"training step peak {format_bytes(t.peak_bytes)} in {t.peak_phase} of the {t.peak_step} step",
+            f"= model states {format_bytes(t.peak_bytes - live)} (weights, gradients, optimizer) + all else live "
+            f"{format_bytes(live)}", f"at {t.peak_event}")))
+    answers.append(Answer((
+        f"{'inference peak' if t is not None else 'total peak'} {format_bytes(inf.peak_bytes)} at step "
+        f"{inf.peak_step} ({inf.peak_op_type} node '{inf.peak_node}')",
+        f"= weights {format_bytes(inf.weights_bytes)} + inputs {format_bytes(inf.input_bytes)} + activations live "
+        f"{format_bytes(inf.peak_activation_bytes)}")))
+    return answers
+
+
+def report_headline(report: Report) -> list[str]:
+    """Give the answer of a report as lines (report_answers' lines, one after another)."""
+    return [line for answer in report_answers(report) for line in answer.lines]
 
 
 _STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
+# Warnings about onnxruntime's inference provider: said of the inference figures, not of a training step's (which
+# PyTorch runs). (unknown-shape is not here: the step reads the same graph, so it may be a lower bound too.)
+INFERENCE_ONLY_WARNINGS = frozenset({"cuda-host-nodes", "cpu-float16-casts"})
 
 
-def render_table(report: Report, top: int = 10) -> str:
-    """Give the report as text for a terminal: the answer first (report_headline), then the detail."""
+def report_blocks(report: Report, top: int = 10) -> list[Block]:
+    """Give a report as blocks: the answer first (report_answers), then the detail."""
     inf = report.inference
     dims = ", ".join(f"{k}={v}" for k, v in report.dims.items()) or "none"
-    out = [
-        f"onnxmem report: {report.model}",
-        *report_headline(report),
-        "",
-        f"dims: {dims}   nodes: {report.nodes}   order: {report.order}",
-        "",
-        "Inference memory",
-        *_table(("part", "size", "bytes"), _summary_rows(report), right=(1, 2)),
-        f"peak at step {inf.peak_step}: {inf.peak_op_type} node '{inf.peak_node}'",
-        f"sum of all activations (what a hand count adds up): {format_bytes(inf.sum_activation_bytes)}; "
-        f"live at once at most: {format_bytes(inf.peak_activation_bytes)}",
-    ]
+    out: list[Block] = [Title("report", report.model), *report_answers(report), Para(""),
+                        Para(f"dims: {dims}   nodes: {report.nodes}   order: {report.order}   provider: "
+                             f"{report.provider}"),
+                        Heading("Inference memory"),
+                        Table(("part", "size", "bytes"), tuple(_summary_rows(report)), right=(1, 2)),
+                        Para(f"peak at step {inf.peak_step}: {inf.peak_op_type} node '{inf.peak_node}'"),
+                        Para(f"sum of all activations (what a hand count adds up): "
+                             f"{format_bytes(inf.sum_activation_bytes)}; live at once at most: "
+                             f"{format_bytes(inf.peak_activation_bytes)}")]
     if inf.host_activation_bytes:
-        out.append(f"in host memory, not counted on the device (onnxruntime's CUDA provider): "
-                   f"{format_bytes(inf.host_activation_bytes)} of activations")
+        out.append(Para(f"in host memory, not counted on the device (onnxruntime's CUDA provider): "
+                        f"{format_bytes(inf.host_activation_bytes)} of activations"))
     if inf.weights_by_dtype:
-        out.append("weights by dtype: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in inf.weights_by_dtype.items()))
-    out += ["", f"Live at the peak (largest {min(top, len(inf.live_at_peak))} of {len(inf.live_at_peak)})"]
-    out += _table(
-        ("tensor", "shape", "dtype", "size", "producer"),
-        [(t.name, _shape(t.shape), t.dtype, format_bytes(t.bytes), f"{t.op_type} {t.producer}")
-         for t in inf.live_at_peak[:top]],
-        right=(3,),
-    )
-    out += ["", "By operator type"]
-    out += _table(
-        ("op type", "nodes", "weights", "activations"),
-        [(r.op_type, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes))
-         for r in inf.by_op_type[:top]],
-        right=(1, 2, 3),
-    )
+        out.append(Para("weights by dtype: " + ", ".join(f"{k} {format_bytes(v)}"
+                                                         for k, v in inf.weights_by_dtype.items())))
+    out += [Heading(f"Live at the peak (largest {min(top, len(inf.live_at_peak))} of {len(inf.live_at_peak)})"),
+            Table(("tensor", "shape", "dtype", "size", "producer"),
+                  tuple((t.name, _shape(t.shape), t.dtype, format_bytes(t.bytes), f"{t.op_type} {t.producer}")
+                        for t in inf.live_at_peak[:top]), right=(3,), code=(0, 4)),
+            Heading("By operator type"),
+            Table(("op type", "nodes", "weights", "activations"),
+                  tuple((r.op_type, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes))
+                        for r in inf.by_op_type[:top]), right=(1, 2, 3))]
     layers = sorted(inf.by_layer, key=lambda r: -r.peak_live_bytes)[:top]
     if len(inf.by_layer) > 1:
-        out += ["", "Layers with the highest live memory"]
-        out += _table(
-            ("layer", "nodes", "weights", "activations", "peak live"),
-            [(r.layer, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes),
-              format_bytes(r.peak_live_bytes)) for r in layers],
-            right=(1, 2, 3, 4),
-        )
+        out += [Heading("Layers with the highest live memory"),
+                Table(("layer", "nodes", "weights", "activations", "peak live"),
+                      tuple((r.layer, str(r.nodes), format_bytes(r.weight_bytes), format_bytes(r.output_bytes),
+                             format_bytes(r.peak_live_bytes)) for r in layers), right=(1, 2, 3, 4), code=(0,))]
     if report.training is not None:
-        out += _training_lines(report.training, top, markdown=False)
-    if report.warnings:
-        out += ["", "Warnings"] + [f"- {w}" for w in report.warnings]
-    return terminal_text("\n".join(out))
+        out += _training_blocks(report.training, top)
+    out += warning_blocks(report.warnings, training=report.training is not None, inference_shown=True)
+    return out
+
+
+def render_table(report: Report, top: int = 10, width: int | None = None) -> str:
+    """Give the report as text for a terminal in `width` columns (None: document.output_width()): the answer
+    first (report_answers), then the detail."""
+    return to_text(report_blocks(report, top), width)
 
 
 def render_markdown(report: Report, top: int = 10) -> str:
-    """Give the report as a markdown document."""
-    inf = report.inference
-    dims = ", ".join(markdown_code(f"{k}={v}") for k, v in report.dims.items()) or "none"
-    out = [f"# onnxmem report: {markdown_code(report.model)}", "",
-           *(f"**{markdown_text(line)}**  " for line in report_headline(report)), "",
-           f"dims: {dims} · nodes: {report.nodes} · order: {report.order}",
-           "", "| part | size | bytes |", "|---|---:|---:|"]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in _summary_rows(report)]
-    out += ["", f"Peak at step {inf.peak_step}: {markdown_code(inf.peak_op_type)} node {markdown_code(inf.peak_node)}.",
-            "",
-            "## Live at the peak", "", "| tensor | shape | dtype | size | producer |", "|---|---|---|---:|---|"]
-    out += [f"| {markdown_code(t.name)} | {markdown_text(_shape(t.shape))} | {t.dtype} | {format_bytes(t.bytes)} | "
-            f"{markdown_text(t.op_type)} {markdown_code(t.producer)} |" for t in inf.live_at_peak[:top]]
-    out += ["", "## By operator type", "", "| op type | nodes | weights | activations |", "|---|---:|---:|---:|"]
-    out += [f"| {markdown_text(r.op_type)} | {r.nodes} | {format_bytes(r.weight_bytes)} | "
-            f"{format_bytes(r.output_bytes)} |" for r in inf.by_op_type[:top]]
-    if report.training is not None:
-        out += _training_lines(report.training, top, markdown=True)
-    out += _warning_lines(report.warnings, markdown=True)
-    return terminal_text("\n".join(out) + "\n")
+    """Give the report as a markdown document (the same blocks as the text)."""
+    return to_markdown(report_blocks(report, top))
 
 
-def _training_lines(t: TrainingReport, top: int, markdown: bool) -> list[str]:
+def _training_blocks(t: TrainingReport, top: int) -> list[Block]:
     """Give the training section: the parts, the step's peak and its phase, the per-phase profile, what-ifs."""
-
-    def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
-        if not markdown:
-            return _table(headers, rows, right)
-        align = ["---:" if i in right else "---" for i in range(len(headers))]
-        return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
-                *("| " + " | ".join(markdown_text(c) for c in r) + " |" for r in rows)]
-
-    def heading(text: str) -> list[str]:
-        return ["", f"## {markdown_text(text)}", ""] if markdown else ["", text]
 
     def size(n: int) -> tuple[str, str]:
         return format_bytes(n), f"{n:,} B"
 
     trainable = f"{t.trainable_parameters:,} of {t.parameters:,} parameters trainable"
-    out = heading(f"Training memory ({t.optimizer}, {t.precision}, {t.export_mode}-mode export; {trainable})")
     parts = [("weights", t.weights_bytes), ("gradients", t.gradient_bytes),
              ("optimizer states", t.optimizer_state_bytes), ("saved activations (backward start)",
                                                              t.saved_activation_bytes),
              ("input batch", t.input_bytes), ("peak of the step", t.peak_bytes),
              ("hand formula (params x (2 + states) + 2 x activations)", t.hand_formula_bytes)]
-    out += table(("part", "size", "bytes"), [(name, *size(n)) for name, n in parts], right=(1, 2))
-    peak = f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"
-    out += ["", markdown_text(peak) if markdown else peak]
-    out += heading("Training step by phase (live bytes: peak during the phase, and at its end)")
+    out: list[Block] = [
+        Heading(f"Training memory ({t.optimizer}, {t.precision}, {t.export_mode}-mode export; {trainable})"),
+        Table(("part", "size", "bytes"), tuple((name, *size(n)) for name, n in parts), right=(1, 2), wrap=(0,)),
+        Para(f"peak in {t.peak_phase} of the {t.peak_step} step, at {t.peak_event}"),
+        Heading("Training step by phase (live bytes: peak during the phase, and at its end)")]
     rows = []
     for step in (t.first_step, t.later_step):
         rows += [(step.step, p.phase, format_bytes(p.peak_bytes), format_bytes(p.end_bytes), p.peak_event)
                  for p in step.phases]
-    out += table(("step", "phase", "peak", "at end", "where"), rows, right=(2, 3))
-    out += heading("Live at the training peak")
-    out += table(("category", "size", "buffers", "largest"),
-                 [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest) for r in t.live_at_peak],
-                 right=(1, 2))
+    out += [Table(("step", "phase", "peak", "at end", "where"), tuple(rows), right=(2, 3), wrap=(4,)),
+            Heading("Live at the training peak"),
+            Table(("category", "size", "buffers", "largest"),
+                  tuple((r.category, format_bytes(r.bytes), str(r.buffers), r.largest) for r in t.live_at_peak),
+                  right=(1, 2), wrap=(3,))]
     if t.saved_by_op_type:
-        out += heading("Kept for backward, by operator type")
-        out += table(("op type", "kept"), [(k, format_bytes(v)) for k, v in t.saved_by_op_type[:top]], right=(1,))
+        out += [Heading("Kept for backward, by operator type"),
+                Table(("op type", "kept"), tuple((k, format_bytes(v)) for k, v in t.saved_by_op_type[:top]),
+                      right=(1,))]
     if t.recompute:
-        out += heading(f"Recompute in backward instead of keeping (peak then {format_bytes(t.recompute_peak_bytes)})")
-        out += table(("node", "op type", "tensor", "kept bytes saved"),
-                     [(r.node, r.op_type, r.tensor, format_bytes(r.saved_bytes)) for r in t.recompute[:top]],
-                     right=(3,))
+        out += [Heading(f"Recompute in backward instead of keeping (peak then {format_bytes(t.recompute_peak_bytes)})"),
+                Table(("node", "op type", "tensor", "kept bytes saved"),
+                      tuple((r.node, r.op_type, r.tensor, format_bytes(r.saved_bytes)) for r in t.recompute[:top]),
+                      right=(3,), code=(0, 2))]
     if t.checkpoint is not None:
         c = t.checkpoint
         extra = f"{100 * c.extra_forward_flops / c.forward_flops:.0f}%" if c.forward_flops else "?"
-        out += heading("Activation checkpointing (what-if)")
-        what_if = (f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves "
-                   f"{format_bytes(c.memory_saved_bytes)}), kept for backward "
-                   f"{format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
-                   f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)")
-        out += [markdown_text(what_if) if markdown else what_if]
-    out += heading("Assumed")
-    out += [f"- {markdown_text(a) if markdown else a}" for a in t.assumptions]
+        out += [Heading("Activation checkpointing (what-if)"),
+                Para(f"{c.segments} segments: peak {format_bytes(c.peak_bytes)} (saves "
+                     f"{format_bytes(c.memory_saved_bytes)}), kept for backward "
+                     f"{format_bytes(c.saved_activation_bytes)}; extra forward compute {extra} "
+                     f"({c.extra_forward_flops:,} of {c.forward_flops:,} FLOPs)")]
+    out += [Heading("Assumed"), Bullets(tuple(t.assumptions))]
     return out
 
 
 # --- Plan: fit and check ----------------------------------------------------------------------------------------
 
 
-def render_fit(result: FitResult, fmt: str) -> str:
-    """Give a fit result in the named format: table, json or markdown."""
-    if fmt == "json":
-        return json_text(result)
-    markdown = fmt == "markdown"
+def arithmetic_lines(a: Arithmetic, target: Target, per_gpu: bool = False) -> list[str]:
+    """Give a verdict's sums in two lines: what is needed (the peak and the allocator's rounding, named) and the
+    budget (the memory less the runtime's fixed costs)."""
+    peak = f"peak{' per GPU' if per_gpu else ''} {format_bytes(a.peak_bytes)}"
+    rounding = a.allocator_rounding_bytes
+    if target.allocator == "exact":
+        needs = f"{peak} ({a.rounded_by})"
+    else:
+        needs = f"{peak} {'-' if rounding < 0 else '+'} {a.rounded_by} {format_bytes(abs(rounding))}"
+    budget = f"budget {format_bytes(a.budget_bytes)} = memory {format_bytes(a.memory_bytes)}"
+    budget += f" - fixed costs {format_bytes(a.fixed_costs_bytes)} ({target.runtime or 'given'})" \
+        if a.fixed_costs_bytes else " (no fixed costs)"
+    return [f"needs {format_bytes(a.required_bytes)} = {needs}", budget]
+
+
+def fit_blocks(result: FitResult) -> list[Block]:
+    """Give a fit result as blocks: the answer and its sums at the answer first, then the curve and the what-ifs."""
     dim = result.dim
     others = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
-    answer = fit_answer(result)
-    out = [f"# onnxmem fit: {markdown_code(result.model)}" if markdown else f"onnxmem fit: {result.model}",
-           *([""] if markdown else []), f"**{answer}**" if markdown else answer, "",
-           f"searched: {dim}   other dims: {others}   mode: {result.mode}" + _shard_words(result.sharding),
-           *_target_lines(result.target, result.budget_bytes, markdown), *sharding_lines(result.sharding), ""]
-    out += [f"- {n}" for n in result.notes if not n.startswith(("nothing fits", "largest "))]  # (the answer's)
+    lines = [fit_answer(result)]
+    a = result.arithmetic
+    if a is not None:
+        value = result.max_value or result.step
+        room = f"headroom {format_bytes(a.headroom_bytes)}" if a.fits else f"short by {format_bytes(-a.headroom_bytes)}"
+        at = f"at {dim}={value}: needs {format_bytes(a.required_bytes)}, {room}"
+        after = next((p for p in result.curve if p.value == result.max_value + result.step), None)
+        if result.max_value and after is not None and not after.fits:
+            at += f"; at {after.value}: over by {format_bytes(after.required_bytes - result.budget_bytes)}"
+        lines += [at, *arithmetic_lines(a, result.target, result.sharding is not None)]
+    out: list[Block] = [Title("fit", result.model), Answer(tuple(lines), result.max_value > 0), Para(""),
+                        Para(f"searched: {dim}   other dims: {others}   mode: {result.mode}"
+                             + _shard_words(result.sharding)),
+                        *_target_blocks(result.target, result.budget_bytes),
+                        *(Para(line) for line in sharding_lines(result.sharding))]
+    notes = [n for n in result.notes if not n.startswith(("nothing fits", "largest "))]  # (the answer's)
+    if notes:
+        out.append(Bullets(tuple(notes)))
     if result.linear:
         lin = result.linear
         checked = f"verified at {len(lin.checked_values)} other values" if lin.verified else "not verified"
-        out.append(f"peak = {format_bytes(lin.intercept_bytes)} + {format_bytes(lin.slope_bytes)} x {dim}   "
-                   f"({lin.intercept_bytes} + {lin.slope_bytes} x {dim} bytes; {checked})")
-    headers = (dim, "peak", "required", "fits")
-    rows = [(str(p.value), format_bytes(p.peak_bytes), format_bytes(p.required_bytes), "yes" if p.fits else "no")
-            for p in result.curve if _shown(p.value, result)]
-    out += ["", "Memory against " + dim, *(_markdown_table(headers, rows) if markdown else
-                                            _table(headers, rows, right=(0, 1, 2)))]
-    out += _what_if_lines(result.what_ifs, f"What would let {dim}={result.max_value + result.step} fit", markdown)
-    out += _warning_lines(result.warnings, markdown)
-    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
+        out.append(Para(f"peak = {format_bytes(lin.intercept_bytes)} + {format_bytes(lin.slope_bytes)} x {dim}   "
+                        f"({lin.intercept_bytes} + {lin.slope_bytes} x {dim} bytes; {checked})"))
+    rows = tuple((str(p.value), format_bytes(p.peak_bytes), format_bytes(p.required_bytes), "yes" if p.fits else "no")
+                 for p in result.curve if _shown(p.value, result))
+    out += [Heading("Memory against " + dim), Table((dim, "peak", "required", "fits"), rows, right=(0, 1, 2))]
+    out += _what_if_blocks(result.what_ifs, f"What would let {dim}={result.max_value + result.step} fit")
+    out += warning_blocks(result.warnings, training=result.mode == "training")
+    return out
+
+
+def render_fit(result: FitResult, fmt: str, width: int | None = None) -> str:
+    """Give a fit result in the named format: table (in `width` columns), json or markdown."""
+    if fmt == "json":
+        return json_text(result)
+    return _write(fit_blocks(result), fmt, width)
 
 
 def fit_answer(result: FitResult) -> str:
@@ -362,22 +377,30 @@ def check_answer(result: CheckResult) -> str:
             f"({headroom} {format_bytes(abs(result.headroom_bytes))})")
 
 
-def render_check(result: CheckResult, fmt: str) -> str:
-    """Give a check result in the named format: table, json or markdown."""
+def check_answer_lines(result: CheckResult) -> list[str]:
+    """Give a check's verdict (check_answer) and its sums: needs = peak + rounding, budget = memory - fixed
+    costs, and where the peak is."""
+    return [check_answer(result), *arithmetic_lines(result.arithmetic, result.target, result.sharding is not None),
+            f"peak at {result.peak_where} ({result.peak_bytes:,} B)"]
+
+
+def check_blocks(result: CheckResult) -> list[Block]:
+    """Give a check result as blocks: the verdict and its sums first, then the target, the what-ifs, warnings."""
+    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
+    out: list[Block] = [Title("check", result.model), Answer(tuple(check_answer_lines(result)), result.fits),
+                        Para(""), Para(f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding)),
+                        *_target_blocks(result.target, result.budget_bytes),
+                        *(Para(line) for line in sharding_lines(result.sharding))]
+    out += _what_if_blocks(result.what_ifs, "What would lower the peak")
+    out += warning_blocks(result.warnings, training=result.mode == "training")
+    return out
+
+
+def render_check(result: CheckResult, fmt: str, width: int | None = None) -> str:
+    """Give a check result in the named format: table (in `width` columns), json or markdown."""
     if fmt == "json":
         return json_text(result)
-    markdown = fmt == "markdown"
-    dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
-    answer = check_answer(result)
-    out = [f"# onnxmem check: {markdown_code(result.model)}" if markdown else f"onnxmem check: {result.model}",
-           *([""] if markdown else []), f"**{answer}**" if markdown else answer,
-           f"peak {format_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_where}", "",
-           f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding),
-           *_target_lines(result.target, result.budget_bytes, markdown)]
-    out += sharding_lines(result.sharding)
-    out += _what_if_lines(result.what_ifs, "What would lower the peak", markdown)
-    out += _warning_lines(result.warnings, markdown)
-    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
+    return _write(check_blocks(result), fmt, width)
 
 
 def target_label(target: Target, budget: int) -> str:
@@ -388,13 +411,11 @@ def target_label(target: Target, budget: int) -> str:
            f"allocator: {target.allocator}"
 
 
-def _target_lines(target: Target, budget: int, markdown: bool = False) -> list[str]:
-    indent = "- " if markdown else "  "
-    lines = [f"target: {target_label(target, budget)}", *([""] if markdown else []),
-             f"{indent}memory: {target.memory_source}"]
-    lines += [f"{indent}{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve]
-    lines.append(f"{indent}allocator {target.allocator}: {target.allocator_rule}")
-    return lines
+def _target_blocks(target: Target, budget: int) -> list[Block]:
+    return [Heading(f"Target: {target_label(target, budget)}"),
+            Bullets((f"memory: {target.memory_source}",
+                     *(f"{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve),
+                     f"allocator {target.allocator}: {target.allocator_rule}"))]
 
 
 def sharding_lines(s: Sharding | None) -> list[str]:
@@ -430,23 +451,38 @@ def _point(result: FitResult, value: int) -> int:
     return next((p.required_bytes for p in result.curve if p.value == value), 0)
 
 
-def _what_if_lines(what_ifs: Sequence[WhatIf], title: str, markdown: bool) -> list[str]:
+def _what_if_blocks(what_ifs: Sequence[WhatIf], title: str) -> list[Block]:
     if not what_ifs:
         return []
     judged = any(w.fits is not None for w in what_ifs)  # a budget to fit: say whether each change alone fits
     headers = ("change", "peak", "saves", *(("fits",) if judged else ()), "how")
-    rows = [(w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes),
-             *((("yes" if w.fits else "no"),) if judged else ()), w.detail) for w in what_ifs]
-    body = _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(1, 2))
-    return ["", f"## {title}" if markdown else title, *(["", *body] if markdown else body)]
+    rows = tuple((w.change, format_bytes(w.peak_bytes), format_bytes(w.saved_bytes),
+                  *((("yes" if w.fits else "no"),) if judged else ()), w.detail) for w in what_ifs)
+    return [Heading(title), Table(headers, rows, right=(1, 2), wrap=(0, len(headers) - 1))]
 
 
-def _warning_lines(warnings: Sequence[Warning], markdown: bool) -> list[str]:
-    if not warnings:
-        return []
-    if markdown:
-        return ["", "## Warnings", ""] + [f"- {markdown_code(w.code)}: {markdown_text(w.message)}" for w in warnings]
-    return ["", "Warnings"] + [f"- {w}" for w in warnings]
+def shown_warnings(warnings: Sequence[Warning], training: bool, inference_shown: bool = False) \
+        -> tuple[list[Warning], list[Warning]]:
+    """Give the warnings an answer shows, as (about the answer, about the inference figures alone): on a training
+    answer, onnxruntime's inference notes (INFERENCE_ONLY_WARNINGS) are not about the step: a report, which also
+    shows the inference figures, lists them apart; fit and check, whose answer is the step's, leave them out (JSON
+    keeps every warning)."""
+    if not training:
+        return list(warnings), []
+    inference = [w for w in warnings if w.code in INFERENCE_ONLY_WARNINGS]
+    return [w for w in warnings if w.code not in INFERENCE_ONLY_WARNINGS], inference if inference_shown else []
+
+
+def warning_blocks(warnings: Sequence[Warning], training: bool = False, inference_shown: bool = False) -> list[Block]:
+    """Give the Warnings section (see shown_warnings: a training answer's inference notes apart or left out)."""
+    about, inference = shown_warnings(warnings, training, inference_shown)
+    out: list[Block] = []
+    if about:
+        out += [Heading("Warnings"), Bullets(tuple(str(w) for w in about))]
+    if inference:
+        out += [Heading("Warnings about the inference figures (not the training step)"),
+                Bullets(tuple(str(w) for w in inference))]
+    return out
 
 
 def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -473,28 +509,30 @@ def targets_document() -> dict[str, object]:
     }
 
 
-def render_targets() -> str:
-    """Give the GPU catalog, the runtimes' fixed costs and the allocators, with where each figure comes from."""
+def render_targets(width: int | None = None) -> str:
+    """Give the GPU catalog, the runtimes' fixed costs and the allocators, with where each figure comes from (in
+    `width` columns)."""
     from onnxmem.plan.fit import ALLOCATORS, RUNTIMES
     from onnxmem.plan.gpus import GPUS
 
-    out = ["GPUs (--gpu NAME)", *_table(("name", "memory", "bytes"), [
-        (g.name, format_bytes(g.memory_bytes), f"{g.memory_bytes:,}") for g in GPUS.values()], right=(1, 2))]
-    sources = sorted({g.source for g in GPUS.values()})
-    out += [f"memory: {s}" for s in sources]
-    out += ["", "Runtimes (--runtime NAME): fixed costs taken off the memory (--reserve SIZE replaces them)"]
+    blocks: list[Block] = [
+        Para("GPUs (--gpu NAME)"),
+        Table(("name", "memory", "bytes"), tuple((g.name, format_bytes(g.memory_bytes), f"{g.memory_bytes:,}")
+                                                 for g in GPUS.values()), right=(1, 2)),
+        *(Para(f"memory: {s}") for s in sorted({g.source for g in GPUS.values()})),
+        Heading("Runtimes (--runtime NAME): fixed costs taken off the memory (--reserve SIZE replaces them)")]
     for runtime in RUNTIMES.values():
-        out.append(f"{runtime.name}: allocator {runtime.allocator}")
-        out += [f"  {r.name} {format_bytes(r.bytes)}: {r.source}" for r in runtime.fixed_costs]
-    out += ["", "Allocators"] + [f"{a.name}: {a.rule}" for a in ALLOCATORS.values()]
-    return "\n".join(out)
+        blocks += [Para(f"{runtime.name}: allocator {runtime.allocator}"),
+                   *(Para(f"{r.name} {format_bytes(r.bytes)}: {r.source}", indent=2) for r in runtime.fixed_costs)]
+    blocks += [Heading("Allocators"), *(Para(f"{a.name}: {a.rule}") for a in ALLOCATORS.values())]
+    return to_text(blocks, width)
 
 
-def render_validation(result: Validation, fmt: str) -> str:
-    """Give a validation (estimate against onnxruntime's allocations) as a table, JSON or markdown."""
+def render_validation(result: Validation, fmt: str, width: int | None = None) -> str:
+    """Give a validation (estimate against onnxruntime's allocations) as a table (in `width` columns), JSON or
+    markdown."""
     if fmt == "json":
         return json_text(result)
-    markdown = fmt == "markdown"
     dims = ", ".join(f"{k}={v}" for k, v in result.dims.items()) or "none"
 
     def pct(value: float | None) -> str:
@@ -508,16 +546,16 @@ def render_validation(result: Validation, fmt: str) -> str:
                      f"{run.activation_difference_bytes:+,} B", pct(run.activation_difference_percent)))
         rows.append(("", "weights in arena", format_bytes(run.measured.weights_bytes),
                      format_bytes(run.estimated.weights_bytes), f"{run.weights_difference_bytes:+,} B", ""))
-    headers = ("run", "part", "measured", "estimated", "difference", "%")
     verdict = "exact: every run agrees to the byte" if result.exact else "differs: see the notes"
-    out = [f"# onnxmem validate: {markdown_code(result.model)}" if markdown else f"onnxmem validate: {result.model}",
-           "",
-           f"provider: {result.provider}   opt level: {result.opt_level}   dims: {dims}   "
-           f"nodes run: {result.nodes_run}", ""]
-    out += _markdown_table(headers, rows) if markdown else _table(headers, rows, right=(2, 3, 4, 5))
-    out += ["", f"{verdict}; `onnxmem report` on the model as given estimates "
-                f"{format_bytes(result.raw_estimate.peak_activation_bytes)} of activations", ""]
-    out += [("- " if markdown else "") + "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items())]
-    out += [("- " + markdown_text(note)) if markdown else ("note: " + note) for note in result.notes]
-    out += _warning_lines(result.warnings, markdown)
-    return terminal_text("\n".join(out) + ("\n" if markdown else ""))
+    blocks: list[Block] = [
+        Title("validate", result.model), Para(""),
+        Para(f"provider: {result.provider}   opt level: {result.opt_level}   dims: {dims}   nodes run: "
+             f"{result.nodes_run}"), Para(""),
+        Table(("run", "part", "measured", "estimated", "difference", "%"), tuple(rows), right=(2, 3, 4, 5)),
+        Para(""),
+        Para(f"{verdict}; `onnxmem report` on the model as given estimates "
+             f"{format_bytes(result.raw_estimate.peak_activation_bytes)} of activations"), Para(""),
+        Bullets(("settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()),
+                 *(f"note: {note}" for note in result.notes))),
+        *warning_blocks(result.warnings)]
+    return _write(blocks, fmt, width)

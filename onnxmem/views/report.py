@@ -375,6 +375,37 @@ class WhatIf:
     fits: bool | None = None  # whether this change alone makes it fit the budget (None: no budget to fit)
 
 
+# What rounds the peak up to the bytes required, by allocator (Target.allocator): named in every answer.
+ROUNDED_BY = {"exact": "no --runtime: no allocator rounding",
+              "onnxruntime-arena": "onnxruntime's arena regions",
+              "pytorch-caching": "PyTorch's 2 MiB segments"}
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """The sums behind a verdict, each figure in bytes: memory - fixed_costs = budget; peak + allocator_rounding =
+    required; budget - required = headroom (negative: short by that much)."""
+
+    memory_bytes: int
+    fixed_costs_bytes: int  # the runtime's fixed costs (Target.reserve) taken off the memory
+    budget_bytes: int
+    peak_bytes: int  # the estimator's peak (per GPU when sharded)
+    allocator_rounding_bytes: int  # required - peak: what the allocator holds beyond the peak (its regions)
+    rounded_by: str  # what rounds it: onnxruntime's arena regions, PyTorch's segments, nothing
+    required_bytes: int
+    headroom_bytes: int
+    fits: bool
+
+
+def arithmetic_of(target: Target, budget: int, peak: int, required: int) -> Arithmetic:
+    """Give the arithmetic of a verdict at one binding: the target's memory and fixed costs, the peak and the
+    allocator's rounding of it."""
+    return Arithmetic(memory_bytes=target.memory_bytes, fixed_costs_bytes=target.memory_bytes - budget,
+                      budget_bytes=budget, peak_bytes=peak, allocator_rounding_bytes=required - peak,
+                      rounded_by=ROUNDED_BY.get(target.allocator, target.allocator), required_bytes=required,
+                      headroom_bytes=budget - required, fits=required <= budget)
+
+
 @dataclass(frozen=True)
 class FitResult:
     """The largest value of one dim whose peak fits a budget, found by evaluating the estimator (`onnxmem fit`)."""
@@ -402,6 +433,15 @@ class FitResult:
     # makes the report at max_value (at 1 where nothing fits), on first use: see `report`
     report_at_answer: Callable[[], Report] | None = dataclasses.field(default=None, compare=False, repr=False,
                                                                       metadata=_NOT_IN_JSON)
+    # the verdict's sums at the answer (at the first value searched where nothing fits): made from the curve
+    arithmetic: Arithmetic | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        value = self.max_value or self.step
+        point = next((p for p in self.curve if p.value == value), None)
+        if point is not None:
+            object.__setattr__(self, "arithmetic", arithmetic_of(self.target, self.budget_bytes, point.peak_bytes,
+                                                                 point.required_bytes))
 
     @property
     def report(self) -> Report | None:
@@ -439,6 +479,11 @@ class CheckResult:
     warnings: tuple[Warning, ...]
     schema: str = CHECK_SCHEMA
     report: Report | None = dataclasses.field(default=None, compare=False, repr=False, metadata=_NOT_IN_JSON)
+    arithmetic: Arithmetic = dataclasses.field(init=False)  # the verdict's sums, from the fields above
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arithmetic", arithmetic_of(self.target, self.budget_bytes, self.peak_bytes,
+                                                             self.required_bytes))
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
