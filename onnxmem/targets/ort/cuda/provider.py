@@ -5,12 +5,19 @@ gpu_external_alloc hooks (measure.ort_cuda)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from onnxmem.targets.ort.base import ExecutionProvider, SessionWeights
-from onnxmem.targets.ort.cuda.tables import CUDA_ALIASES, CUDA_IN_PLACE
+from onnxmem.targets.ort.cuda.tables import (
+    CUDA_ALIASES,
+    CUDA_CPU_INPUTS,
+    CUDA_IN_PLACE,
+    CUDNN_CONV_WORKSPACE,
+    CUDNN_CONV_WORKSPACE_AT,
+    ConvKey,
+)
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.targets.ort.tables import TAKES_NO_FREED_BUFFER
 
@@ -46,18 +53,20 @@ class CudaProvider(ExecutionProvider):
 
     def session_weights(self, graph: ModelGraph, model: onnx.ModelProto, given: onnx.ModelProto | None = None,
                         sizes: Sequence[int | None] | None = None) -> SessionWeights:
-        """Every initializer, reserved on the device at session creation; each run copies the graph inputs in."""
+        """The initializers read in device memory, reserved on the device at session creation (host_weights: the
+        others stay in host memory); each run copies the graph inputs in."""
         from onnxmem.ir.graph import WEIGHT
 
-        reserved = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT)
+        on_host = host_weights(graph)
+        reserved = sum(t.nbytes or 0 for t in graph.tensors if t.kind == WEIGHT and t.index not in on_host)
         inputs = tuple((sizes[t] if sizes is not None else graph.tensors[t].nbytes) or 0 for t in graph.inputs)
         return SessionWeights(reserved, (), inputs)
 
     def kernel_scratch(self, graph: ModelGraph, model: onnx.ModelProto,
                        shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> dict[int, tuple[int, ...]]:
-        """None modelled: the scratch tables are the CPU kernels' (measured there); what the CUDA kernels allocate
-        (cuBLAS and cuDNN workspaces, per-kernel scratch) is their own and not known here."""
-        return {}
+        """cuDNN's convolution workspace, per Conv op whose shape was measured (conv_workspaces): allocated from
+        the provider's allocator while the Conv runs. cuBLAS's workspace is cuBLAS's own (not the allocator's)."""
+        return {op: (size,) for op, size in conv_workspaces(graph, model, shape_of)[0].items()}
 
     def outside_arena_bytes(self, graph: ModelGraph, model: onnx.ModelProto) -> int:
         return 0  # every initializer is in the arena (session_weights)
@@ -77,8 +86,9 @@ class CudaProvider(ExecutionProvider):
             "estimated on the graph onnxruntime ran, in the order it ran it, with the CUDA kernels' in-place and alias "
             "rules (as `onnxmem report --provider cuda`); graph inputs are added (each run copies them to the device); "
             "weights: every initializer, copied to the device",
-            "not yet checked on a GPU by this project: differences are what the CUDA provider does beyond the CPU "
-            "rules (kernel workspaces, per-kernel scratch, its own alignment)",
+            "checked on one H100 (benchmarks/cuda/score_ort.py): the graph's activations, inputs and weights are "
+            "exact at level disable; cuDNN's conv workspace is counted only for the conv shapes measured "
+            "(targets/ort/cuda/tables.py), not in this estimate's peak",
         ]
         if measured.context_bytes is not None:
             notes.append(f"CUDA context and libraries (NVML, device-wide, approximate): {measured.context_bytes} "
@@ -88,6 +98,117 @@ class CudaProvider(ExecutionProvider):
             notes.append(f"{len(measured.cpu_fallback_nodes)} nodes ran on the CPU provider and are not counted: "
                          f"{shown}")
         return tuple(notes)
+
+
+def _ints(node: onnx.NodeProto, name: str) -> tuple[int, ...] | None:
+    for attr in node.attribute:
+        if attr.name == name:
+            return tuple(attr.ints)
+    return None
+
+
+def conv_key(node: onnx.NodeProto, x: tuple[int, ...], w: tuple[int, ...], dtype: int) -> ConvKey | None:
+    """Give a Conv's key in tables.CUDNN_CONV_WORKSPACE (its input per sample, weight, strides, pads, dilations,
+    group and element type), or None where its pads are not explicit numbers (auto_pad other than NOTSET)."""
+    for attr in node.attribute:
+        if attr.name == "auto_pad" and attr.s not in (b"", b"NOTSET"):
+            return None
+    rank = len(w) - 2
+    strides = _ints(node, "strides") or (1,) * rank
+    pads = _ints(node, "pads") or (0,) * (2 * rank)
+    dilations = _ints(node, "dilations") or (1,) * rank
+    group = next((int(a.i) for a in node.attribute if a.name == "group"), 1)
+    return (tuple(x[1:]), tuple(w), tuple(strides), tuple(pads), tuple(dilations), group, dtype)
+
+
+def _static(shape: Sequence[object] | None) -> tuple[int, ...] | None:
+    """Give a shape whose every dim is a number, else None."""
+    if shape is None or not all(isinstance(v, int) for v in shape):
+        return None
+    return tuple(int(v) for v in shape if isinstance(v, int))
+
+
+def conv_workspaces(graph: ModelGraph, model: onnx.ModelProto,
+                    shape_of: Callable[[int], tuple[int, ...] | None] | None = None,
+                    ) -> tuple[dict[int, int], tuple[str, ...]]:
+    """Give the cuDNN workspace of each Conv op whose shape tables.CUDNN_CONV_WORKSPACE(_AT) holds (op index ->
+    bytes), and the names of the Conv ops on the device whose workspace is not known (counted as none)."""
+    from onnxmem.ir.graph import Placement as Where
+
+    nodes = {node.name: node for node in model.graph.node if node.op_type == "Conv"}
+    known: dict[int, int] = {}
+    unknown: list[str] = []
+    for op in graph.ops:
+        if op.op_type != "Conv" or op.domain not in ("", "ai.onnx") or op.placement is not Where.DEVICE:
+            continue
+        node = nodes.get(op.name)
+        x_t, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+        y_t = graph.tensors[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
+        x = _static(shape_of(x_t.index) if shape_of is not None else x_t.shape)
+        w = _static(shape_of(w_t.index) if shape_of is not None else w_t.shape)
+        key = conv_key(node, x, w, x_t.dtype) if node is not None and x and w else None
+        if key is None or not x:
+            unknown.append(op.name)
+            continue
+        at = CUDNN_CONV_WORKSPACE_AT.get((key, x[0]))
+        form = CUDNN_CONV_WORKSPACE.get(key)
+        if at is not None:
+            known[op.index] = at
+        elif form is not None:
+            operands, extra = form
+            sizes = {"x": x_t.nbytes, "w": w_t.nbytes, "y": y_t.nbytes if y_t is not None else 0}
+            if any(sizes[o] is None for o in operands):
+                unknown.append(op.name)
+                continue
+            known[op.index] = sum(int(sizes[o] or 0) for o in operands) + extra
+        else:
+            unknown.append(op.name)
+    return known, tuple(unknown)
+
+
+def scratch_peaks(graph: ModelGraph, timeline: Any, scratch: Mapping[int, int], block: int | None = None) -> int:
+    """Give a run's peak of live bytes with each op's scratch (`scratch`: op index -> bytes, live while the op
+    runs) above what is live at its step. `block`: a later run, where the memory pattern's block (its bytes) is
+    held for the whole run and graph outputs (from their producer on) and control-flow bodies are allocated
+    outside it; None: a first run, the timeline's live bytes per step."""
+    order = timeline.order
+    if block is None:
+        return max((live + scratch.get(op, 0) for op, live in zip(order, timeline.live_bytes, strict=True)),
+                   default=0)
+    produced: dict[int, int] = {}  # op -> bytes of the graph outputs it makes
+    for t in graph.outputs:
+        producer = graph.tensors[t].producer
+        if producer is not None:
+            produced[producer] = produced.get(producer, 0) + (graph.tensors[t].nbytes or 0)
+    peak = outputs = 0
+    for op, body in zip(order, timeline.subgraph_bytes, strict=True):
+        outputs += produced.get(op, 0)
+        peak = max(peak, block + outputs + body + scratch.get(op, 0))
+    return peak
+
+
+def host_weights(graph: ModelGraph) -> frozenset[int]:
+    """Give the initializers (tensor indices) that every reader reads in host memory: a node on the CPU, or an input
+    slot the CUDA kernel reads on the host (tables.CUDA_CPU_INPUTS: a Reshape's shape, a ReduceMean's axes). The
+    session places an initializer where its readers read it (session_state_utils.cc, the allocation planner's
+    location of each initializer; one read in both memories is copied to both), so these take no device memory.
+    Measured (benchmarks/results/cuda/2026-11-27-h100-80gb.jsonl, ort/tiny_cnn and ort/resnet18, every level, b1 and
+    b8): the device held 32 bytes less than every initializer, the Reshape's shape and the ReduceMean's axes
+    (int64[2] each); bert (-part2.jsonl) 104 bytes less at level disable: its shape constants read by the 22
+    nodes the CPU ran and by Reshape and Slice's host inputs."""
+    from onnxmem.ir.graph import WEIGHT
+    from onnxmem.ir.graph import Placement as Where
+
+    readers: dict[int, list[bool]] = {}  # weight -> for each read, whether it is in host memory
+    for op in graph.ops:
+        host_slots = CUDA_CPU_INPUTS.get(f"{'' if op.domain in ('', 'ai.onnx') else op.domain}::{op.op_type}", ())
+        for slot, t in enumerate(op.inputs):
+            if t >= 0 and graph.tensors[t].kind == WEIGHT:
+                readers.setdefault(t, []).append(op.placement is Where.HOST or slot in host_slots)
+        for t in op.implicit_inputs:  # read by a subgraph: as the node runs
+            if t >= 0 and graph.tensors[t].kind == WEIGHT:
+                readers.setdefault(t, []).append(op.placement is Where.HOST)
+    return frozenset(t for t, host in readers.items() if all(host))
 
 
 CUDA = CudaProvider()

@@ -152,6 +152,13 @@ CUDA_CPU_INPUTS: dict[str, tuple[int, ...]] = {
     "::If": (0,),  # controlflow/if.cc: 'cond'
     "::Loop": (0, 1),  # controlflow/loop.cc: 'M' and 'cond'
     "::MemcpyFromHost": (0,),  # cuda_execution_provider.cc
+    # The reductions whose axes are an input (ReduceSum 13+, the others 18+; reduction/reduction_ops.cc registers
+    # those versions with InputMemoryType(OrtMemTypeCPUInput, 1)). Measured (benchmarks/results/cuda/
+    # 2026-11-27-h100-80gb.jsonl, ort/tiny_cnn and ort/resnet18, every level, b1 and b8): the ReduceMean's axes
+    # initializer (int64[2], 16 bytes) is not among the device's weights, as the Reshape's shape is not.
+    **{f"::{op}": (1,) for op in (
+        "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+        "ReduceLogSumExp", "ReduceSumSquare")},
 }
 # Outputs a CUDA kernel leaves in host memory (OutputMemoryType(OrtMemTypeCPUOutput, i)).
 CUDA_CPU_OUTPUTS: dict[str, tuple[int, ...]] = {
@@ -177,3 +184,36 @@ CUDA_IN_PLACE: frozenset[str] = frozenset({
     "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Softplus", "Softsign", "ThresholdedRelu",
 })
 CUDA_ALIASES: dict[str, int] = {"Reshape": 0, "Squeeze": 0, "Unsqueeze": 0, "Flatten": 0, "Identity": 0}
+
+# cuDNN's convolution workspace. conv.cc (cuDNN 9: the cudnn_frontend graph of CreateCudnnFeExecutionPlan, its plan
+# chosen by heuristics mode A for cudnn_conv_algo_search HEURISTIC, B for EXHAUSTIVE, FALLBACK for DEFAULT) allocates
+# get_workspace_size() bytes from the provider's allocator (GetWorkSpace -> GetScratchBuffer) in every Compute and
+# frees it when Compute returns: the bytes are live only while the Conv runs, above every tensor live then (in a
+# later run, above the memory pattern's block). Their size is the plan's, which cuDNN's heuristics pick inside the
+# library from the shapes, the GPU and the cuDNN version: it is not a function onnxruntime's source states, so it is
+# measured, per convolution shape. Each entry: (input C, H, W per sample, weight shape, strides, pads, dilations,
+# group, element type) -> (the operands whose bytes the workspace holds, at the run's batch: x, w, y; extra bytes;
+# or a fixed size where the measurement gave one figure). Read as "the plan reorders these operands into the
+# layout its engine takes (NCHW -> NHWC for x and y, KCRS -> KRSC for w), plus 16 bytes": the form every
+# binding peak of the rows fits exactly. Measured on an H100 80GB HBM3 (driver 580.159.04, CUDA 13, onnxruntime-gpu
+# 1.31.1, HEURISTIC, cudnn_conv_use_max_workspace 0, TF32 on), float32, NCHW:
+#   tiny_cnn's second conv: x + w + 16 at batch 1 and 8 (ort/tiny_cnn/*/b1 and b8: the peak, first and later runs);
+#   resnet18's stem conv (7x7, stride 2): x + w + y + 16 at batch 8 (ort/resnet18/*/b8: the peak of both runs);
+#     batch 1 does not reach the peak there (a bound only: ws <= 8651055);
+#   resnet18's 512-channel 3x3 convs on 4x4: 9601327 bytes at batch 1 (ort/resnet18/*/b1: the peak of both runs,
+#     first run above 98304 live bytes, later run above the 1310720-byte pattern block); at batch 8 a bound only
+#     (<= 9999120).
+# Every other conv of the two models stays under the peaks (bounds, not figures). A conv shape not here: the
+# workspace is not known (a warning names it); the next GPU window measures each shape alone (see
+# benchmarks/cuda/score_ort.py's docstring for the single-op measurement).
+CONV_WORKSPACE_EXTRA = 16
+ConvKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int]
+CUDNN_CONV_WORKSPACE: dict[ConvKey, tuple[str, int]] = {
+    # (C, H, W), weight, strides, pads (begin..., end...), dilations, group, element type: (operands, extra bytes)
+    ((64, 64, 64), (128, 64, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, _F.FLOAT): ("xw", CONV_WORKSPACE_EXTRA),
+    ((3, 128, 128), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, _F.FLOAT): ("xwy", CONV_WORKSPACE_EXTRA),
+}
+# Workspaces measured at one batch only, as one figure: (ConvKey, batch) -> bytes.
+CUDNN_CONV_WORKSPACE_AT: dict[tuple[ConvKey, int], int] = {
+    (((512, 4, 4), (512, 512, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, _F.FLOAT), 1): 9601327,
+}
