@@ -139,6 +139,36 @@ def training_table(latest: dict[str, dict[str, Any]], exports: dict[str, Path], 
     return lines
 
 
+# the models whose rows were read while the CUDA rules were written (the attention backends, the convolution note):
+# the rest are held out, scored only
+RULES_WRITTEN_ON = frozenset({"tiny_cnn", "resnet18", "bert", "gpt2", "llama_gqa", "t5"})
+
+
+def summary_lines(lines: list[tuple]) -> list[tuple]:
+    """Give the mean and worst error of ours against max_memory_allocated (and MemTracker's, where it ran), per set
+    (rules written on / held out), variant (full / frozen+lora) and precision (fp32 / amp)."""
+
+    def pct(text: Any) -> float | None:
+        return float(str(text).rstrip("%")) if isinstance(text, str) and text.endswith("%") else None
+
+    groups: dict[tuple[str, str, str], list[tuple[float, float | None]]] = {}
+    for line in lines:
+        model, variant, precision, ours, tracker = line[0], line[1], line[3], pct(line[8]), pct(line[11])
+        if ours is None:
+            continue
+        key = ("rules written on" if model in RULES_WRITTEN_ON else "held out",
+               "full" if variant == "full" else "frozen/lora", "fp32" if precision == "fp32" else "amp")
+        groups.setdefault(key, []).append((ours, tracker))
+    out = []
+    for key in sorted(groups):
+        errors = [e for e, _ in groups[key]]
+        trackers = [t for _, t in groups[key] if t is not None]
+        worst = max(errors, key=abs)
+        out.append((*key, len(errors), f"{sum(abs(e) for e in errors) / len(errors):.1f}%", f"{worst:+.1f}%",
+                    f"{sum(abs(t) for t in trackers) / len(trackers):.1f}% ({len(trackers)})" if trackers else "-"))
+    return out
+
+
 def other_lines(latest: dict[str, dict[str, Any]]) -> list[str]:
     """Give one line per context, fit and onnxruntime row (and per failed row)."""
     lines = []
@@ -188,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
               "steps 2-3)")
         print(table(("model", "variant", "opt", "precision", "batch", "alloc", "reserved", "ours", "vs alloc",
                      "vs reserved", "later vs alloc", "MemTracker", "MemTracker fake", "estimate"), lines))
+        print("\ntraining summary: ours against max_memory_allocated, first step (mean of |error|, worst)")
+        print(table(("set", "variant", "precision", "rows", "mean", "worst", "MemTracker mean (rows)"),
+                    summary_lines(lines)))
     else:
         print("\ntraining: no row measured on a GPU yet")
     others = other_lines(latest)
