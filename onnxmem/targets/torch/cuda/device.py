@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import onnxmem.targets.torch.cuda.attention as attention
 from onnxmem.targets.torch.base import DeviceOption, HeldPeaks, LibraryBuffer, NodeContext, NodeFacts
-from onnxmem.targets.torch.cuda import attention
 from onnxmem.targets.torch.cuda.allocator import replay
 from onnxmem.targets.torch.cuda.tables import AUTOCAST_FP32, CUDA_RESERVE_VALUES, CUDNN_CONVOLUTIONS
 
