@@ -12,6 +12,7 @@ import onnx
 
 from onnxmem.errors import ArgumentError, DimError, quoted
 from onnxmem.ir.load import LoadedModel
+from onnxmem.shapes.dims import parse_dims as shape_dims
 from onnxmem.targets.ort.base import ExecutionProvider
 
 
@@ -40,6 +41,19 @@ def check_arguments(function: str, model: object, dims: object = None, default_d
     if not isinstance(training, TrainingOptions):
         raise ArgumentError(f"{function}(training=...): {_kind(training)}, where it takes onnxmem.TrainingOptions "
                             "or None")
+
+
+def parse_dims(items: Sequence[str]) -> dict[str, int]:
+    """Give the dims of the command line's --dim NAME=VALUE options (shapes.dims.parse_dims), refusing a dim given
+    twice (which would take the last value silently) with a DimError naming both."""
+    seen: dict[str, str] = {}
+    for item in items:
+        name = item.partition("=")[0].strip()
+        if name in seen and "=" in item and seen[name].replace(" ", "") != item.replace(" ", ""):
+            raise DimError(f"--dim {quoted(name)} is given twice ({quoted(seen[name])} and {quoted(item)}): give each "
+                           "dim once")
+        seen[name] = item
+    return shape_dims(items)
 
 
 def _check_dims(function: str, dims: object) -> None:

@@ -115,7 +115,8 @@ def test_html_pages_are_self_contained() -> None:
     assert result.report is not None
     page = fit_page(result, series_of(result.report))
     assert_self_contained(page)
-    assert page.count("<svg") == 2 and f"largest batch that fits: {result.max_value}" in page
+    # the answer's sums, the curve and the timeline (the page changed on purpose: its verdict is drawn too)
+    assert page.count("<svg") == 3 and f"largest batch that fits: {result.max_value}" in page
     gate = onnxmem.check(model, memory="15MiB")
     assert gate.report is not None
     assert "DOES NOT FIT" in assert_self_contained_and_return(check_page(gate, series_of(gate.report)))

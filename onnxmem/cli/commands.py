@@ -21,11 +21,11 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from onnxmem.arguments import parse_dims  # (refuses a dim given twice)
 from onnxmem.errors import OnnxMemError, TrainingOptionError, one_line, quoted
 from onnxmem.measure.ort_cpu import OPT_LEVELS
 from onnxmem.passes.orders import DEFAULT_ORDER, ORDERS, orders_help
 from onnxmem.passes.pipeline import analysis, analyze
-from onnxmem.shapes.dims import parse_dims
 from onnxmem.targets.ort import DEFAULT_PROVIDER, PROVIDERS
 from onnxmem.views.formats import FORMATS, JSON_FORMATS, error_document, formats_help, json_line, validation_formats
 from onnxmem.views.render import json_text, render_targets, render_validation, targets_document
@@ -638,7 +638,7 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
             if plot_file:
                 from onnxmem.views.plot import save_plot
 
-                save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes)
+                save_plot(plot_file, timeline=timeline, budget_bytes=result.budget_bytes, verdict=result.arithmetic)
             text = FORMATS[fmt].check(result)
         click.echo(text, nl=fmt != "html")
         fits = result.fits

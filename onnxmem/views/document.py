@@ -112,11 +112,15 @@ _KEEP = "\x00"
 
 
 def wrap(text: str, width: int, indent: int = 0, hanging: int = 2) -> list[str]:
-    """Give `text` wrapped at word boundaries in `width` columns (a word longer than a line is cut; a size stays
-    whole: '12.00 MiB'), its first line indented by `indent`, the others by `indent + hanging`."""
+    """Give `text` wrapped at word boundaries in `width` columns (a word longer than a line, a long node's name, is
+    shortened in the middle; a size stays whole: '12.00 MiB'), its first line indented by `indent`, the others by
+    `indent + hanging`."""
     first, rest = " " * indent, " " * (indent + hanging)
     if len(text) + indent <= width:
         return [first + text]
+    room = width - indent - hanging
+    if any(len(word) > room for word in text.split(" ")):  # a name longer than a line: shortened in the middle
+        text = " ".join(shorten_middle(word, room) for word in text.split(" "))
     lines = textwrap.wrap(_UNIT.sub(_KEEP, text), width=width, initial_indent=first, subsequent_indent=rest,
                           break_on_hyphens=False, break_long_words=True) or [first]
     return [line.replace(_KEEP, " ") for line in lines]

@@ -6,79 +6,149 @@ and no network. The charts are drawn here as plain SVG, so the page needs no opt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from html import escape
 
+from onnxmem.views.document import Answer, Block, Heading, Title, html_table, to_html
 from onnxmem.views.render import (
-    check_answer,
-    fit_answer,
+    check_blocks,
+    fit_blocks,
     format_bytes,
     format_tick,
-    render_check,
-    render_fit,
-    render_table,
-    report_headline,
+    report_blocks,
 )
-from onnxmem.views.report import CheckResult, FitResult, Report
-from onnxmem.views.series import TimelineSeries, aggregated, byte_unit, round_ticks
+from onnxmem.views.report import Arithmetic, CheckResult, FitResult, Report
+from onnxmem.views.series import (
+    CurveAxes,
+    TimelineSeries,
+    aggregated,
+    byte_unit,
+    curve_axes,
+    round_ticks,
+    verdict_parts,
+)
 
 # the plot area is [_PAD_L, _W - _PAD_R] x [_PAD_T, _H - _PAD_B]; the legend is drawn above it, phase names and the
 # x axis's name below it
 _W, _H, _PAD_L, _PAD_R, _PAD_T, _PAD_B = 900, 330, 80, 20, 36, 58
 _HEADROOM = 1.12  # the y axis reaches past the peak, so that the peak's label sits inside the plot
+_CHAR = 6.4  # the width of a character of an 11 px label, at most (sans-serif digits and lower case): for layout
 _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "backward": "#c44e52",
                   "optimizer": "#55a868"}
-_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
-pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
-td.n{text-align:right}.fits{color:#2a7a2a}.nofit{color:#b22}svg{background:#fff;border:1px solid #ddd}
-p.answer{font-size:17px;margin:.3em 0}"""
+# The page fits a laptop's window (1280 px and narrower): a column of at most 1180 px, pictures scaled to it, tables
+# whose long names break anywhere rather than widen the page.
+_STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;padding:0 1em;max-width:1180px;color:#222}
+h1{font-size:20px;overflow-wrap:anywhere}h2{font-size:16px;margin-top:1.4em}
+p,li{overflow-wrap:anywhere}code{font-size:12px;overflow-wrap:anywhere}
+table{border-collapse:collapse;font-size:13px;max-width:100%}
+td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+td.n,th.n{text-align:right;white-space:nowrap}
+svg{display:block;width:100%;max-width:900px;height:auto;background:#fff;border:1px solid #ddd}
+.answer p{margin:.15em 0}.answer .verdict{font-size:17px;font-weight:bold}.answer .arithmetic{margin-left:1.5em}
+.fits .verdict{color:#2a7a2a}.nofit .verdict{color:#b22}"""
+
+
+def _page_of(blocks: list[Block], pictures: list[str], title: str) -> str:
+    """Give a page: the title and the answers (the blocks' first), the pictures, then the rest of the blocks."""
+    lead = 0
+    while lead < len(blocks) and isinstance(blocks[lead], (Title, Answer)):
+        lead += 1
+    return _page(title, [*to_html(blocks[:lead]), *pictures, *to_html(blocks[lead:])])
 
 
 def report_page(report: Report, timeline: TimelineSeries | None = None) -> str:
-    """Give the page of a report: its text, the memory timeline, and the tensors live at the peak."""
-    inf = report.inference
-    rows = [(t.name, _shape(t.shape), t.dtype, format_bytes(t.bytes), f"{t.op_type} {t.producer}")
-            for t in inf.live_at_peak]
-    body = [f"<h1>onnxmem report: {escape(report.model)}</h1>", *_answer(report_headline(report))]
-    if timeline is not None:
-        body += ["<h2>Memory over the run</h2>", svg_timeline(timeline)]
-    t = report.training
-    if t is not None:  # the training step's live set is the answer's: it comes first
-        body += [f"<h2>Live at the training peak ({escape(t.peak_phase)} of the {escape(t.peak_step)} step, "
-                 f"{escape(t.peak_event)}: {escape(format_bytes(t.peak_bytes))})</h2>",
-                 _table(("category", "size", "buffers", "largest"),
-                        [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest) for r in t.live_at_peak],
-                        numeric=(1, 2))]
+    """Give the page of a report: the answer, the memory timeline, the live set at the peak (the training step's
+    first where there is one: it is the answer's), then every other table of the text as a table."""
+    pictures = ["<h2>Memory over the run</h2>", svg_timeline(timeline)] if timeline is not None else []
+    t, inf = report.training, report.inference
+    if t is not None:
+        pictures += [f"<h2>Live at the training peak ({escape(t.peak_phase)} of the {escape(t.peak_step)} step, "
+                     f"{escape(t.peak_event)}: {escape(format_bytes(t.peak_bytes))})</h2>",
+                     html_table(("category", "size", "buffers", "largest"),
+                                [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest)
+                                 for r in t.live_at_peak], right=(1, 2))]
     where = "inference peak" if t is not None else "peak"
-    body += [f"<h2>Live at the {where} ({escape(inf.peak_op_type)} node {escape(inf.peak_node)}, "
-             f"{escape(format_bytes(inf.peak_activation_bytes))} of activations)</h2>",
-             _table(("tensor", "shape", "dtype", "size", "producer"), rows, numeric=(3,)),
-             "<h2>Report</h2>", _details(render_table(report, top=20), 1 + len(report_headline(report)))]
-    return _page(f"onnxmem report: {report.model}", body)
+    pictures += [f"<h2>Live at the {where} ({escape(inf.peak_op_type)} node {escape(inf.peak_node)}, "
+                 f"{escape(format_bytes(inf.peak_activation_bytes))} of activations)</h2>",
+                 html_table(("tensor", "shape", "dtype", "size", "producer"),
+                            [(r.name, _shape(r.shape), r.dtype, format_bytes(r.bytes), f"{r.op_type} {r.producer}")
+                             for r in inf.live_at_peak], right=(3,), code=(0, 4))]
+    blocks = _without(report_blocks(report, top=20), ("Live at the peak", "Live at the training peak"))
+    return _page_of(blocks, pictures, f"onnxmem report: {report.model}")
+
+
+def _without(blocks: list[Block], headings: tuple[str, ...]) -> list[Block]:
+    """Give the blocks less the sections whose heading starts with one of `headings` (drawn apart on the page)."""
+    kept: list[Block] = []
+    dropping = False
+    for block in blocks:
+        if isinstance(block, Heading):
+            dropping = block.text.startswith(headings)
+        if not dropping:
+            kept.append(block)
+    return kept
 
 
 def fit_page(result: FitResult, timeline: TimelineSeries | None = None) -> str:
-    """Give the page of a fit: the curve with the budget line, the timeline at the answer, and the text."""
-    body = [f"<h1>onnxmem fit: {escape(result.model)}</h1>",
-            f'<p class="answer {"fits" if result.max_value else "nofit"}"><b>{escape(fit_answer(result))}</b></p>',
-            f"<h2>Memory against {escape(result.dim)}</h2>", svg_curve(result)]
+    """Give the page of a fit: the answer and its sums (drawn), the curve with the budget line, the timeline at the
+    answer, then the tables."""
+    pictures = []
+    if result.arithmetic is not None:
+        pictures += [f"<h2>The sums at {escape(result.dim)}={max(result.max_value, result.step)}</h2>",
+                     svg_verdict(result.arithmetic)]
+    pictures += [f"<h2>Memory against {escape(result.dim)}</h2>", svg_curve(result)]
     if timeline is not None:
-        body += [f"<h2>Memory over the run at {escape(result.dim)}={max(result.max_value, result.step)}</h2>",
-                 svg_timeline(timeline, result.budget_bytes)]
-    body += ["<h2>Details</h2>", _details(render_fit(result, "table"), 2)]
-    return _page(f"onnxmem fit: {result.model}", body)
+        pictures += [f"<h2>Memory over the run at {escape(result.dim)}={max(result.max_value, result.step)}</h2>",
+                     svg_timeline(timeline, result.budget_bytes)]
+    return _page_of(fit_blocks(result), pictures, f"onnxmem fit: {result.model}")
 
 
 def check_page(result: CheckResult, timeline: TimelineSeries | None = None) -> str:
-    """Give the page of a check: the verdict, the timeline against the budget, and the text."""
-    verdict = (f'<p class="answer {"fits" if result.fits else "nofit"}"><b>{escape(check_answer(result))}</b><br>'
-               f"peak {escape(format_bytes(result.peak_bytes))} at {escape(result.peak_where)}</p>")
-    body = [f"<h1>onnxmem check: {escape(result.model)}</h1>", verdict]
+    """Give the page of a check: the verdict and its sums (drawn: FITS or DOES NOT FIT, the headroom), the timeline
+    against the budget, then the tables."""
+    pictures = ["<h2>The verdict's sums</h2>", svg_verdict(result.arithmetic)]
     if timeline is not None:
-        body += ["<h2>Memory over the run</h2>", svg_timeline(timeline, result.budget_bytes)]
-    body += ["<h2>Details</h2>", _details(render_check(result, "table"), 3)]
-    return _page(f"onnxmem check: {result.model}", body)
+        pictures += ["<h2>Memory over the run</h2>", svg_timeline(timeline, result.budget_bytes)]
+    return _page_of(check_blocks(result), pictures, f"onnxmem check: {result.model}")
+
+
+def svg_verdict(a: Arithmetic) -> str:
+    """Give an inline SVG of a verdict's sums: what is needed (the peak, then the allocator's rounding) over the
+    memory (the budget, then the fixed costs), the budget line between them, the headroom (or the shortfall)
+    marked, and FITS or DOES NOT FIT above (series.verdict_parts: the same parts the PNG draws)."""
+    width, left, right = _W, 90, 20
+    parts_of = verdict_parts(a)
+    top = max(a.memory_bytes, a.required_bytes, 1)
+    x = _axis(0, round_ticks(top, byte_unit(top))[-1], left, width - right)  # (the PNG's axis: draw_verdict)
+    rows = {"needs": 48, "memory": 88}
+    out = [f'<text x="{left}" y="22" font-size="16" font-weight="bold" '
+           f'fill="{"#2a7a2a" if a.fits else "#b22222"}">{"FITS" if a.fits else "DOES NOT FIT"}: '
+           f"{escape(parts_of.caption)}</text>"]
+    for name, y in rows.items():
+        out.append(f'<text x="{left - 8}" y="{y + 13}" font-size="12" text-anchor="end">{name}</text>')
+    for part in parts_of.bars:
+        y = rows[part.row]
+        x0, x1 = x(part.start), x(part.start + part.bytes)
+        out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="18" fill="{part.colour}" '
+                   f'fill-opacity="{part.opacity}" stroke="{part.colour}"><title>{escape(part.label)}</title></rect>')
+    bx = x(a.budget_bytes)
+    out.append(f'<line x1="{bx:.1f}" y1="{rows["needs"] - 8}" x2="{bx:.1f}" y2="{rows["memory"] + 26}" '
+               'stroke="#c44e52" stroke-dasharray="6 4"/>')
+    # the legend: one entry per part, laid out left to right, a new row where the next would not fit
+    lx, ly = left, 136
+    for part in parts_of.bars:
+        text = part.label
+        room = 16 + _CHAR * len(text) + 18
+        if lx + room > width - right and lx > left:
+            lx, ly = left, ly + 18
+        out.append(f'<rect x="{lx}" y="{ly - 10}" width="11" height="11" fill="{part.colour}" '
+                   f'fill-opacity="{part.opacity}" stroke="{part.colour}"/>'
+                   f'<text x="{lx + 16}" y="{ly}" font-size="11">{escape(text)}</text>')
+        lx += room
+    height = ly + 14
+    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img"><title>'
+            f'{escape(parts_of.caption)}</title>{"".join(out)}</svg>')
 
 
 _BARS = 600  # a timeline is drawn in at most this many bars (see series.aggregated): the page stays small
@@ -125,8 +195,7 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
         x_label = "step (node in execution order)"
     parts.append(f'<text x="{(_PAD_L + _W - _PAD_R) / 2}" y="{_H - 6}" font-size="12" text-anchor="middle">'
                  f"{escape(x_label)}</text>")
-    if budget_bytes is not None:
-        parts.append(_budget_line(y(budget_bytes), budget_bytes))
+    peak_box = None
     if n:
         peak = series.live_bytes[series.peak_index]
         px, py = x(series.peak_index + 0.5), y(peak)
@@ -134,9 +203,20 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
                      'fill="#c44e52"/>')
         anchor = "end" if px > _W / 2 else "start"
         label_x = px - 8 if anchor == "end" else px + 8
-        parts.append(f'<text x="{label_x:.1f}" y="{max(py - 4, _PAD_T + 11):.1f}" font-size="11" '
-                     f'text-anchor="{anchor}" fill="#222">'
-                     f"peak {escape(format_bytes(peak))}: {escape(_short(series.peak_label))}</text>")
+        text = f"peak {format_bytes(peak)}: {_short(series.peak_label)}"
+        label_y = max(py - 4, _PAD_T + 11)
+        span = _CHAR * len(text)
+        peak_box = (label_x - span if anchor == "end" else label_x, label_x if anchor == "end" else label_x + span,
+                    label_y)
+        parts.append(f'<text x="{label_x:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="{anchor}" '
+                     f'fill="#222">{escape(text)}</text>')
+    if budget_bytes is not None:  # its label above the line, or below it where the peak's label is there
+        by = y(budget_bytes)
+        right = _W - _PAD_R - 4
+        left = right - _CHAR * len(_budget_text(budget_bytes))
+        below = peak_box is not None and peak_box[0] < right and left < peak_box[1] and \
+            abs((by - 4) - peak_box[2]) < 13
+        parts.append(_budget_line(by, budget_bytes, below=below))
     if len(phases) > 1:  # the legend: above the plot area, never under a label drawn inside it
         for k, phase in enumerate(phases):
             parts.append(f'<rect x="{_PAD_L + 90 * k}" y="{_PAD_T - 24}" width="10" height="10" '
@@ -146,33 +226,71 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
 
 
 def svg_curve(result: FitResult) -> str:
-    """Give an inline SVG of the peak against the searched dim (linear axes), with the budget line and the
-    answer."""
+    """Give an inline SVG of the peak (and the bytes required after the allocator's rounding) against the searched
+    dim, with the budget line and the answer, on the axes and ticks the PNG has (series.curve_axes: log-log where
+    the peak is not linear in the dim); the legend above the plot, as the PNG's."""
     points = list(result.curve)
-    ticks = _byte_ticks(max([p.required_bytes for p in points] + [result.budget_bytes, 1]))
-    x_ticks = round_ticks(max(p.value for p in points))
-    x = _axis(0, x_ticks[-1], _PAD_L, _W - _PAD_R)
-    y = _axis(0, ticks[-1], _H - _PAD_B, _PAD_T)
-    parts = [_y_grid(ticks, y), _x_frame(), _budget_line(y(result.budget_bytes), result.budget_bytes)]
+    axes = curve_axes(result)
+    x, y = _curve_place(axes)
     bottom = _H - _PAD_B
+    parts = [_curve_grid(axes, y), _x_frame(), _budget_line(y(result.budget_bytes), result.budget_bytes, label=False)]
     parts += [f'<line x1="{x(v):.1f}" y1="{bottom}" x2="{x(v):.1f}" y2="{bottom + 4}" stroke="#444"/>'
               f'<text x="{x(v):.1f}" y="{bottom + 16}" font-size="11" text-anchor="middle">{v:,}</text>'
-              for v in x_ticks]
+              for v in axes.x_ticks]
+    scale = " (log scale)" if axes.log else ""
     parts.append(f'<text x="{(_PAD_L + _W - _PAD_R) / 2}" y="{_H - 6}" font-size="12" text-anchor="middle">'
-                 f"{escape(result.dim)}</text>")
-    path = " ".join(f"{'M' if i == 0 else 'L'}{x(p.value):.1f},{y(p.required_bytes):.1f}"
-                    for i, p in enumerate(points))
-    parts.append(f'<path d="{path}" fill="none" stroke="#4c72b0" stroke-width="1.5"/>')
+                 f"{escape(result.dim + scale)}</text>")
+    legend = [("peak (estimate)", "#4c72b0", "")]
+    lines = [("peak_bytes", "#4c72b0", "")]
+    if any(p.required_bytes != p.peak_bytes for p in points):
+        lines.append(("required_bytes", "#dd8452", ' stroke-dasharray="5 3"'))
+        legend.append((f"after {result.target.allocator} rounding", "#dd8452", ' stroke-dasharray="5 3"'))
+    for attribute, colour, dash in lines:
+        path = " ".join(f"{'M' if i == 0 else 'L'}{x(p.value):.1f},{y(getattr(p, attribute)):.1f}"
+                        for i, p in enumerate(points))
+        parts.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>')
     for p in points:
         colour = "#55a868" if p.fits else "#c44e52"
         parts.append(f'<circle cx="{x(p.value):.1f}" cy="{y(p.required_bytes):.1f}" r="2.5" fill="{colour}">'
                      f"<title>{escape(result.dim)}={p.value}: {escape(format_bytes(p.required_bytes))}</title>"
                      "</circle>")
+    legend.append((f"budget {format_bytes(result.budget_bytes)}", "#c44e52", ' stroke-dasharray="6 4"'))
     if result.max_value:
         best = next(p for p in points if p.value == result.max_value)
-        parts.append(f'<text x="{x(best.value) - 6:.1f}" y="{y(best.required_bytes) - 8:.1f}" font-size="11" '
-                     f'text-anchor="end">largest {escape(result.dim)} that fits: {best.value}</text>')
+        parts.append(f'<circle cx="{x(best.value):.1f}" cy="{y(best.required_bytes):.1f}" r="6" fill="none" '
+                     'stroke="#2a7a2a" stroke-width="2"/>')
+        legend.append((f"largest {result.dim} that fits: {result.max_value}", "#2a7a2a", ""))
+    parts += _line_legend(legend)
     return _svg(f"Memory against {result.dim}", parts)
+
+
+def _curve_place(axes: CurveAxes) -> tuple[Callable[[float], float], Callable[[float], float]]:
+    if not axes.log:
+        return (_axis(0, axes.x_ticks[-1], _PAD_L, _W - _PAD_R), _axis(0, axes.y_ticks[-1], _H - _PAD_B, _PAD_T))
+    x_low, x_high = math.log2(axes.x_ticks[0]), math.log2(axes.x_ticks[-1])
+    y_low, y_high = math.log2(axes.y_ticks[0]), math.log2(axes.y_ticks[-1])
+    x_line = _axis(x_low, x_high, _PAD_L, _W - _PAD_R)
+    y_line = _axis(y_low, y_high, _H - _PAD_B, _PAD_T)
+    return (lambda v: x_line(math.log2(max(v, 1e-9))), lambda v: y_line(math.log2(max(v, 1e-9))))
+
+
+def _curve_grid(axes: CurveAxes, y: Callable[[float], float]) -> str:
+    return "".join(f'<line x1="{_PAD_L}" y1="{y(v):.1f}" x2="{_W - _PAD_R}" y2="{y(v):.1f}" stroke="#e4e4e4"/>'
+                   f'<text x="{_PAD_L - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">'
+                   f"{escape(format_tick(v, axes.y_unit or byte_unit(v)))}</text>" for v in axes.y_ticks)
+
+
+def _line_legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
+    """Give a legend of lines in one row above the plot area (a second row where the first is full)."""
+    parts, lx, ly = [], float(_PAD_L), _PAD_T - 20
+    for text, colour, dash in entries:
+        room = 26 + _CHAR * len(text) + 14
+        if lx + room > _W - _PAD_R and lx > _PAD_L:
+            lx, ly = float(_PAD_L), ly + 13
+        parts.append(f'<line x1="{lx:.1f}" y1="{ly - 4}" x2="{lx + 20:.1f}" y2="{ly - 4}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/><text x="{lx + 26:.1f}" y="{ly}" font-size="11">{escape(text)}</text>')
+        lx += room
+    return parts
 
 
 def _byte_ticks(largest: int) -> tuple[int, ...]:
@@ -233,34 +351,22 @@ def _axis(low: float, high: float, start: float, end: float) -> Callable[[float]
     return place
 
 
-def _budget_line(y: float, budget: int) -> str:
-    return (f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_W - _PAD_R}" y2="{y:.1f}" stroke="#c44e52" '
-            f'stroke-dasharray="6 4"/><text x="{_W - _PAD_R - 4}" y="{y - 4:.1f}" font-size="11" '
-            f'text-anchor="end" fill="#c44e52">budget {escape(format_bytes(budget))}</text>')
+def _budget_line(y: float, budget: int, label: bool = True, below: bool = False) -> str:
+    line = (f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_W - _PAD_R}" y2="{y:.1f}" stroke="#c44e52" '
+            'stroke-dasharray="6 4"/>')
+    if not label:
+        return line
+    return line + (f'<text x="{_W - _PAD_R - 4}" y="{y + 13 if below else y - 4:.1f}" font-size="11" '
+                   f'text-anchor="end" fill="#c44e52">{escape(_budget_text(budget))}</text>')
+
+
+def _budget_text(budget: int) -> str:
+    return f"budget {format_bytes(budget)}"
 
 
 def _svg(title: str, parts: Sequence[str]) -> str:
     return (f'<svg width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
             f'role="img"><title>{escape(title)}</title>{"".join(parts)}</svg>')
-
-
-def _details(text: str, answered: int) -> str:
-    """Give the text output as the page's detail, less its first `answered` lines (the title and the answer, which
-    head the page)."""
-    return f"<pre>{escape(chr(10).join(text.split(chr(10))[answered:]).strip(chr(10)))}</pre>"
-
-
-def _answer(lines: Sequence[str]) -> list[str]:
-    """Give a report's answer (render.report_headline) as the page's first paragraph, its first line in bold."""
-    return [f'<p class="answer"><b>{escape(lines[0])}</b>' + "".join(f"<br>{escape(line)}" for line in lines[1:])
-            + "</p>"]
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td{" class=n" if i in numeric else ""}>{escape(c)}</td>'
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _page(title: str, body: Sequence[str]) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 from onnxmem.errors import OnnxMemError, require_extra
 from onnxmem.views.render import format_bytes, format_tick
-from onnxmem.views.report import FitResult
-from onnxmem.views.series import TimelineSeries, aggregated, byte_unit, round_ticks
+from onnxmem.views.report import Arithmetic, FitResult
+from onnxmem.views.series import TimelineSeries, aggregated, byte_unit, curve_axes, round_ticks, verdict_parts
 
 PLOT_SUFFIXES = (".png", ".svg")
 _POINTS = 2000
@@ -21,18 +21,26 @@ _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "b
 
 
 def save_plot(path: str | os.PathLike[str], timeline: TimelineSeries | None = None, fit: FitResult | None = None,
-              budget_bytes: int | None = None) -> Path:
-    """Draw the timeline and/or the fit curve (one panel each) into a .png or .svg file; give its path."""
+              budget_bytes: int | None = None, verdict: Arithmetic | None = None) -> Path:
+    """Draw the verdict's sums (`verdict`, or the fit's at its answer), the timeline and/or the fit curve (one panel
+    each) into a .png or .svg file; give its path."""
     target = Path(path)
     if target.suffix.lower() not in PLOT_SUFFIXES:
         raise OnnxMemError(f"--plot {target}: the file must end in .png or .svg")
     if timeline is None and fit is None:
         raise ValueError("nothing to plot")
+    if verdict is None and fit is not None:
+        verdict = fit.arithmetic
     plt = _pyplot()
-    panels = [p for p in (timeline, fit) if p is not None]
-    figure, axes = plt.subplots(len(panels), 1, figsize=(10, 4.2 * len(panels)), squeeze=False)
+    panels = [p for p in (verdict, timeline, fit) if p is not None]
+    heights = [2.2 if p is verdict else 4.2 for p in panels]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights)), squeeze=False,
+                                gridspec_kw={"height_ratios": heights})
     try:
         row = 0
+        if verdict is not None:
+            draw_verdict(axes[row][0], verdict)
+            row += 1
         if timeline is not None:
             draw_timeline(axes[row][0], timeline, budget_bytes)
             row += 1
@@ -45,6 +53,29 @@ def save_plot(path: str | os.PathLike[str], timeline: TimelineSeries | None = No
     finally:
         plt.close(figure)
     return target
+
+
+def draw_verdict(ax: Any, a: Arithmetic) -> None:
+    """Draw a verdict's sums as two bars, the parts the HTML page draws (series.verdict_parts): what is needed
+    (the peak, the allocator's rounding) over the memory (the budget, the fixed costs), the budget line, the
+    headroom or the shortfall, FITS or DOES NOT FIT in the title."""
+    parts = verdict_parts(a)
+    rows = {"needs": 1, "memory": 0}
+    for bar in parts.bars:
+        ax.barh(rows[bar.row], bar.bytes, left=bar.start, height=0.6, color=bar.colour, alpha=bar.opacity,
+                edgecolor=bar.colour, label=bar.label)
+    ax.axvline(a.budget_bytes, color="#c44e52", linestyle="--", linewidth=1)
+    ax.set_yticks(list(rows.values()), list(rows))
+    top = max(a.memory_bytes, a.required_bytes, 1)
+    unit = byte_unit(top)
+    ticks = round_ticks(top, unit)
+    ax.set_xticks(ticks, [format_tick(t, unit) for t in ticks])
+    ax.set_xlim(0, max(ticks[-1], top))
+    ax.set_title(f"{'FITS' if a.fits else 'DOES NOT FIT'}: {parts.caption}", loc="left", fontsize=11,
+                 fontweight="bold", color="#2a7a2a" if a.fits else "#b22222", pad=6)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=min(len(handles), 3), fontsize=8,
+              frameon=False)
 
 
 def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = None) -> None:
@@ -106,7 +137,6 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
 def draw_curve(ax: Any, fit: FitResult) -> None:
     """Draw the peak against the searched dim, the budget line and the answer."""
     points = list(fit.curve)
-    largest = max([p.required_bytes for p in points] + [fit.budget_bytes, 1])
     xs = [p.value for p in points]
     ax.plot(xs, [p.peak_bytes for p in points], "o-", markersize=3, label="peak (estimate)")
     if any(p.required_bytes != p.peak_bytes for p in points):
@@ -118,18 +148,27 @@ def draw_curve(ax: Any, fit: FitResult) -> None:
         best = next(p for p in points if p.value == fit.max_value)
         ax.plot([best.value], [best.required_bytes], "*", markersize=12, color="#55a868",
                 label=f"largest {fit.dim} that fits: {fit.max_value}")
-    # a straight line drawn straight: linear axes where the peak is linear in the dim; where it is not (attention in
-    # seq) and the values span a wide range, both axes logarithmic, so a power law is a line too
-    if fit.linear is None and len(set(xs)) > 1 and max(xs) / max(min(xs), 1) > 64:
+    # the axes and ticks the HTML page draws too (series.curve_axes): log-log where the peak is not linear
+    axes = curve_axes(fit)
+    if axes.log:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(_byte_formatter(byte_unit(largest)))
+        ax.minorticks_off()
+        ax.set_xticks(axes.x_ticks, [f"{v:,}" for v in axes.x_ticks])
+        ax.set_yticks(axes.y_ticks, [format_tick(v, byte_unit(v)) for v in axes.y_ticks])
+        ax.set_xlim(axes.x_ticks[0], axes.x_ticks[-1])
+        ax.set_ylim(axes.y_ticks[0], axes.y_ticks[-1])
+        ax.grid(axis="y", color="#e4e4e4", linewidth=0.8)
+        ax.set_axisbelow(True)
         ax.set_xlabel(f"{fit.dim} (log scale)")
         ax.set_ylabel("bytes (log scale)")
     else:
-        _byte_axis(ax, largest)
-        ax.set_xlim(0, round_ticks(max(xs))[-1])
-        ax.set_xticks(round_ticks(max(xs)))
+        ax.set_yticks(axes.y_ticks, [format_tick(t, axes.y_unit) for t in axes.y_ticks])
+        ax.set_ylim(0, axes.y_ticks[-1])
+        ax.grid(axis="y", color="#e4e4e4", linewidth=0.8)
+        ax.set_axisbelow(True)
+        ax.set_xlim(0, axes.x_ticks[-1])
+        ax.set_xticks(axes.x_ticks, [f"{v:,}" for v in axes.x_ticks])
         ax.set_xlabel(fit.dim)
         ax.set_ylabel("bytes")
     ax.set_title(f"Memory against {fit.dim} ({fit.mode})", pad=24)
@@ -156,12 +195,6 @@ def _byte_axis(ax: Any, largest: int, floor: int = 0) -> None:
     ax.set_ylim(floor, ticks[-1])
     ax.grid(axis="y", color="#e4e4e4", linewidth=0.8)
     ax.set_axisbelow(True)
-
-
-def _byte_formatter(unit: int) -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda value, _: format_tick(int(value), unit) if value >= 1 else "")
 
 
 def _legend_above(ax: Any) -> None:

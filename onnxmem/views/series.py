@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from onnxmem.views.report import Report
+from onnxmem.views.report import Arithmetic, FitResult, Report
 
 
 @dataclass(frozen=True)
@@ -132,3 +132,96 @@ def byte_unit(largest: int) -> int:
     while largest >= unit * 1024 and unit < 2**40:
         unit *= 1024
     return unit
+
+
+# --- the pictures of a verdict and of a fit's curve: what the PNG and the HTML page both draw --------------------
+
+
+@dataclass(frozen=True)
+class VerdictBar:
+    """One part of a verdict's picture: a stretch of a row ('needs' or 'memory') from `start`, `bytes` long."""
+
+    row: str
+    start: int
+    bytes: int
+    label: str
+    colour: str
+    opacity: float
+
+
+@dataclass(frozen=True)
+class VerdictParts:
+    """A verdict drawn: the caption above, the parts of its two rows (needs: peak, rounding, headroom or
+    shortfall; memory: budget, fixed costs)."""
+
+    caption: str
+    bars: tuple[VerdictBar, ...]
+
+
+def verdict_parts(a: Arithmetic) -> VerdictParts:
+    """Give the parts a picture of a verdict's sums draws (report.Arithmetic: every figure its own)."""
+    from onnxmem.views.render import format_bytes
+
+    bars = []
+    rounding = a.allocator_rounding_bytes
+    if rounding >= 0:
+        bars.append(VerdictBar("needs", 0, a.peak_bytes, f"peak {format_bytes(a.peak_bytes)}", "#4c72b0", 0.7))
+        if rounding:
+            bars.append(VerdictBar("needs", a.peak_bytes, rounding, f"{a.rounded_by} {format_bytes(rounding)}",
+                                   "#dd8452", 0.7))
+    else:
+        bars.append(VerdictBar("needs", 0, a.required_bytes, f"needs {format_bytes(a.required_bytes)} (peak "
+                               f"{format_bytes(a.peak_bytes)} - {a.rounded_by} {format_bytes(-rounding)})",
+                               "#4c72b0", 0.7))
+    if a.fits:
+        bars.append(VerdictBar("needs", a.required_bytes, a.headroom_bytes,
+                               f"headroom {format_bytes(a.headroom_bytes)}", "#55a868", 0.25))
+    else:
+        bars.append(VerdictBar("needs", a.budget_bytes, -a.headroom_bytes,
+                               f"short by {format_bytes(-a.headroom_bytes)}", "#c44e52", 0.45))
+    bars.append(VerdictBar("memory", 0, a.budget_bytes, f"budget {format_bytes(a.budget_bytes)}", "#8c8c8c", 0.3))
+    if a.fixed_costs_bytes:
+        bars.append(VerdictBar("memory", a.budget_bytes, a.fixed_costs_bytes,
+                               f"fixed costs {format_bytes(a.fixed_costs_bytes)}", "#444444", 0.6))
+    room = f"headroom {format_bytes(a.headroom_bytes)}" if a.fits else f"short by {format_bytes(-a.headroom_bytes)}"
+    caption = f"needs {format_bytes(a.required_bytes)} of {format_bytes(a.budget_bytes)} ({room})"
+    return VerdictParts(caption, tuple(bars))
+
+
+@dataclass(frozen=True)
+class CurveAxes:
+    """The axes of a fit's curve: logarithmic (base 2, both) or linear, and their ticks (bytes on y)."""
+
+    log: bool
+    x_ticks: tuple[int, ...]
+    y_ticks: tuple[int, ...]
+    y_unit: int  # linear: the unit every y tick is written in (log: each tick in its own, see tick_unit)
+
+
+def curve_axes(fit: FitResult) -> CurveAxes:
+    """Give the axes a fit's curve is drawn on: a straight line drawn straight, so linear axes where the peak is
+    linear in the dim, and where it is not (attention in seq) and the values span more than 64x, both axes
+    logarithmic (a power law is a line too) with ticks at powers of two, written as numbers and sizes."""
+    xs = [p.value for p in fit.curve] or [1]
+    largest = max([p.required_bytes for p in fit.curve] + [fit.budget_bytes, 1])
+    if fit.linear is None and len(set(xs)) > 1 and max(xs) / max(min(xs), 1) > 64:
+        smallest = max(min([p.peak_bytes for p in fit.curve] + [fit.budget_bytes]), 1)
+        return CurveAxes(True, _powers_of_two(max(min(xs), 1), max(xs)), _powers_of_two(smallest, largest), 0)
+    return CurveAxes(False, round_ticks(max(xs)), round_ticks(int(largest * 1.12), byte_unit(largest)),
+                     byte_unit(largest))
+
+
+def _powers_of_two(low: int, high: int, most: int = 9) -> tuple[int, ...]:
+    """Give powers of two from the one at or below `low` to the one at or above `high`, every k-th so that at most
+    `most` are given (the last always reaching `high`)."""
+    first, last = max(low, 1).bit_length() - 1, max(high - 1, 1).bit_length()
+    every = -(-(last - first + 1) // most)
+    exponents = list(range(first, last + 1, every))
+    if exponents[-1] < last:
+        exponents.append(exponents[-1] + every)
+    return tuple(2**e for e in exponents)
+
+
+def tick_unit(value: int) -> int:
+    """Give the unit a log axis's tick is written in: its own (1 GiB, 512 MiB)."""
+    return byte_unit(value)
