@@ -208,6 +208,27 @@ def _range(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
     return numpy.arange(start, limit, delta, dtype=numpy.int64)
 
 
+def _one_hot(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    """OneHot of known indices: the values' on value where an index is, their off value elsewhere (repeat_interleave
+    by a count, exported by TorchScript as the repeats of a Tile: OneHot([1], 3, [1, k]) is [1, k, 1])."""
+    if len(a) < 3 or a[1] is None or a[2] is None or a[1].size != 1 or a[2].size != 2:
+        return None
+    indices, depth = a[0], int(a[1].reshape(-1)[0])
+    if indices is None or depth <= 0 or indices.size * depth > _KEEP_INT_VALUES_UP_TO:
+        return None
+    off, on = a[2].reshape(-1)
+    hot = numpy.arange(depth) == numpy.where(indices < 0, indices + depth, indices)[..., None]
+    axis = int(k.get("axis", -1))
+    return numpy.moveaxis(numpy.where(hot, on, off).astype(a[2].dtype), -1, axis)
+
+
+def _tile(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    if len(a) < 2 or a[0] is None or a[1] is None or a[1].size != a[0].ndim or \
+            a[0].size * math.prod(max(int(r), 0) for r in a[1].reshape(-1)) > _KEEP_INT_VALUES_UP_TO:
+        return None
+    return numpy.tile(a[0], tuple(int(r) for r in a[1].reshape(-1)))
+
+
 def _unary(function: Callable[[numpy.ndarray], numpy.ndarray]) -> Callable[[Values, Mapping[str, Any]],
                                                                          numpy.ndarray | None]:
     def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
@@ -254,6 +275,8 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Range": _range,
     "Size": _unary(lambda x: numpy.array(x.size, dtype=numpy.int64)),  # of a shape value (of a tensor: above)
     "Expand": _expand,
+    "OneHot": _one_hot,
+    "Tile": _tile,
 }
 
 
