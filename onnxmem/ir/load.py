@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 
 from onnxmem.errors import ModelFileError, quoted
 from onnxmem.ir.dtypes import element_bits, tensor_bytes
+from onnxmem.ir.embedded import headers_only
 from onnxmem.ir.modelcheck import all_initializers, check_model, external_locations
 from onnxmem.shapes.rules import ONNX_DOMAIN_RULE_OPS
 from onnxmem.targets.ort.tables import CONTROL_FLOW, PLANNER_MERGES_DIMS, SHAPE_AS
@@ -99,7 +100,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> LoadedModel:
         raise ModelFileError(f"{quoted(str(path))[1:-1]}: is a directory, not an ONNX file")
     where = quoted(str(path))[1:-1]
     fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
-    data = _read_bounded(path, where, fmt == "protobuf")
+    data, regular = _read_bounded(path, where, fmt == "protobuf")
+    if fmt == "protobuf" and regular:
+        data = headers_only(data, path.name) or data  # large embedded tensors as headers (see ir.embedded)
     try:
         with warnings.catch_warnings():  # onnx warns that its text format is experimental, on several lines
             warnings.simplefilter("ignore")
@@ -130,11 +133,11 @@ _SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block 
                   (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 
-def _read_bounded(path: Path, where: str, protobuf: bool) -> bytes:
-    """Give the file's bytes, reading at most MAX_MODEL_BYTES: a file's size is checked before it is opened, a
-    device, a socket or a directory is refused unopened, a pipe is read without ever waiting more than
-    PIPE_WAIT_S for bytes; a stream that is not a protobuf message (the first fields that cannot be ONNX's) is
-    refused as soon as that shows."""
+def _read_bounded(path: Path, where: str, protobuf: bool) -> tuple[bytes, bool]:
+    """Give the file's bytes and whether it is a regular file, reading at most MAX_MODEL_BYTES: a file's size is
+    checked before it is opened, a device, a socket or a directory is refused unopened, a pipe is read without ever
+    waiting more than PIPE_WAIT_S for bytes; a stream that is not a protobuf message (the first fields that cannot
+    be ONNX's) is refused as soon as that shows."""
     try:
         _refuse_special(os.stat(path), where)  # (a stat opens nothing: nothing to block on)
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
@@ -161,7 +164,7 @@ def _read_bounded(path: Path, where: str, protobuf: bool) -> bytes:
                                          "its end: not an ONNX model")
     except OSError as exc:
         raise ModelFileError(f"{where}: could not be read: {_one_line(exc)}") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), not pipe
 
 
 def _refuse_special(status: os.stat_result, where: str) -> None:
@@ -256,11 +259,12 @@ def input_files(source: str | os.PathLike[str]) -> list[tuple[Path, str]]:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return found
-        proto = onnx.ModelProto.FromString(_read_bounded(path, str(path), True))
+        data = _read_bounded(path, str(path), True)[0]
+        proto = onnx.ModelProto.FromString(headers_only(data, path.name) or data)
     except (OSError, ModelFileError, DecodeError):
         return found
     return found + [(path.parent / location, f"the model's external data file {quoted(location)}")
-                    for location in external_locations(proto)]
+                    for location in external_locations(proto) if location != path.name]
 
 
 def _missing_external_data(external: dict[str, int], base: Path) -> list[Warning]:
