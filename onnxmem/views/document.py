@@ -248,15 +248,17 @@ def to_html(blocks: Sequence[Block]) -> list[str]:
         elif isinstance(block, Bullets):
             out.append("<ul>" + "".join(f"<li>{escape(item)}</li>" for item in block.items) + "</ul>")
         else:
-            out.append(html_table(block.headers, block.rows, block.right, block.code))
+            out.append(html_table(block.headers, block.rows, block.right, block.code, block.wrap))
     return out
 
 
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
-               code: Sequence[int] = ()) -> str:
-    """Give a table as one HTML <table> (numbers, `right`, aligned right and never broken; `code`: names)."""
+               code: Sequence[int] = (), wrap_columns: Sequence[int] = ()) -> str:
+    """Give a table as one HTML <table>: numbers (`right`) aligned right and never broken, names (`code`) and prose
+    (`wrap_columns`) free to break anywhere (so that a 200-character name never widens the page), the rest whole."""
     head = "".join(f'<th{" class=n" if i in right else ""}>{escape(h)}</th>' for i, h in enumerate(headers))
     body = "".join("<tr>" + "".join(f'<td class=n>{escape(c)}</td>' if i in right else
                                     f'<td><code>{escape(c)}</code></td>' if i in code and c else
+                                    f'<td class=w>{escape(c)}</td>' if i in wrap_columns else
                                     f'<td>{escape(c)}</td>' for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'

@@ -39,10 +39,10 @@ _PHASE_COLOURS = {"forward": "#4c72b0", "data": "#8c8c8c", "loss": "#dd8452", "b
 # The page fits a laptop's window (1280 px and narrower): a column of at most 1180 px, pictures scaled to it, tables
 # whose long names break anywhere rather than widen the page.
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;padding:0 1em;max-width:1180px;color:#222}
-h1{font-size:20px;overflow-wrap:anywhere}h2{font-size:16px;margin-top:1.4em}
-p,li{overflow-wrap:anywhere}code{font-size:12px;overflow-wrap:anywhere}
+h1{font-size:20px}h2{font-size:16px;margin-top:1.4em}code{font-size:12px}
+h1,h2,p,li,code,td.w{overflow-wrap:anywhere}
 table{border-collapse:collapse;font-size:13px;max-width:100%}
-td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top}
 td.n,th.n{text-align:right;white-space:nowrap}
 svg{display:block;width:100%;max-width:900px;height:auto;background:#fff;border:1px solid #ddd}
 .answer p{margin:.15em 0}.answer .verdict{font-size:17px;font-weight:bold}.answer .arithmetic{margin-left:1.5em}
@@ -67,7 +67,7 @@ def report_page(report: Report, timeline: TimelineSeries | None = None) -> str:
                      f"{escape(t.peak_event)}: {escape(format_bytes(t.peak_bytes))})</h2>",
                      html_table(("category", "size", "buffers", "largest"),
                                 [(r.category, format_bytes(r.bytes), str(r.buffers), r.largest)
-                                 for r in t.live_at_peak], right=(1, 2))]
+                                 for r in t.live_at_peak], right=(1, 2), wrap_columns=(3,))]
     where = "inference peak" if t is not None else "peak"
     pictures += [f"<h2>Live at the {where} ({escape(inf.peak_op_type)} node {escape(inf.peak_node)}, "
                  f"{escape(format_bytes(inf.peak_activation_bytes))} of activations)</h2>",
