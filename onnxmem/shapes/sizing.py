@@ -11,10 +11,19 @@ from typing import TYPE_CHECKING
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto
 
+from onnxmem.errors import DimError
 from onnxmem.ir.dtypes import tensor_bytes
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
+from onnxmem.shapes.bounds import DATA_DEPENDENT_DIMS, bounded_types, data_dependent_nodes
 from onnxmem.shapes.dims import InputDim, _evaluate_dim, bind_dims, input_dims
-from onnxmem.shapes.infer import _REST_ROUNDS, _bounded_inference, _infer, _substitute, _without_initializers
+from onnxmem.shapes.infer import (
+    _REST_ROUNDS,
+    _bounded_inference,
+    _infer,
+    _shape_only_copy,
+    _substitute,
+    _without_initializers,
+)
 from onnxmem.shapes.values import _INT_TYPES, _constant_value, _is_shape_constant, _is_small, _shape_values
 from onnxmem.targets.ort.tables import CONTROL_FLOW, DIM_FROM_INPUTS
 from onnxmem.views.report import Warning
@@ -44,6 +53,20 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     its wiring from the model again; `free`, the model's input_dims where the caller has them.
     """
     free = input_dims(model) if free is None else free
+    data_dependent = data_dependent_nodes(model)
+    if data_dependent:  # the counts a user binds by name (bounds.DATA_DEPENDENT) are no input dims
+        counts = {name: value for name, value in dims.items() if name in DATA_DEPENDENT_DIMS}
+        _check_counts(counts)
+        dims = {name: value for name, value in dims.items() if name not in counts}
+        sized = _bind_inputs(model, dims, default_dim, symbolic, graph, free)
+        return _bound_data_dependent(sized, free, data_dependent, counts)
+    return _bind_inputs(model, dims, default_dim, symbolic, graph, free)
+
+
+def _bind_inputs(model: ModelProto, dims: Mapping[str, int], default_dim: int | None,
+                 symbolic: Mapping[str, TensorType] | None, graph: ModelGraph | None,
+                 free: list[InputDim]) -> SizedModel:
+    """Give bind_and_infer's types with the input dims bound, before any data-dependent count is."""
     bound, bound_warnings = bind_dims(free, dims, default_dim)
     warnings = list(bound_warnings)
     if symbolic is not None:
@@ -56,6 +79,40 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
         if rest is not None:
             return SizedModel(model, {**types, **rest}, bound, tuple(warnings))
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
+
+
+def _check_counts(counts: Mapping[str, int]) -> None:
+    for name, value in counts.items():  # (0 is a count a run can give: no box kept)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
+            raise DimError(f"dim {name}={value}: must be a non-negative integer (the count the data gives)")
+
+
+def _bound_data_dependent(sized: SizedModel, free: list[InputDim], nodes: list[int],
+                          counts: Mapping[str, int]) -> SizedModel:
+    """Give `sized` with the outputs of the data-dependent nodes sized at the user's counts or their bounds
+    (bounds.bounded_types), and what follows from them inferred: in rounds, as a bound may size the input of the
+    next data-dependent node (NMS boxes gathered, then a TopK of them)."""
+    model = sized.proto
+    types, warnings = dict(sized.types), list(sized.warnings)
+    declared: dict[str, TensorType] = {}
+    done: set[int] = set()
+    for _ in range(len(nodes)):
+        more, said = bounded_types(model, nodes, types, counts, done)
+        if not more:
+            break
+        declared.update(more)
+        warnings.extend(said)
+        light = _shape_only_copy(model)
+        kept = [v for v in light.graph.value_info if v.name not in declared]
+        del light.graph.value_info[:]
+        light.graph.value_info.extend(kept)
+        light.graph.value_info.extend(onnx.helper.make_tensor_value_info(name, dtype, list(shape or ()))
+                                      for name, (dtype, shape, _) in declared.items())
+        inferred = _infer(light, free, sized.dims, warnings)
+        # (sizing may know more than the whole graph's inference: keep what an earlier round sized)
+        types.update((name, t) for name, t in inferred.items() if t[2] is not None or name not in types)
+        types.update(declared)
+    return SizedModel(model, types, sized.dims, tuple(warnings))
 
 
 def evaluate_known(symbolic: Mapping[str, TensorType], bound: Mapping[str, int]) -> \
