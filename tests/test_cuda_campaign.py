@@ -226,3 +226,101 @@ def test_dry_run_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     lora = next(r for r in training if r["variant"] == "lora")
     full = next(r for r in training if r["variant"] == "full")
     assert 0 < lora["trainable_parameters"] < full["trainable_parameters"]
+
+
+def test_failures_the_harness_has_fixed_are_measured_again_and_others_stay_done() -> None:
+    from benchmarks.cuda.common import fixed_since
+
+    lora = make_row("training", "training/t5/lora/adamw/fp32", error="AttributeError: 'LoRALinear' object has no "
+                    "attribute 'weight' | ...", error_kind="failed")
+    other = make_row("training", "training/t5/full/adamw/fp32", error="ValueError: x", error_kind="failed")
+    export = make_row("export", "export/mixtral_moe/full", error="OnnxMemError: ... No ONNX function found for "
+                      "<OpOverload(op='transformers.grouped_mm_fallback', ...", error_kind="failed")
+    assert fixed_since(lora) and fixed_since(export) and not fixed_since(other)
+    assert done_keys([lora, other, export]) == {"training/t5/full/adamw/fp32"}
+    assert done_keys([lora, make_row("training", "training/t5/lora/adamw/fp32")]) == {"training/t5/lora/adamw/fp32"}
+
+
+def test_what_fake_tensors_cannot_run_is_an_unsupported_row_counted_as_done(tmp_path: Path) -> None:
+    from benchmarks.cuda.measure import Context, is_unsupported
+
+    class DataDependentOutputException(RuntimeError):  # the name FakeTensorMode's error has
+        pass
+
+    assert is_unsupported(DataDependentOutputException("aten._local_scalar_dense.default"))
+    assert is_unsupported(RuntimeError("Expected inputs of BF16 type but got mat_a.dtype=torch.float32"))
+    assert not is_unsupported(RuntimeError("CUDA error: an illegal memory access"))
+    ctx = Context({"rows": str(tmp_path / "rows.jsonl"), "keys": [], "device": "cpu", "case": "memtracker/m"})
+    with ctx.guarded("memtracker", "memtracker/m/sgd/fp32/fake", unsupported=is_unsupported):
+        raise DataDependentOutputException("aten._local_scalar_dense.default")
+    with ctx.guarded("memtracker", "memtracker/m/sgd/fp32/real"):
+        raise DataDependentOutputException("aten._local_scalar_dense.default")
+    rows = _lines(tmp_path / "rows.jsonl")
+    assert [r["error_kind"] for r in rows] == ["unsupported", "failed"]
+    assert done_keys(rows) == {r["key"] for r in rows}
+
+
+def test_a_lora_wrapped_linear_reads_as_the_linear_it_wraps() -> None:
+    torch = pytest.importorskip("torch")
+    from benchmarks.cuda import models
+
+    base = torch.nn.Linear(8, 4)
+    wrapped = models.LoRALinear(base, rank=2)
+    assert wrapped.weight is base.weight and wrapped.bias is base.bias
+    assert (wrapped.in_features, wrapped.out_features) == (8, 4)
+    assert {n for n, p in wrapped.named_parameters() if p.requires_grad} == {"lora_a.weight", "lora_b.weight"}
+    x = torch.randn(3, 8)
+    assert torch.equal(wrapped(x), base(x))  # lora_b starts at zero
+
+
+def test_t5_with_lora_adapters_trains_a_step() -> None:
+    pytest.importorskip("transformers")
+    from benchmarks.cuda import models
+
+    spec = models.SPECS["t5"]
+    model = models.build(spec, small=True, variant="lora")
+    output = model(*spec.inputs(2, True))
+    models.loss_of(output, models.targets_for(spec, output.shape, 2, True)).backward()
+    trained = [n for n, p in model.named_parameters() if p.grad is not None]
+    assert trained and all("lora_" in n for n in trained)
+
+
+def test_wav2vec2_trains_with_its_layerdrop_encoder_out_of_train_mode() -> None:
+    pytest.importorskip("transformers")
+    from benchmarks.cuda import models
+
+    model = models.build(models.SPECS["wav2vec2"], small=True)
+    modes = {type(m).__name__: m.training for m in model.modules()}
+    assert model.training and modes["Wav2Vec2FeatureEncoder"] and modes["Dropout"]
+    assert not any(modes[name] for name in models.LAYERDROP_ENCODERS if name in modes)
+    model.eval()
+    model.train()
+    assert not any(m.training for m in model.modules() if type(m).__name__ in models.LAYERDROP_ENCODERS)
+
+
+def test_moe_experts_export_with_the_grouped_product_translated(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("transformers.integrations.moe")
+    from benchmarks.cuda import models
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(3, 4, 5))
+
+        def forward(self, x: Any) -> Any:
+            offs = torch.tensor([2, 2, 6], dtype=torch.int32)  # expert 1 gets no row
+            return torch.ops.transformers.grouped_mm_fallback(x, self.weight, offs=offs)
+
+    x = torch.randn(6, 4)
+    path = tmp_path / "experts.onnx"
+    model = Experts().eval()
+    original = torch.onnx.export
+    with models.onnx_export_translations():
+        torch.onnx.export(model, (x,), str(path), dynamo=True)
+    assert torch.onnx.export is original  # put back after the block
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    expected = torch.cat([x[:2] @ model.weight[0], x[2:] @ model.weight[2]]).detach().numpy()
+    assert got.shape == (6, 5) and abs(got - expected).max() < 1e-5

@@ -1,6 +1,6 @@
 """The CUDA truth campaign's driver: every measurement of one GPU window, in one command, inside a time budget.
 
-    python benchmarks/cuda/campaign.py --out DIR [--parts context,training,fit,ort,memtracker,estimate]
+    python benchmarks/cuda/campaign.py --out DIR [--parts singleop,context,training,fit,ort,memtracker,estimate]
         [--budget-s 450] [--dry-run] [--device cuda|cpu] [--models NAME ...] [--skip-done FILE ...]
         [--cpu-workers N] [--ort-bundle DIR]
 
@@ -14,6 +14,10 @@ The ORT part needs onnxruntime-gpu, which the GPU machine lacks: --ort-bundle (d
 through .git/info/exclude) holds the bundle that shared/tools/ort-gpu/ort_bundle.py makes (about 45 MB) with
 ort_rebuild.py copied beside it; the run carries it (the device tool's carry: [".ortgpu"]) and the campaign rebuilds
 it in the CPU lane from the start. Without it the ORT rows say why they were skipped.
+
+The singleop part (benchmarks/cuda/singleops.py) measures one operator at a time; its "models" are its groups
+(--parts singleop --models sdpa allocator), each a case with its own seconds; it comes first while its rows are
+not committed.
 
 --skip-done reads earlier rows (files or folders of *.jsonl, e.g. benchmarks/results/cuda) and skips what they
 measured, so that several short GPU windows each add new data. --dry-run --device cpu runs the same code paths on
@@ -94,6 +98,10 @@ def _keys(part: str, model: str) -> tuple[str, ...]:
         return tuple(f"ort/{model}/{level}/b{batch}" for level in OPT_LEVELS for batch in ORT_BATCHES)
     if part == "selftest":
         return (f"selftest/{model}",)
+    if part == "singleop":
+        from benchmarks.cuda import singleops
+
+        return singleops.keys(model) if model in singleops.GROUP_NAMES else ()
     return ()
 
 
@@ -107,7 +115,15 @@ def plan_cases(parts: list[str], models: list[str] | None, dry_run: bool) -> lis
     scale = 0.5 if dry_run else 1.0
     cases: list[Case] = []
     for part in parts:
-        if part == "context":
+        if part == "singleop":
+            from benchmarks.cuda import singleops
+
+            # a group stops starting configurations after its seconds; the timeout adds the process start and
+            # the last configuration's own time
+            cases += [Case(part, g.name, singleops.keys(g.name, dry_run), g.seconds + 30, 10 * scale,
+                           args={"seconds": g.seconds}) for g in singleops.GROUPS
+                      if models is None or g.name in models]
+        elif part == "context":
             # the dry run has no libraries to tell apart: "all" takes every code path
             cases += [Case(part, lib, _keys(part, lib), 60, 5 * scale) for lib in LIBRARIES
                       if not dry_run or lib == "all"]
@@ -371,7 +387,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         kind = str(row.get("kind"))
         if kind in ("campaign", "summary"):
             continue
-        model = str(row.get("model") or row.get("library") or row.get("key", "").split("/")[-1])
+        model = str(row.get("model") or row.get("library") or row.get("group") or row.get("key", "").split("/")[-1])
         group = groups.setdefault((kind, model), {"ok": 0, "err": 0, "note": ""})
         if row.get("error") is None:
             group["ok"] += 1

@@ -26,10 +26,21 @@ SCHEMA = "onnxmem.cuda-campaign/1"
 ROOT = Path(__file__).resolve().parent.parent.parent
 MEASURE = Path(__file__).resolve().parent / "measure.py"
 
-# the parts in the order the campaign runs them: the most valuable data first
-PARTS = ("context", "training", "fit", "ort", "memtracker", "estimate")
-# error kinds that leave a measurement to be done again by a later window (skipped: the part could not run here)
+# the parts in the order the campaign runs them: the most valuable data first (the single ops lead since the
+# 2026-11-27 window measured the whole models)
+PARTS = ("singleop", "context", "training", "fit", "ort", "memtracker", "estimate")
+# error kinds that leave a measurement to be done again by a later window (skipped: the part could not run here);
+# `failed` and `unsupported` (the tool cannot run this model: FakeTensorMode on a data-dependent op) are done
 RETRY_ERRORS = ("timeout", "budget", "crashed", "skipped")
+# failures the harness has since fixed: a failed row whose key starts with the prefix and whose error holds the text
+# is measured again (benchmarks/cuda/models.py: LoRALinear reads as the Linear it wraps; wav2vec2's encoders leave
+# LayerDrop's data-dependent branch out of train mode; mixtral's experts export)
+FIXED_FAILURES = (
+    ("training/t5/lora/", "'LoRALinear' object has no attribute 'weight'"),
+    ("export/t5/lora", "'LoRALinear' object has no attribute 'weight'"),
+    ("export/wav2vec2/", "GuardOnDataDep"),
+    ("export/mixtral_moe/", "grouped_mm_fallback"),
+)
 
 
 def now_iso() -> str:
@@ -107,9 +118,15 @@ def done_keys(rows: Iterable[dict[str, Any]]) -> set[str]:
         key = row.get("key")
         if not key or row.get("kind") in ("campaign", "env", "summary"):
             continue
-        if row.get("error") is None or row.get("error_kind") not in RETRY_ERRORS:
+        if row.get("error") is None or row.get("error_kind") not in RETRY_ERRORS and not fixed_since(row):
             done.add(str(key))
     return done
+
+
+def fixed_since(row: dict[str, Any]) -> bool:
+    """Say whether a failed row's failure is one the harness has since fixed (FIXED_FAILURES)."""
+    key, error = str(row.get("key")), str(row.get("error") or "")
+    return any(key.startswith(prefix) and text in error for prefix, text in FIXED_FAILURES)
 
 
 @dataclass

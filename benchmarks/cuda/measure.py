@@ -3,10 +3,11 @@
     python benchmarks/cuda/measure.py '{"part": "training", "name": "resnet18", "keys": [...], "rows": "...",
                                        "work": "...", "device": "cuda", "dry_run": false, ...}'
 
-Parts: env (the machine), context (the CUDA context and one library's first use), training (real steps per phase),
-memtracker (PyTorch's MemTracker, real and under FakeTensorMode), fit (onnxmem.fit's answer trained for real),
-estimate (the export and onnxmem's estimate, CPU only), ort (onnxmem.validate on the CUDA provider), selftest (the
-runner's own checks: ok, crash, hang). Every failure is a row with its error; torch is imported inside the parts.
+Parts: singleop (one operator at a time: singleops.py), env (the machine), context (the CUDA context and one
+library's first use), training (real steps per phase), memtracker (PyTorch's MemTracker, real and under
+FakeTensorMode), fit (onnxmem.fit's answer trained for real), estimate (the export and onnxmem's estimate, CPU
+only), ort (onnxmem.validate on the CUDA provider), selftest (the runner's own checks: ok, crash, hang). Every
+failure is a row with its error; torch is imported inside the parts.
 """
 
 from __future__ import annotations
@@ -271,6 +272,18 @@ def is_oom(error: BaseException) -> bool:
     return type(error).__name__ == "OutOfMemoryError" or "out of memory" in str(error).lower()
 
 
+# what a tool cannot do on a model, every time (FakeTensorMode on a data-dependent op, a kernel's meta function
+# that refuses fp32): an `unsupported` row, done, never tried again
+UNSUPPORTED_ERRORS = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",
+                      "UnsupportedOperatorException")
+UNSUPPORTED_MESSAGES = ("Expected inputs of BF16 type",)
+
+
+def is_unsupported(error: BaseException) -> bool:
+    """Say whether an error says the tool cannot run this model at all (not a fault of the harness)."""
+    return type(error).__name__ in UNSUPPORTED_ERRORS or any(m in str(error) for m in UNSUPPORTED_MESSAGES)
+
+
 def error_text(error: BaseException) -> str:
     """Give an error's type, message (cut) and the last frames of its traceback."""
     frames = traceback.format_exception(type(error), error, error.__traceback__)
@@ -304,15 +317,19 @@ class Context:
                                           **fields))
 
     @contextlib.contextmanager
-    def guarded(self, kind: str, key: str, **fields: Any) -> Iterator[dict[str, Any]]:
-        """Run the block; write the row it filled, or an error row if it raised."""
+    def guarded(self, kind: str, key: str, unsupported: Callable[[BaseException], bool] | None = None,
+                **fields: Any) -> Iterator[dict[str, Any]]:
+        """Run the block; write the row it filled, or an error row if it raised (`unsupported` says which errors
+        are the tool's limits: an `unsupported` row)."""
         row: dict[str, Any] = {}
         started = time.perf_counter()
         try:
             yield row
         except Exception as error:  # noqa: BLE001 - every failure becomes a row
+            error_kind = "oom" if is_oom(error) else "unsupported" if unsupported and unsupported(error) \
+                else "failed"
             self.row(kind, key, **{"seconds": round(time.perf_counter() - started, 2), **fields,
-                                   "error": error_text(error), "error_kind": "oom" if is_oom(error) else "failed"})
+                                   "error": error_text(error), "error_kind": error_kind})
             return
         self.row(kind, key, **{"seconds": round(time.perf_counter() - started, 2), **fields, **row})
 
@@ -519,7 +536,8 @@ def export_graph(spec: Any, small: bool, graph: str, folder: Path) -> tuple[Path
     model = models.build(spec, small, "lora" if graph == "lora" else "full")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        export_for_training(model, spec.inputs(2, small), path, {"batch": 0})
+        with models.onnx_export_translations():  # what the exporter cannot translate (MoE experts)
+            export_for_training(model, spec.inputs(2, small), path, {"batch": 0})
     exported = time.perf_counter() - started
     proto = onnx.load(str(path))
     whole = path.stat().st_size
@@ -601,7 +619,9 @@ def part_memtracker(ctx: Context) -> None:
                 continue
             fields = {"model": spec.name, "variant": variant, "optimizer": optimizer, "precision": precision,
                       "mode": mode, "batch": batch, "dims": {"batch": batch}}
-            with ctx.guarded("memtracker", key, **fields) as row:
+            # FakeTensorMode cannot run a data-dependent op (.item(), a branch on a tensor): unsupported
+            with ctx.guarded("memtracker", key, unsupported=is_unsupported if mode == "fake" else None,
+                             **fields) as row:
                 if mode == "real":
                     row.update(_memtracker_real(meter, MemTracker, spec, ctx.small, optimizer, precision, batch),
                                warm_up=warm)
@@ -827,10 +847,17 @@ def part_selftest(ctx: Context) -> None:
         threading.Event().wait()  # never set: the runner's timeout must end this process
 
 
+def part_singleop(ctx: Context) -> None:
+    """Write the rows of one single-op group (benchmarks/cuda/singleops.py)."""
+    from benchmarks.cuda import singleops
+
+    singleops.run_group(ctx)
+
+
 PARTS: dict[str, Callable[[Context], None]] = {
-    "env": part_env, "context": part_context, "training": part_training, "estimate": part_estimate,
-    "memtracker": part_memtracker, "fit": part_fit, "ort": part_ort, "ort-check": part_ort_check,
-    "selftest": part_selftest,
+    "singleop": part_singleop, "env": part_env, "context": part_context, "training": part_training,
+    "estimate": part_estimate, "memtracker": part_memtracker, "fit": part_fit, "ort": part_ort,
+    "ort-check": part_ort_check, "selftest": part_selftest,
 }
 
 

@@ -7,10 +7,11 @@ against targets made before the step (classes per sample, or a class per token /
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,27 @@ class Seq2SeqLogits(LogitsOnly):
         return self.model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False).logits
 
 
+# the transformer encoders with LayerDrop (not the convolutional feature encoder, whose train mode makes its input
+# require grad)
+LAYERDROP_ENCODERS = ("Wav2Vec2Encoder", "Wav2Vec2EncoderStableLayerNorm")
+
+
 class AudioLogits(LogitsOnly):
-    """A speech transformers model (raw audio in) that returns its per-frame logits only."""
+    """A speech transformers model (raw audio in) that returns its per-frame logits only.
+
+    Its encoders stay out of train mode while the rest trains (their dropouts are modules of their own and do train):
+    transformers before 5.24 draws LayerDrop's `torch.rand([]) < layerdrop` in train mode even at layerdrop 0, a
+    data-dependent branch that torch.export refuses (GuardOnDataDependentSymNode, the 2026-11-27 window's
+    export/wav2vec2 rows) and FakeTensorMode cannot run; at layerdrop 0 no layer is ever skipped, so the step is
+    the same."""
+
+    def train(self, mode: bool = True) -> AudioLogits:
+        """Set the mode of every module, then take the encoders (their LayerDrop branch) out of train mode."""
+        super().train(mode)
+        for module in self.modules():
+            if type(module).__name__ in LAYERDROP_ENCODERS:
+                module.training = False
+        return self
 
     def forward(self, values: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Give the per-frame logits for the audio samples."""
@@ -229,6 +249,28 @@ class LoRALinear(nn.Module):
         for parameter in self.base.parameters():
             parameter.requires_grad_(False)
 
+    # what transformers reads of the layer it wrapped (T5's feed-forward casts to `wo.weight.dtype`: the 2026-11-27
+    # window's training/t5/lora and export/t5/lora failed on "'LoRALinear' object has no attribute 'weight'")
+    @property
+    def weight(self) -> torch.Tensor:
+        """Give the wrapped layer's weight."""
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """Give the wrapped layer's bias."""
+        return self.base.bias
+
+    @property
+    def in_features(self) -> int:
+        """Give the wrapped layer's input features."""
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        """Give the wrapped layer's output features."""
+        return self.base.out_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Give the base layer's output plus the adapter's."""
         return self.base(x) + self.lora_b(self.lora_a(x))
@@ -278,3 +320,62 @@ def build(spec: Spec, small: bool, variant: str = "full", seed: int = 0) -> nn.M
     elif variant == "lora":
         add_lora(model)
     return model.train()
+
+
+def _grouped_mm_onnx(mat_a: Any, mat_b: Any, offs: Any, bias: Any = None, out_dtype: Any = None) -> Any:
+    """Give the ONNX of a grouped matrix product (transformers' MoE experts: rows of `mat_a` sorted by expert,
+    `offs` the cumulative row ends, `mat_b` [experts, in, out]): per expert, the product of every row with its
+    weights kept where the row is the expert's. The output's shape is static ([rows, out], as the grouped GEMM's),
+    unlike a gather of each group's rows (data-dependent sizes that shape inference cannot follow)."""
+    from onnxscript import opset18 as op
+
+    experts = mat_b.shape[0]
+    if not isinstance(experts, int):
+        raise ValueError("grouped_mm: the number of experts must be static")
+    rows = op.Range(op.Constant(value_int=0), op.Squeeze(op.Shape(mat_a, start=0, end=1), [0]),
+                    op.Constant(value_int=1))
+    ends = op.Cast(offs, to=7)  # int64
+    start = op.Constant(value_int=0)
+    out = None
+    for expert in range(experts):
+        end = op.Gather(ends, op.Constant(value_int=expert), axis=0)
+        mine = op.Unsqueeze(op.And(op.GreaterOrEqual(rows, start), op.Less(rows, end)), [1])
+        product = op.MatMul(mat_a, op.Gather(mat_b, op.Constant(value_int=expert), axis=0))
+        if bias is not None:
+            product = op.Add(product, op.Gather(bias, op.Constant(value_int=expert), axis=0))
+        out = op.Where(mine, product, op.CastLike(op.Constant(value_float=0.0), product) if out is None else out)
+        start = end
+    return out
+
+
+def onnx_translations() -> dict[Any, Callable[..., Any]]:
+    """Give the ONNX translations the exporter lacks for the campaign's models: transformers' grouped matrix
+    product of MoE experts (its `grouped_mm_fallback` custom op, which it calls under torch.export for non-bf16
+    weights: the 2026-11-27 window's export/mixtral_moe rows failed on 'No ONNX function found'), and ATen's."""
+    table: dict[Any, Callable[..., Any]] = {}
+    fallback = getattr(getattr(torch.ops, "transformers", None), "grouped_mm_fallback", None)
+    if fallback is not None:
+        table[fallback.default] = _grouped_mm_onnx
+    grouped = getattr(torch.ops.aten, "_grouped_mm", None)
+    if grouped is not None:
+        table[grouped.default] = _grouped_mm_onnx
+    return table
+
+
+@contextlib.contextmanager
+def onnx_export_translations() -> Iterator[None]:
+    """Make torch.onnx.export take onnx_translations() (as onnxmem.torch.export_for_training calls it) inside the
+    block."""
+    import torch.onnx
+
+    original = torch.onnx.export
+
+    def export(*args: Any, **kwargs: Any) -> Any:
+        table = {**onnx_translations(), **(kwargs.pop("custom_translation_table", None) or {})}
+        return original(*args, custom_translation_table=table, **kwargs)
+
+    torch.onnx.export = export  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.onnx.export = original

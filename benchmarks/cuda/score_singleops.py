@@ -1,0 +1,206 @@
+"""Print the single-op rows of the CUDA campaign (benchmarks/cuda/singleops.py) as tables, without a GPU.
+
+    python benchmarks/cuda/score_singleops.py [ROWS ...] [--group sdpa] [--dry]
+
+ROWS: rows files or folders (default benchmarks/results/cuda). Figures are MiB above the allocated bytes before the
+op (see benchmarks/results/cuda/README.md): for attention, each backend alone and the default's choice; for
+convolutions, cuDNN's transient bytes (a phase's peak above what it leaves: the workspace); for the other ops,
+what the forward keeps besides its output and the backward's peak; for AdamW, each step's temporaries; for the
+allocator's scripted sequences, onnxmem's replay (onnxmem/targets/torch/cuda/allocator.py) against the measured
+memory_allocated and memory_reserved after every event. --dry includes the CPU dry run's rows (no memory figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from benchmarks.cuda.common import ROOT, fmt_bytes, read_rows, table  # noqa: E402
+
+DEFAULT_ROWS = ROOT / "benchmarks" / "results" / "cuda"
+
+
+def latest(rows: list[dict[str, Any]], dry: bool) -> list[dict[str, Any]]:
+    """Give the single-op rows, the last of each key (a later row replaces an earlier), in key order of first
+    appearance."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("kind") == "singleop" and (dry or not row.get("dry_run")):
+            found[str(row.get("key"))] = row
+    return list(found.values())
+
+
+def _get(phase: Any, name: str) -> Any:
+    return phase.get(name) if isinstance(phase, dict) else None
+
+
+def _minus(a: Any, b: Any) -> Any:
+    return a - b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def _tail(row: dict[str, Any]) -> str:
+    return str(row.get("key")).split("/", 2)[-1]
+
+
+def op_lines(row: dict[str, Any]) -> list[list[Any]]:
+    """Give a table line per run of an op row: forward peak, kept (end minus output), backward peak and end, held."""
+    lines = []
+    for label, run in (row.get("runs") or {}).items():
+        if not run.get("allowed"):
+            lines.append([_tail(row), label, "no", "", "", "", "", "", "", "", str(run.get("reason", ""))[:40]])
+            continue
+        forward, backward = run.get("forward"), run.get("backward")
+        kept = _minus(_get(forward, "end_allocated_above"), run.get("output_bytes"))
+        transient = _minus(_get(forward, "peak_allocated_above"), _get(forward, "end_allocated_above"))
+        lines.append([_tail(row), label, "yes", fmt_bytes(run.get("output_bytes")), fmt_bytes(kept),
+                      fmt_bytes(run.get("saved_new_bytes")), fmt_bytes(transient),
+                      fmt_bytes(_get(backward, "peak_allocated_above")),
+                      fmt_bytes(_get(backward, "end_allocated_above")),
+                      fmt_bytes(run.get("held_after_above")), run.get("grad_fn") or run.get("error") or ""])
+    return lines
+
+
+OP_HEADERS = ("config", "run", "ran", "output", "fwd kept", "saved new", "fwd transient", "bwd peak", "bwd end",
+              "held", "node / why")
+
+
+def sdpa_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """Give the attention table: per configuration and backend, with the default's choice marked."""
+    lines = []
+    for row in rows:
+        default = row.get("default_backend")
+        for line in op_lines(row):
+            if line[1] == default:
+                line[1] = f"{line[1]} *"
+            lines.append(line)
+    return lines
+
+
+def adamw_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """Give the optimizer table: each step's peak and end above the parameters and gradients."""
+    lines = []
+    for row in rows:
+        steps = row.get("steps") or []
+        cells = [_tail(row), fmt_bytes(row.get("parameter_bytes")), fmt_bytes(row.get("state_bytes"))]
+        for step in steps[:2]:
+            phase = step.get("phase")
+            cells += [fmt_bytes(_get(phase, "peak_allocated_above")), fmt_bytes(_get(phase, "end_allocated_above"))]
+        lines.append(cells + [""] * (7 - len(cells)))
+    return lines
+
+
+def parse_settings(settings: str | None) -> dict[str, int | None]:
+    """Give the replay's arguments from an allocator settings string ('max_split_size_mb:64,...')."""
+    found: dict[str, int | None] = {"max_split_size": None, "roundup_power2_divisions": 0}
+    for item in (settings or "").split(","):
+        name, _, value = item.partition(":")
+        if name.strip() == "max_split_size_mb" and value.strip().isdigit():
+            found["max_split_size"] = int(value) * 2**20
+        elif name.strip() == "roundup_power2_divisions" and value.strip().isdigit():
+            found["roundup_power2_divisions"] = int(value)
+    return found
+
+
+def replay_compare(row: dict[str, Any]) -> dict[str, Any]:
+    """Give the replay of an allocator row's events against its measured figures: the peaks of both, the events
+    where allocated or reserved differ, and the first of them."""
+    from onnxmem.targets.torch.cuda.allocator import CachingAllocator
+
+    settings = parse_settings(row.get("settings"))
+    allocator = CachingAllocator(settings["max_split_size"], int(settings["roundup_power2_divisions"] or 0))
+    start = row.get("start") or {}
+    measured = row.get("after") or []
+    live: dict[int, list[Any]] = {}
+    differences = {"allocated": 0, "reserved": 0}
+    first: int | None = None
+    peaks = {"allocated": 0, "reserved": 0}
+    for index, (size, is_free) in enumerate(row.get("events") or []):
+        if is_free:
+            allocator.free(live[size].pop())
+        else:
+            live.setdefault(size, []).append(allocator.malloc(size))
+        if index >= len(measured):
+            continue
+        allocated = measured[index][0] - start.get("allocated", 0)
+        reserved = measured[index][1] - start.get("reserved", 0)
+        peaks["allocated"], peaks["reserved"] = max(peaks["allocated"], allocated), max(peaks["reserved"], reserved)
+        wrong = [name for name, ours, theirs in (("allocated", allocator.allocated, allocated),
+                                                  ("reserved", allocator.reserved, reserved)) if ours != theirs]
+        for name in wrong:
+            differences[name] += 1
+        if wrong and first is None:
+            first = index
+    return {"events": len(row.get("events") or []), "measured": peaks if measured else None,
+            "replay": {"allocated": allocator.peak_allocated, "reserved": allocator.peak_reserved},
+            "final": {"replay_reserved": allocator.reserved,
+                      "measured_reserved": measured[-1][1] - start.get("reserved", 0) if measured else None},
+            "differences": differences, "first_difference": first}
+
+
+def allocator_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """Give the allocator table: the replay's peaks and last reserved against the measured, per sequence."""
+    lines = []
+    for row in rows:
+        result = replay_compare(row)
+        measured = result["measured"] or {}
+        lines.append([_tail(row), row.get("settings") or "default", result["events"],
+                      fmt_bytes(measured.get("allocated")), fmt_bytes(result["replay"]["allocated"]),
+                      fmt_bytes(measured.get("reserved")), fmt_bytes(result["replay"]["reserved"]),
+                      fmt_bytes(result["final"]["measured_reserved"]), fmt_bytes(result["final"]["replay_reserved"]),
+                      result["differences"]["allocated"], result["differences"]["reserved"],
+                      "-" if result["first_difference"] is None else result["first_difference"]])
+    return lines
+
+
+def render(rows: list[dict[str, Any]], group: str | None = None) -> str:
+    """Give the tables of the single-op rows (one group's with `group`)."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    failures = []
+    for row in rows:
+        if group and row.get("group") != group:
+            continue
+        if row.get("error") is not None:
+            failures.append(f"{row.get('key')}: {row.get('error_kind')}: {str(row.get('error'))[:100]}")
+            continue
+        by_group.setdefault(str(row.get("group")), []).append(row)
+    if not by_group and not failures:
+        return "no single-op rows yet: run the campaign's singleop part on a GPU (bash benchmarks/cuda/run_on_gpu.sh)"
+    parts = []
+    for name, members in by_group.items():
+        if name == "allocator":
+            parts.append("allocator: MiB above the sequence's start; replay = onnxmem's CachingAllocator; "
+                         "differences = events whose allocated / reserved differ\n" + table(
+                             ("sequence", "settings", "events", "peak alloc", "replay", "peak reserved", "replay",
+                              "last reserved", "replay", "alloc diffs", "reserved diffs", "first diff"),
+                             allocator_lines(members)))
+        elif name == "adamw":
+            parts.append("adamw: MiB above the parameters and gradients; step 1 makes the states\n" + table(
+                ("impl", "params", "states", "step1 peak", "step1 end", "step2 peak", "step2 end"),
+                adamw_lines(members)))
+        else:
+            lines = sdpa_lines(members) if name.startswith("sdpa") else [line for r in members for line in op_lines(r)]
+            note = " (* the default's choice)" if name.startswith("sdpa") else ""
+            parts.append(f"{name}: MiB above the allocated bytes before the op; kept = forward's end minus its "
+                         f"output; transient = forward's peak minus its end{note}\n" + table(OP_HEADERS, lines))
+    if failures:
+        parts.append("errors:\n" + "\n".join(failures))
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the tables; give the exit status (0)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rows", nargs="*", default=[str(DEFAULT_ROWS)])
+    parser.add_argument("--group", default=None, help="one group only (sdpa, allocator, conv, ...)")
+    parser.add_argument("--dry", action="store_true", help="include the CPU dry run's rows")
+    args = parser.parse_args(argv)
+    print(render(latest(read_rows(args.rows), args.dry), args.group))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
