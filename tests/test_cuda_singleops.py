@@ -214,3 +214,29 @@ def test_the_scorer_prints_a_table_per_group(tmp_path: Path, capsys: pytest.Capt
     assert "singleop/conv/x: failed" in out
     assert score_singleops.main([str(tmp_path / "none")]) == 0
     assert "no single-op rows yet" in capsys.readouterr().out
+
+
+def test_a_kernel_fault_that_breaks_the_context_ends_the_group_and_leaves_the_rest_to_a_later_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from benchmarks.cuda.measure import Context
+
+    def faulty(probe: Any, config: dict[str, Any], small: bool) -> dict[str, Any]:
+        if config["impl"] == "fused":
+            singleops._check_sticky(RuntimeError("CUDA error: an illegal memory access was encountered"))
+        return {"steps": []}
+
+    monkeypatch.setitem(singleops.MEASURES, "adamw", faulty)
+    path = tmp_path / "rows.jsonl"
+    keys = list(singleops.keys("adamw", True))
+    singleops.run_group(Context({"rows": str(path), "keys": keys, "device": "cpu", "dry_run": True,
+                                 "case": "singleop/adamw", "name": "adamw", "args": {"seconds": 60}}))
+    rows = {r["key"]: r for r in _lines(path)}
+    assert [rows[k]["error_kind"] for k in keys] == [None, "failed", "crashed"]  # foreach, fused, forloop
+    assert "illegal memory access" in rows[keys[1]]["error"] and keys[1] in rows[keys[2]]["error"]
+    assert done_keys(rows.values()) == set(keys[:2])
+
+
+def test_the_plan_prints_every_group() -> None:
+    plan = singleops.plan_table()
+    assert all(f"\n{g.name} " in plan for g in singleops.GROUPS) and f"total: {singleops.budget_s():.0f} s" in plan

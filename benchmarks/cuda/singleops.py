@@ -18,6 +18,8 @@ GELU, softmax, cross-entropy on a 50257-word vocabulary, embedding backward, dro
 benchmark off), linear (cuBLAS / cuBLASLt first use, in a fresh process), adamw (foreach, fused and for-loop steps
 on 100M parameters), conv-bench (cuDNN with benchmark on). On the CPU (--dry-run --device cpu) each group runs a few
 configurations at tiny sizes: the same code, rows of the same form, memory figures None.
+
+    python benchmarks/cuda/singleops.py    prints the plan: configurations, runs and seconds per group
 """
 
 from __future__ import annotations
@@ -176,6 +178,21 @@ def _trim(message: str) -> str:
     return message.split(" (Triggered internally")[0].strip()[:200]
 
 
+# errors after which the CUDA context is unusable (a kernel's fault is sticky): the process stops measuring
+STICKY_ERRORS = ("CUDA error", "illegal memory access", "unspecified launch failure", "CUDNN_STATUS_EXECUTION_FAILED",
+                 "CUBLAS_STATUS_EXECUTION_FAILED", "device-side assert")
+
+
+class DeviceBroken(RuntimeError):
+    """A kernel failed in a way that leaves the CUDA context unusable: what this process measures next is void."""
+
+
+def _check_sticky(error: BaseException) -> None:
+    """Raise DeviceBroken for an error that breaks the CUDA context."""
+    if any(text in str(error) for text in STICKY_ERRORS):
+        raise DeviceBroken(f"{type(error).__name__}: {_trim(str(error))}") from error
+
+
 class Probe:
     """The device, its allocator's statistics (None on the CPU), and one measured run of an op."""
 
@@ -277,6 +294,7 @@ class Probe:
                 with context(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     output = forward(inputs)
             except RuntimeError as error:
+                _check_sticky(error)
                 reasons = sorted({_trim(str(w.message)) for w in caught})[:4]
                 text = str(error)
                 no_kernel = "No available kernel" in text or "No viable backend" in text
@@ -303,6 +321,7 @@ class Probe:
                 result["grad_bytes"] = self.storage_bytes(t.grad for t in inputs.values()
                                                           if isinstance(t, torch.Tensor) and t.grad is not None)
             except RuntimeError as error:  # a backend whose forward ran and whose backward refuses: say so
+                _check_sticky(error)
                 result.update(backward=None, error=f"backward: {type(error).__name__}: {_trim(str(error))}")
             del grads
         del output, outputs
@@ -626,11 +645,15 @@ def run_group(ctx: Any) -> None:
     warm = None
     if not group.fresh:  # every library's workspace made before any op is measured
         warm = warm_up(Meter(ctx.device))
+    broken: str | None = None
     for config in configs(group.name, ctx.small):
         key = key_of(group.name, config)
         if not ctx.wants(key):
             continue
         fields = {"group": group.name, "op": config["op"], "config": config}
+        if broken is not None:  # a later process measures it (this one's CUDA context is unusable)
+            ctx.row("singleop", key, **fields, error=f"not measured: {broken}", error_kind="crashed")
+            continue
         elapsed = time.monotonic() - started
         if elapsed > seconds:
             ctx.row("singleop", key, **fields, error=f"not started: the group's {seconds:.0f} s were spent",
@@ -640,8 +663,33 @@ def run_group(ctx: Any) -> None:
         try:
             with _quiet():
                 measured = MEASURES[config["op"]](probe, config, ctx.small)
+        except DeviceBroken as error:  # deterministic: done (the row says which run broke the device)
+            ctx.row("singleop", key, **fields, error=f"device failed: {error}", error_kind="failed")
+            broken = f"the device failed at {key}"
+            continue
         except Exception as error:  # noqa: BLE001 - every failure becomes a row
             ctx.row("singleop", key, **fields, error=error_text(error), error_kind="oom" if is_oom(error) else "failed")
             probe.release()
             continue
         ctx.row("singleop", key, **fields, **measured, warm_up=warm, seconds=round(time.perf_counter() - begun, 3))
+
+
+def plan_table() -> str:
+    """Give the part's plan: per group, its configurations (GPU, dry run), runs of an op per configuration, its
+    seconds, and the total with the process starts."""
+    from benchmarks.cuda.common import table
+
+    runs = {"sdpa": len(BACKENDS), "sdpa-variants": len(BACKENDS), "conv": 2, "conv-bench": 2}
+    lines = [(g.name, len(configs(g.name)), len(configs(g.name, True)), runs.get(g.name, 1),
+              "fresh" if g.fresh else "warmed", f"{g.seconds:.0f}") for g in GROUPS]
+    total = f"total: {budget_s():.0f} s of GPU time ({sum(g.seconds for g in GROUPS):.0f} s measuring, " \
+            f"{len(GROUPS)} process starts of {START_S:.0f} s)"
+    return table(("group", "configs", "dry run", "runs each", "process", "seconds"), lines) + "\n" + total
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+    print(plan_table())
