@@ -43,7 +43,7 @@ def check_arguments(function: str, model: object, dims: object = None, default_d
                             "or None")
 
 
-def parse_dims(items: Sequence[str]) -> dict[str, int]:
+def parse_dims(items: list[str] | tuple[str, ...]) -> dict[str, int]:
     """Give the dims of the command line's --dim NAME=VALUE options (shapes.dims.parse_dims), refusing a dim given
     twice (which would take the last value silently) with a DimError naming both."""
     seen: dict[str, str] = {}

@@ -162,3 +162,48 @@ def test_a_dim_given_twice_is_refused_in_one_line(tmp_path: Path) -> None:
         assert "'batch' is given twice" in err and "batch=2" in err and "batch=4" in err
     code, _, err = run("report", path, "--dim", "batch=2", "--dim", "batch=2")  # the same value: no ambiguity
     assert code == 0, err
+
+
+# --- pictures: the PNG and the page draw the same ---------------------------------------------------------------------
+
+def test_the_png_and_the_page_draw_the_curve_on_the_same_axes() -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks.llm_graphs import SHAPES, make_llama
+    from onnxmem.views.html import svg_curve
+    from onnxmem.views.plot import _pyplot, draw_curve
+    from onnxmem.views.series import curve_axes
+
+    quadratic = onnxmem.fit(make_llama(SHAPES["tiny"], TensorProto.FLOAT), memory="40MiB", search="seq",
+                            dims={"batch": 2, "past": 1}, what_if=False)
+    axes = curve_axes(quadratic)
+    assert axes.log and all(t & (t - 1) == 0 for t in axes.x_ticks + axes.y_ticks)  # powers of two
+    plt = _pyplot()
+    figure, ax = plt.subplots()
+    try:
+        draw_curve(ax, quadratic)
+        assert ax.get_xscale() == ax.get_yscale() == "log"
+        assert [int(t) for t in ax.get_xticks()] == list(axes.x_ticks)
+        png_labels = [t.get_text() for t in ax.get_xticklabels()]
+        png_y = [t.get_text() for t in ax.get_yticklabels()]
+    finally:
+        plt.close(figure)
+    svg = svg_curve(quadratic)
+    for label in (*png_labels, *png_y):
+        assert f">{label}</text>" in svg, label  # the same tick, written the same
+    assert "2^" not in "".join(png_labels) and "log scale" in svg
+
+
+def test_check_plot_draws_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from onnxmem.views import plot
+
+    drawn = []
+    original = plot.draw_verdict
+    monkeypatch.setattr(plot, "draw_verdict", lambda ax, a: (drawn.append(a), original(ax, a)))
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    picture = tmp_path / "gate.png"
+    code, _, err = run("check", path, "--dim", "batch=8", "--budget", "64MiB", "--runtime", "onnxruntime",
+                       "--reserve", "0B", "--plot", str(picture))
+    assert code == 0, err
+    gate = onnxmem.check(path, {"batch": 8}, memory="64MiB", runtime="onnxruntime", reserve="0B")
+    assert drawn == [gate.arithmetic] and picture.stat().st_size > 10_000

@@ -136,15 +136,15 @@ def svg_verdict(a: Arithmetic) -> str:
     out.append(f'<line x1="{bx:.1f}" y1="{rows["needs"] - 8}" x2="{bx:.1f}" y2="{rows["memory"] + 26}" '
                'stroke="#c44e52" stroke-dasharray="6 4"/>')
     # the legend: one entry per part, laid out left to right, a new row where the next would not fit
-    lx, ly = left, 136
+    lx, ly = float(left), 136
     for part in parts_of.bars:
         text = part.label
         room = 16 + _CHAR * len(text) + 18
         if lx + room > width - right and lx > left:
-            lx, ly = left, ly + 18
-        out.append(f'<rect x="{lx}" y="{ly - 10}" width="11" height="11" fill="{part.colour}" '
+            lx, ly = float(left), ly + 18
+        out.append(f'<rect x="{lx:.1f}" y="{ly - 10}" width="11" height="11" fill="{part.colour}" '
                    f'fill-opacity="{part.opacity}" stroke="{part.colour}"/>'
-                   f'<text x="{lx + 16}" y="{ly}" font-size="11">{escape(text)}</text>')
+                   f'<text x="{lx + 16:.1f}" y="{ly}" font-size="11">{escape(text)}</text>')
         lx += room
     height = ly + 14
     return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img"><title>'
