@@ -39,6 +39,7 @@ FIXED_FAILURES = (
     ("training/t5/lora/", "'LoRALinear' object has no attribute 'weight'"),
     ("export/t5/lora", "'LoRALinear' object has no attribute 'weight'"),
     ("export/wav2vec2/", "GuardOnDataDep"),
+    ("memtracker/wav2vec2/", "DataDependentOutputException"),  # the same LayerDrop branch under FakeTensorMode
     ("export/mixtral_moe/", "grouped_mm_fallback"),
 )
 
