@@ -412,7 +412,7 @@ def target_label(target: Target, budget: int) -> str:
 
 
 def _target_blocks(target: Target, budget: int) -> list[Block]:
-    return [Heading(f"Target: {target_label(target, budget)}"),
+    return [Heading("Target"), Para(target_label(target, budget)),
             Bullets((f"memory: {target.memory_source}",
                      *(f"{r.name} {format_bytes(r.bytes)}: {r.source}" for r in target.reserve),
                      f"allocator {target.allocator}: {target.allocator_rule}"))]
