@@ -16,6 +16,7 @@ CI log sees it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -72,7 +73,7 @@ def resnet50(path: Path) -> Path:
 
     torch.manual_seed(0)
     model = torchvision.models.resnet50().eval()
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # (the exporter's progress: not the table)
         torch.onnx.export(model, (torch.randn(2, 3, 224, 224),), str(path), dynamo=True, external_data=False,
                           input_names=["pixel_values"], dynamic_shapes=({0: torch.export.Dim("batch", min=1,
                                                                                               max=4096)},))
@@ -112,7 +113,9 @@ def page_width(page: str, folder: Path) -> str:
     if not found:
         return "not measured"
     result = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
-    return f"{result['scrollWidth']} px" + (f", {len(result['overlaps'])} overlaps" if result["overlaps"] else "")
+    return (f"{result['scrollWidth']} px" + (f", {len(result['scrolled'])} scrolled inside" if result["scrolled"]
+                                              else "")
+            + (f", {len(result['overlaps'])} overlaps" if result["overlaps"] else ""))
 
 
 def measure(source: Path, torch: bool) -> list[list[str]]:

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium to render t
 WINDOW = 1280
 
 # Measures the page once it is laid out, and writes what it found into the DOM that --dump-dom prints: the page's
-# width against the window's, and every pair of texts of one chart whose boxes overlap.
+# width against the window's, the elements that scroll sideways inside it, and every pair of texts of one chart
+# whose boxes overlap.
 _MEASURE = """<script>
 window.addEventListener('load', () => {
   const overlaps = [];
@@ -44,10 +45,12 @@ window.addEventListener('load', () => {
       if (dx > 1 && dy > 1) overlaps.push([a, b]);
     }
   }
+  const scrolled = [...document.body.querySelectorAll('*')].filter(e => e.scrollWidth > e.clientWidth + 1
+    && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX)).map(e => e.tagName);
   const out = document.createElement('pre');
   out.id = 'measured';
   out.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth,
-                                    innerWidth: window.innerWidth, overlaps});
+                                    innerWidth: window.innerWidth, overlaps, scrolled});
   document.body.appendChild(out);
 });
 </script>"""
@@ -105,11 +108,14 @@ def test_the_page_fits_1280_px_and_no_labels_overlap(tmp_path: Path, name: str, 
     found = measure(make(), tmp_path, name)
     assert found["innerWidth"] == WINDOW
     assert found["scrollWidth"] <= WINDOW, f"the page overflows sideways: {found['scrollWidth']} px"
+    assert found["scrolled"] == [], f"these scroll sideways: {found['scrolled']}"
     assert found["overlaps"] == [], f"labels overlap: {found['overlaps']}"
 
 
 def test_an_overflowing_page_is_caught(tmp_path: Path) -> None:
     # the measure itself: a page wider than the window is seen as such
-    page = "<!DOCTYPE html><html><body><div style='width:2000px'>wide</div></body></html>"
+    page = ("<!DOCTYPE html><html><body><div style='width:2000px'>wide</div><pre style='overflow-x:auto'>"
+            + "x" * 400 + "</pre></body></html>")
     found = measure(page, tmp_path, "wide")
     assert isinstance(found["scrollWidth"], int) and found["scrollWidth"] > WINDOW
+    assert found["scrolled"] == ["PRE"]  # a block with its own sideways scrollbar (the old page's text)
