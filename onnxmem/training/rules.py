@@ -132,6 +132,10 @@ SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "Min": Saves(inputs=(0, 1)),
     "ReduceMax": Saves(inputs=(0,), outputs=(0,)),
     "ReduceMin": Saves(inputs=(0,), outputs=(0,)),
+    # torch.norm / linalg_vector_norm (ConvNeXt-V2's GRN): the input and the norm (derivatives.yaml
+    # linalg_vector_norm_backward(grad, self, ord, result, ...); saved-tensor hooks on [4,8,8,16] over dims (1, 2)
+    # show exactly those two)
+    "ReduceL2": Saves(inputs=(0,), outputs=(0,)),
     "Where": Saves(inputs=(0,)),
     "Gather": Saves(inputs=(1,)),
     "GatherElements": Saves(inputs=(1,)),
