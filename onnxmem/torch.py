@@ -70,7 +70,7 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     finally:
         model.train(was_training)
     proto = onnx.load(str(target), load_external_data=False)
-    _name_dims(proto, axes)
+    name_dims(proto, axes)
     # the mode the graph was traced in: a train-mode trace writes nn.Dropout(p=0) as a copy (aten.clone), as an
     # eval-mode trace writes every Dropout; the estimate reads which it was here
     properties = {prop.key: prop.value for prop in proto.metadata_props}
@@ -92,7 +92,7 @@ def _axes_per_input(inputs: tuple[Any, ...], dynamic: DynamicAxes, tensor_type: 
     return axes
 
 
-def _name_dims(proto: Any, axes: list[dict[int, str]]) -> None:
+def name_dims(proto: Any, axes: list[dict[int, str]]) -> None:
     """Rename the exporter's symbolic dims (s0, s1, ...) to the names given, in every dim of the graph."""
     renames: dict[str, str] = {}
     for value, per_input in zip(proto.graph.input, axes, strict=False):

@@ -42,6 +42,8 @@ PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda 
                  "source places them) or cpu, whose missing float16 kernels make onnxruntime run float16 models "
                  "partly in float32, between Casts it inserts.")
 EXIT_INTERNAL = 3
+HF_HELP = ("MODEL is a Hugging Face transformers config.json (or the folder holding one): the model is built "
+           "without weights and exported, nothing downloaded (needs torch and transformers).")
 
 
 def run() -> None:
@@ -285,6 +287,9 @@ _TRAINING_OPTIONS = [
                  help="Training: freeze parameters whose name or module path matches (fnmatch; repeatable)."),
     click.option("--train", "train_only", multiple=True, metavar="PATTERN",
                  help="Training: train only parameters whose name or module path matches (repeatable)."),
+    click.option("--lora", is_flag=True,
+                 help="Training: train only the LoRA adapters (PEFT's parameters named *.lora_*: lora_A, lora_B), "
+                      "the base frozen; with --hf, adapters of PEFT's default LoraConfig (rank 8) are added."),
     click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                  help="Training: micro-steps per optimizer step; the batch dim is divided by N."),
     click.option("--micro-batch", type=click.IntRange(min=1), default=None, metavar="M",
@@ -385,12 +390,13 @@ Examples:
               help="Also draw the memory timeline, its peak marked (needs the extra 'plot': matplotlib).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Several models: analyse N at once in a pool of processes (1: one after another, in this one).")
+@click.option("--hf", is_flag=True, help=HF_HELP)
 @training_click_options
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str,
-           provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int,
+           provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int, hf: bool,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
-           grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
+           lora: bool, grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
            device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None, debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
     *.onnx files), and with --training, of a training step."""
@@ -399,13 +405,14 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
 
     def prepare() -> None:
         _check_training_flags(training)
-        paths.extend(_model_paths(models))
+        paths.extend(_hf_files(models, training, lora) if hf else _model_paths(models))
         options = None
         if training:
             from onnxmem.training.step import training_options
 
             options = training_options(**_training_values(dict(
-                optimizer=optimizer, precision=precision, freeze=freeze, train=train_only, grad_accum=grad_accum,
+                optimizer=optimizer, precision=precision, freeze=freeze, train=train_only, lora=lora,
+                grad_accum=grad_accum,
                 micro_batch=micro_batch, checkpoint=checkpoint, device=device, loss=loss,
                 device_options=device_options, cpu_threads=cpu_threads, cpu_isa=cpu_isa)))
         request.update(dims=parse_dims(dims), default_dim=default_dim, order=order, training=options,
@@ -436,6 +443,16 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
         click.echo(text, nl=fmt != "html")
 
     _run(debug, work, fmt, paths[0])
+
+
+def _hf_files(configs: Iterable[str], training: bool, lora: bool) -> list[str]:
+    """Give the export of each Hugging Face config (onnxmem.hf.exported: weights as a sparse file, train mode with
+    --training), in temporary folders removed when the command ends."""
+    from onnxmem.hf import LORA_RANK, exported
+
+    context = click.get_current_context()
+    return [str(context.with_resource(exported(config, training=training, lora=LORA_RANK if lora else None)).path)
+            for config in configs]
 
 
 def _model_paths(arguments: tuple[str, ...]) -> list[str]:
@@ -512,7 +529,7 @@ def _report_one(path: str, request: dict[str, Any], debug: bool = False) -> tupl
 
 
 _TRAINING_ONLY = ("optimizer", "precision", "freeze", "train_only", "grad_accum", "micro_batch", "checkpoint",
-                  "device", "loss", "device_options", "cpu_threads", "cpu_isa")
+                  "device", "loss", "device_options", "cpu_threads", "cpu_isa", "lora")
 
 
 def _check_training_flags(training: bool) -> None:
@@ -559,6 +576,7 @@ def _plan_options(command: Any) -> Any:
         click.option("--offload", type=click.Choice(["none", "optimizer", "params", "both"]), default="none",
                      show_default=True, help="Sharded training: keep the optimizer states (optimizer), the "
                      "parameters (params: zero3, fsdp) or both in CPU memory, as DeepSpeed's offload does."),
+        click.option("--hf", is_flag=True, help=HF_HELP),
         click.option("--what-if/--no-what-if", default=True, show_default=True,
                      help="Evaluate the single changes that would lower the peak."),
         click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
@@ -583,11 +601,13 @@ Examples:
               "GPUs that fit sharded training (--shard).")
 def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
         dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-        offload: str, what_if: bool,
+        offload: str, hf: bool, what_if: bool,
         fmt: str, plot_file: str | None, debug: bool, search: str, **training_flags: Any) -> None:
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
     def work() -> None:
+        nonlocal model
+        model = _hf_files([model], training_flags["training"], training_flags["lora"])[0] if hf else model
         _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import fit as plan_fit  # (fit's and check's modules: start-up a report does not need
 
@@ -615,7 +635,7 @@ Example (a CI gate: exit 1 when it does not fit):
 @_plan_options
 def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
           dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-          offload: str, what_if: bool,
+          offload: str, hf: bool, what_if: bool,
           fmt: str, plot_file: str | None, debug: bool, **training_flags: Any) -> None:
     """Exit 0 when MODEL at its --dim values fits --budget SIZE (or --gpu NAME), 1 when it does not, 2 on bad input.
 
@@ -624,7 +644,8 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
     fits = True
 
     def work() -> None:
-        nonlocal fits
+        nonlocal fits, model
+        model = _hf_files([model], training_flags["training"], training_flags["lora"])[0] if hf else model
         _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import check as plan_check
 

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "for-loop", "fused")
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
+# The parameters LoRA trains (lora=True): PEFT names every adapter tensor '<module>.lora_<part>...' (lora_A,
+# lora_B, lora_embedding_A/B, lora_magnitude_vector: DoRA's), under the module it adapts; the rest is frozen.
+LORA_PATTERNS = ("*.lora_*",)
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,15 @@ class TrainingOptions:
     loss: str = "cross_entropy"  # a key of training/rules.py LOSSES, applied to the model's first float output
     batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
     optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
+    # LoRA: only the adapters train (LORA_PATTERNS added to `train`), the base model frozen
+    lora: bool = False
     # where PyTorch trains: a device's name (a key of onnxmem.targets.torch.DEVICES: "cuda", "cpu"), for that device
     # with its default options, or a device with its own (TorchCpu(threads=4, isa="avx2"))
     device: str | DeviceModel = "cuda"
+
+    def __post_init__(self) -> None:
+        if self.lora and not set(LORA_PATTERNS) <= set(self.train):
+            object.__setattr__(self, "train", (*self.train, *LORA_PATTERNS))
 
     @property
     def device_model(self) -> DeviceModel:

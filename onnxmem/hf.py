@@ -1,0 +1,359 @@
+"""Size a Hugging Face transformers model from its config.json alone: no weights, no hub (the `torch` extra and
+transformers).
+
+The model is built on PyTorch's meta device (every parameter has its shape and dtype, none has data) and exported
+with the dynamo exporter as onnxmem.torch.export_for_training does (train mode and no KV cache for a training
+estimate); each weight is written as external data in a sparse file that holds no byte on disk, so the file reads
+as the model's export to every command. Stacks of identical layers are exported twice and repeated in the graph
+(frontends/layers.py): a 70B config is sized in seconds.
+
+    with onnxmem.hf.exported("Llama-3-70B/config.json", training=True) as path:
+        report = onnxmem.analyze(path, {"batch": 1, "seq": 4096}, training=onnxmem.TrainingOptions())
+
+or onnxmem.hf.analyze("config.json", {"batch": 1, "seq": 4096}); on the command line, --hf: the MODEL argument is a
+config.json (or the folder that holds one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onnxmem.errors import ModelFileError, OnnxMemError, require_extra
+
+CONFIG_FILE = "config.json"
+# The task of an architecture, by the end of its class name (config.architectures[0]); the first that ends it.
+ARCHITECTURE_TASKS = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForSpeechSeq2Seq", "speech-seq2seq"),
+    ("ForConditionalGeneration", "seq2seq"),
+    ("ForSequenceClassification", "classifier"),
+    ("ForTokenClassification", "classifier"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForImageClassification", "vision"),
+)
+# Without architectures: the task of the first of transformers' Auto mappings that knows the config's model_type.
+TASK_MAPPINGS = (
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("vision", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("classifier", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
+TASKS = ("causal-lm", "seq2seq", "speech-seq2seq", "classifier", "masked-lm", "vision")
+# The example sizes the export traces at (the dims stay symbolic: batch, seq, decoder_seq).
+EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 16
+# What a failed export's message says, and the fix: (a text in the exporter's error, the fix).
+EXPORT_FIXES = (
+    ("DynamicCache", "the model returns its KV cache: set use_cache to false in the config"),
+    ("grouped_mm", "its experts kernel does not export: model.set_experts_implementation('batched_mm')"),
+    ("histc", "its experts kernel does not export: model.set_experts_implementation('batched_mm')"),
+    ("data-dependent", "its forward branches on tensor values: export it at fixed shapes with "
+                       "onnxmem.torch.export_for_training(model, inputs, path)"),
+    ("DataDependent", "its forward branches on tensor values: export it at fixed shapes with "
+                      "onnxmem.torch.export_for_training(model, inputs, path)"),
+)
+# The MoE experts kernel both exporters translate (transformers' default uses grouped_mm or histc).
+EXPERTS_IMPLEMENTATION = "batched_mm"
+# The rank of the adapters --lora adds to a config's model (PEFT's LoraConfig default).
+LORA_RANK = 8
+# Where the training step's estimate reads that the graph was traced in train mode (training/rules.py).
+_EXPORT_MODE_PROPERTY = "onnxmem.export_mode"
+
+
+@dataclass(frozen=True)
+class HfModel:
+    """What the export of a config made: the file, the model class, the task, its dims and parameters."""
+
+    path: Path
+    model_class: str
+    task: str
+    dims: tuple[str, ...]  # the symbolic dims of its inputs (batch, seq, ...)
+    parameters: int  # elements of the model's named_parameters (the whole model's: every layer)
+    parameter_bytes: int  # their bytes at the dtype they were built in
+    lora_parameters: int = 0  # of which LoRA adapters'
+
+
+def config_path(config: str | os.PathLike[str]) -> Path:
+    """Give the config.json a path names (the file, or the folder that holds one); raises ModelFileError."""
+    path = Path(config)
+    if path.is_dir():
+        path = path / CONFIG_FILE
+    if not path.is_file():
+        raise ModelFileError(f"{config}: no transformers config here (a config.json, or a folder holding one)")
+    return path
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: a config is all that is read
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except ImportError:
+        raise require_extra("transformers", "hf", "--hf (a model from its config)") from None
+    return transformers
+
+
+def load_config(config: str | os.PathLike[str]) -> Any:
+    """Give the transformers config a config.json holds (read locally; no hub)."""
+    path = config_path(config)
+    tf = _transformers()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelFileError(f"{path}: not a JSON config ({error})") from None
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if not model_type:
+        raise ModelFileError(f"{path}: no model_type: not a transformers config")
+    try:
+        return tf.AutoConfig.for_model(**data)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelFileError(f"{path}: transformers {tf.__version__} does not take this config ({error})") from None
+
+
+def model_class(config: Any, task: str | None = None) -> tuple[str, str]:
+    """Give the model class a config builds and its task: the config's first architecture, else the Auto mapping
+    of the task (the first of TASK_MAPPINGS that knows the model type)."""
+    import transformers.models.auto.modeling_auto as auto
+
+    architectures = [a for a in (getattr(config, "architectures", None) or []) if hasattr(_transformers(), a)]
+    for name in architectures:
+        found = next((t for end, t in ARCHITECTURE_TASKS if name.endswith(end)), None)
+        if found == "seq2seq" and getattr(config, "num_mel_bins", None):
+            found = "speech-seq2seq"
+        if found is not None and (task is None or task == found):
+            return name, found
+    for mapped, table in TASK_MAPPINGS:
+        names = getattr(auto, table, {})
+        if (task is None or task == mapped or (task == "seq2seq" and mapped == "speech-seq2seq")) \
+                and config.model_type in names:
+            return names[config.model_type], mapped
+    raise OnnxMemError(f"{config.model_type}: no model class for "
+                       f"{'task ' + task if task else 'any task onnxmem sizes'} ({', '.join(TASKS)}) in transformers")
+
+
+def _dtype(config: Any) -> Any:
+    import torch
+
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else torch.float32
+
+
+def _inputs(config: Any, task: str) -> tuple[dict[str, Any], dict[str, dict[int, str]]]:
+    """Give the example inputs of a task (on the meta device) and, per input, its symbolic axes' names."""
+    import torch
+
+    def ids(*shape: int) -> Any:
+        return torch.zeros(shape, dtype=torch.long, device="meta")
+
+    batch, seq = EXAMPLE_BATCH, EXAMPLE_SEQ
+    text = {0: "batch", 1: "seq"}
+    if task == "vision":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else size[0]
+        channels = getattr(config, "num_channels", 3)
+        pixels = torch.zeros((batch, channels, size, size), dtype=_dtype(config), device="meta")
+        return {"pixel_values": pixels}, {"pixel_values": {0: "batch"}}
+    if task == "speech-seq2seq":
+        frames = 2 * getattr(config, "max_source_positions", 1500)
+        features = torch.zeros((batch, config.num_mel_bins, frames), dtype=_dtype(config), device="meta")
+        return ({"input_features": features, "decoder_input_ids": ids(batch, seq)},
+                {"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: "decoder_seq"}})
+    if task == "seq2seq":
+        return ({"input_ids": ids(batch, seq), "decoder_input_ids": ids(batch, seq)},
+                {"input_ids": text, "decoder_input_ids": {0: "batch", 1: "decoder_seq"}})
+    return {"input_ids": ids(batch, seq)}, {"input_ids": text}
+
+
+def build(config: Any, task: str | None = None, *, lora: int | None = None) -> tuple[Any, str, str]:
+    """Give the model a config builds on the meta device (no weight data), its class name and task; with `lora`,
+    wrapped by PEFT with LoRA adapters of that rank on PEFT's default target modules for the architecture."""
+    import torch
+
+    tf = _transformers()
+    name, found = model_class(config, task)
+    config.use_cache = False
+    try:
+        with torch.device("meta"):
+            model = getattr(tf, name)._from_config(config, dtype=_dtype(config))
+            if hasattr(model, "set_experts_implementation") and _has_experts(model):
+                model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+            if lora is not None:
+                model = _with_lora(model, lora)
+    except OnnxMemError:
+        raise
+    except Exception as error:  # transformers raises many types; the user needs its message
+        raise OnnxMemError(f"{name}: cannot be built from this config without weights "
+                           f"({_first_line(error)})") from error
+    return model, name, found
+
+
+def _has_experts(model: Any) -> bool:
+    return any(type(m).__name__.endswith("Experts") for m in model.modules())
+
+
+def _with_lora(model: Any, rank: int) -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise require_extra("peft", "lora", "--lora with --hf (LoRA adapters)") from None
+    if rank < 1:
+        raise OnnxMemError(f"LoRA rank {rank}: must be at least 1")
+    # the model PEFT injects its adapters into (the PeftModel's forward takes **kwargs, which export cannot name):
+    # its parameters are named as its own named_parameters names them ('...q_proj.lora_A.default.weight')
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0))
+    return wrapped.get_base_model()
+
+
+def _first_line(error: BaseException) -> str:
+    """Give the first line of an error's innermost cause (the exporter wraps the reason in its own steps)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], *, training: bool = False,
+                  task: str | None = None, lora: int | None = None, repeat_layers: bool = True) -> HfModel:
+    """Write the ONNX export of the model a config.json describes at `path` (weights as external data in a sparse
+    file beside it, `path`.data, that holds no byte on disk) and give what was made.
+
+    Parameters
+    ----------
+    config : path
+        A transformers config.json, or the folder that holds one. Nothing is downloaded.
+    path : path
+        The ONNX file to write.
+    training : bool
+        Export as the model trains (train mode, no KV cache): the file a training estimate reads.
+    task : str, optional
+        causal-lm, seq2seq, speech-seq2seq, classifier, masked-lm or vision; default: the config's architecture.
+    lora : int, optional
+        Add LoRA adapters of this rank (PEFT's LoraConfig on its default target modules; the `lora` extra).
+    repeat_layers : bool
+        Export two layers of each stack of identical layers and repeat them in the graph (the same file, in a
+        fraction of the time); False: trace every layer.
+
+    Raises
+    ------
+    ModelFileError
+        No config there, or not one transformers reads.
+    OnnxMemError
+        The model cannot be built without weights, or exported (the message names the model class and the fix).
+    """
+    if task is not None and task not in TASKS:
+        raise OnnxMemError(f"unknown task '{task}': choose one of {', '.join(TASKS)}")
+    loaded = load_config(config)
+    model, name, found = build(loaded, task, lora=lora)
+    parameters = sum(p.numel() for p in model.parameters())
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    lora_parameters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    inputs, axes = _inputs(loaded, found)
+    target = Path(path)
+    _export(model, name, inputs, axes, target, training=training, repeat=repeat_layers)
+    dims = tuple(dict.fromkeys(d for per_input in axes.values() for d in per_input.values()))
+    return HfModel(target, name, found, dims, parameters, parameter_bytes, lora_parameters)
+
+
+def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]], target: Path, *,
+            training: bool, repeat: bool) -> None:
+    import onnx
+
+    from onnxmem.frontends.layers import cut_layer_stacks, repeat_layers
+    from onnxmem.torch import name_dims
+
+    model.train(training)
+    stacks = cut_layer_stacks(model) if repeat else {}
+    proto = _exported_proto(model, name, inputs, axes)
+    if stacks and not repeat_layers(proto, stacks):
+        raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
+                           "repeat_layers=False (every layer traced)")
+    name_dims(proto, list(axes.values()))
+    _store_weights_outside(proto, target)
+    properties = {p.key: p.value for p in proto.metadata_props}
+    if training:
+        properties[_EXPORT_MODE_PROPERTY] = "training"
+    onnx.helper.set_model_props(proto, properties)
+    onnx.save(proto, str(target))
+
+
+def _exported_proto(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]]) -> Any:
+    """Give the ONNX ModelProto of the dynamo export of a meta-device model: every weight an external tensor of
+    its dtype and shape (offsets set by _store_weights_outside)."""
+    import onnx_ir as ir
+    import torch
+
+    dynamic = {key: {axis: torch.export.Dim.DYNAMIC for axis in per_input} for key, per_input in axes.items()}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(model, (), kwargs=inputs, dynamo=True, optimize=False,
+                                        dynamic_shapes=dynamic)
+    except Exception as error:  # the exporter raises many types; the user needs its message and the fix
+        text = f"{_first_line(error)} {error}"
+        fix = next((f for key, f in EXPORT_FIXES if key in text), "export it yourself with "
+                   "onnxmem.torch.export_for_training(model, inputs, path) and run onnxmem on the file")
+        raise OnnxMemError(f"{name}: torch.onnx.export failed ({_first_line(error)}); fix: {fix}") from error
+    if program is None:
+        raise OnnxMemError(f"{name}: torch.onnx.export gave no program")
+    for value in program.model.graph.initializers.values():
+        tensor = value.const_value
+        raw = getattr(tensor, "raw", None)
+        if tensor is None or not isinstance(raw, torch.Tensor) or raw.device.type != "meta":
+            continue  # a constant the exporter made, with its data: kept in the file
+        value.const_value = ir.ExternalTensor("", 0, raw.numel() * raw.element_size(), tensor.dtype,
+                                              shape=ir.Shape(raw.shape), name=value.name or "")
+    return ir.serde.serialize_model(program.model)
+
+
+def _store_weights_outside(proto: Any, target: Path) -> None:
+    """Point every external weight of `proto` at its place in `target`.data, one after another, and make that
+    file: sparse, of their total size (nothing is written: onnxmem never reads weight data to size a model)."""
+    import onnx
+
+    location = f"{target.name}.data"
+    offset = 0
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entries = {e.key: e.value for e in tensor.external_data}
+        length = int(float(entries.get("length", "0")))
+        del tensor.external_data[:]
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+            tensor.external_data.add(key=key, value=value)
+        offset += length
+    with open(target.parent / location, "wb") as data:
+        data.truncate(offset)
+
+
+@contextlib.contextmanager
+def exported(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
+             lora: int | None = None) -> Iterator[HfModel]:
+    """Give the export of a config in a temporary folder (export_config), removed when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
+        yield export_config(config, Path(folder) / f"{config_path(config).parent.name or 'model'}.onnx",
+                            training=training, task=task, lora=lora)
+
+
+def analyze(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None, *, task: str | None = None,
+            lora: int | None = None, **options: Any) -> Any:
+    """Give the memory report of the model a config.json describes (onnxmem.analyze's, with its options); a
+    training estimate (training=TrainingOptions(...)) reads the train-mode export."""
+    from onnxmem.passes.pipeline import analyze as analyze_file
+
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+        return analyze_file(made.path, dims, **options)

@@ -1,0 +1,128 @@
+"""--hf: a model sized from its transformers config.json alone (onnxmem.hf): no weight data anywhere, no hub; the
+export's weights are the model's parameters at its dtype, and a stack of identical layers exported twice and
+repeated in the graph gives the same answers as tracing every layer."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxscript")
+# the PyPI torchvision wheel, which transformers imports, needs shared/tools/tvshim.py on the CPU build of torch
+_SHIM = next((d for d in (Path(__file__).resolve().parents[2] / "shared" / "tools", Path("/work/shared/tools"))
+              if (d / "tvshim.py").is_file()), None)
+if _SHIM is not None and "tvshim" not in sys.modules:
+    sys.path.insert(0, str(_SHIM))
+    __import__("tvshim")
+transformers = pytest.importorskip("transformers")
+
+import onnx  # noqa: E402
+
+import onnxmem  # noqa: E402
+import onnxmem.hf as hf  # noqa: E402
+from onnxmem.training.step import TrainingOptions  # noqa: E402
+
+from .cli import run  # noqa: E402
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+         "max_position_embeddings": 128, "dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: Any) -> Path:
+    folder = tmp_path_factory.mktemp("llama")
+    (folder / "config.json").write_text(json.dumps(LLAMA))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def made(config: Path, tmp_path_factory: Any) -> hf.HfModel:
+    return hf.export_config(config, tmp_path_factory.mktemp("export") / "llama.onnx", training=True)
+
+
+def _meta_model() -> Any:
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in LLAMA.items()
+                                                                          if k not in ("model_type", "dtype")}))
+
+
+def test_the_export_holds_every_parameter_at_the_config_dtype_and_no_weight_data(made: hf.HfModel) -> None:
+    model = _meta_model()
+    parameters = dict(model.named_parameters())
+    proto = onnx.load(str(made.path), load_external_data=False)
+    initializers = {t.name: t for t in proto.graph.initializer}
+    assert made.model_class == "LlamaForCausalLM" and made.task == "causal-lm"
+    assert made.parameters == sum(p.numel() for p in parameters.values())
+    assert made.parameter_bytes == made.parameters * 2  # bfloat16
+    for name, parameter in parameters.items():  # named as named_parameters names them, every layer's
+        assert name in initializers, name
+        assert list(initializers[name].dims) == list(parameter.shape), name
+        assert initializers[name].data_location == onnx.TensorProto.EXTERNAL
+    data = made.path.parent / f"{made.path.name}.data"
+    assert os.path.getsize(data) >= made.parameter_bytes
+    assert os.stat(data).st_blocks * 512 < 1 << 20  # sparse: nothing written
+
+
+def test_the_training_report_counts_the_models_parameters(made: hf.HfModel) -> None:
+    report = onnxmem.analyze(made.path, {"batch": 1, "seq": 32}, training=TrainingOptions(device="cpu"))
+    assert report.training is not None
+    assert report.training.parameters == made.parameters
+    assert report.training.trainable_parameters == made.parameters
+    assert report.inference.weights_bytes >= made.parameter_bytes
+    assert "missing-external-data" not in {w.code for w in report.warnings}
+
+
+def test_repeated_layers_answer_as_every_layer_traced(config: Path, made: hf.HfModel, tmp_path: Path) -> None:
+    traced = hf.export_config(config, tmp_path / "traced.onnx", training=True, repeat_layers=False)
+    options = TrainingOptions(device="cpu")
+    a = onnxmem.analyze(made.path, {"batch": 2, "seq": 32}, training=options)
+    b = onnxmem.analyze(traced.path, {"batch": 2, "seq": 32}, training=options)
+    assert a.training is not None and b.training is not None
+    assert (a.nodes, a.inference.weights_bytes, a.inference.peak_bytes) == \
+        (b.nodes, b.inference.weights_bytes, b.inference.peak_bytes)
+    assert a.training.first_step.peak_bytes == b.training.first_step.peak_bytes
+    assert a.training.saved_activation_bytes == b.training.saved_activation_bytes
+
+
+def test_report_hf_on_the_command_line(config: Path) -> None:
+    code, out, err = run("report", "--hf", str(config), "--dim", "batch=1", "--dim", "seq=64", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    model = _meta_model()
+    assert document["inference"]["weights_bytes"] >= sum(p.numel() * 2 for p in model.parameters())
+
+
+def test_report_hf_training_with_lora_trains_the_adapters_only(config: Path) -> None:
+    pytest.importorskip("peft")
+    code, out, err = run("report", "--hf", str(config), "--training", "--lora", "--dim", "batch=1", "--dim",
+                         "seq=64", "--format", "json")
+    assert code == 0, err
+    training = json.loads(out)["training"]
+    # PEFT's default LoraConfig on Llama: rank 8 on q_proj and v_proj of every layer: A [8, in] and B [out, 8]
+    d = LLAMA["hidden_size"]
+    kv = d // LLAMA["num_attention_heads"] * LLAMA["num_key_value_heads"]
+    per_layer = (8 * d + d * 8) + (8 * d + kv * 8)
+    assert training["trainable_parameters"] == LLAMA["num_hidden_layers"] * per_layer
+    assert training["parameters"] == sum(p.numel() for p in _meta_model().parameters()) + \
+        training["trainable_parameters"]
+
+
+def test_check_hf_training_answers(config: Path) -> None:
+    code, out, err = run("check", "--hf", str(config), "--training", "--dim", "batch=1", "--dim", "seq=64",
+                         "--budget", "1TiB", "--format", "json", "--no-what-if")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["mode"] == "training" and document["fits"]
+
+
+def test_a_missing_config_is_one_line(tmp_path: Path) -> None:
+    code, _, err = run("report", "--hf", str(tmp_path))
+    assert code == 2
+    assert "no transformers config here" in err
