@@ -173,13 +173,15 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
     phases = list(dict.fromkeys(series.phases))
     parts = [_y_grid(ticks, y)]
     base = series.baseline_bytes
+    base_box = None  # (left, right, baseline y) of its label, which the peak's label must not cover
     if base:  # what the whole run holds (weights and inputs), in grey under the bars
+        text = f"weights + inputs {format_bytes(base)}" + (f" (axis from {format_bytes(floor)})" if floor else "")
+        base_y = min(y(floor) - 4, y(base) + 13)
+        base_box = (_PAD_L + 6, _PAD_L + 6 + _CHAR * len(text), base_y)
         parts.append(f'<rect x="{_PAD_L}" y="{y(base):.1f}" width="{_W - _PAD_L - _PAD_R}" '
                      f'height="{y(floor) - y(base):.1f}" fill="#bbbbbb" fill-opacity="0.5"><title>weights and '
                      f"inputs: {escape(format_bytes(base))}</title></rect>"
-                     f'<text x="{_PAD_L + 6}" y="{min(y(floor) - 4, y(base) + 13):.1f}" font-size="11" fill="#444">'
-                     f"weights + inputs {escape(format_bytes(base))}"
-                     f"{escape(f' (axis from {format_bytes(floor)})') if floor else ''}</text>")
+                     f'<text x="{_PAD_L + 6}" y="{base_y:.1f}" font-size="11" fill="#444">{escape(text)}</text>')
     for i, value in enumerate(series.live_bytes):
         colour = _PHASE_COLOURS.get(series.phases[i], "#4c72b0")
         bottom = max(base, floor)
@@ -206,6 +208,10 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
         text = f"peak {format_bytes(peak)}: {_short(series.peak_label)}"
         label_y = max(py - 4, _PAD_T + 11)
         span = _CHAR * len(text)
+        left_x = label_x - span if anchor == "end" else label_x
+        if base_box is not None and left_x < base_box[1] and base_box[0] < left_x + span and \
+                abs(label_y - base_box[2]) < 13:  # over the weights' label: above it
+            label_y = max(base_box[2] - 14, _PAD_T + 11)
         peak_box = (label_x - span if anchor == "end" else label_x, label_x if anchor == "end" else label_x + span,
                     label_y)
         parts.append(f'<text x="{label_x:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="{anchor}" '
