@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import TensorProto
@@ -17,6 +18,9 @@ from onnx import TensorProto
 from onnxmem.ir.dtypes import tensor_bytes
 from onnxmem.ir.tensor_types import TensorType
 from onnxmem.views.report import Warning
+
+if TYPE_CHECKING:
+    from onnxmem.ir.graph import ModelGraph
 
 Shape = tuple[int, ...]
 # (the node's input shapes, sized; its constant integer inputs by slot, where known; its attributes) ->
@@ -81,19 +85,21 @@ DATA_DEPENDENT: dict[str, DataDependent] = {
 DATA_DEPENDENT_DIMS = frozenset(entry.dim for entry in DATA_DEPENDENT.values())
 
 
-def data_dependent_nodes(model: onnx.ModelProto) -> list[int]:
+def data_dependent_nodes(model: onnx.ModelProto, wiring: ModelGraph | None = None) -> list[int]:
     """Give the indices of the main graph's nodes whose output size may depend on the data: every NonZero and
     NonMaxSuppression, and each TopK whose k is no constant (a k computed from sizes is a shape value: sizing
-    finds it, and the TopK is bounded only where it does not)."""
+    finds it, and the TopK is bounded only where it does not). `wiring`: the model's graph, where the caller has
+    built it (its ops are read faster than the model's nodes)."""
+    nodes = model.graph.node
+    if wiring is not None:
+        found = [op.index for op in wiring.ops if op.op_type in DATA_DEPENDENT and op.domain in ("", "ai.onnx")]
+    else:
+        found = [i for i, node in enumerate(nodes) if node.op_type in DATA_DEPENDENT and node.domain in ("", "ai.onnx")]
+    if not any(nodes[i].op_type == "TopK" for i in found):
+        return found
     constants = _constant_names(model)
-    found = []
-    for index, node in enumerate(model.graph.node):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in DATA_DEPENDENT:
-            continue
-        if node.op_type == "TopK" and (len(node.input) < 2 or node.input[1] in constants):
-            continue
-        found.append(index)
-    return found
+    return [i for i in found if nodes[i].op_type != "TopK" or (len(nodes[i].input) > 1
+                                                                and nodes[i].input[1] not in constants)]
 
 
 def _constant_names(model: onnx.ModelProto) -> set[str]:

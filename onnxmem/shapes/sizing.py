@@ -53,7 +53,7 @@ def bind_and_infer(model: ModelProto, dims: Mapping[str, int], default_dim: int 
     its wiring from the model again; `free`, the model's input_dims where the caller has them.
     """
     free = input_dims(model) if free is None else free
-    data_dependent = data_dependent_nodes(model)
+    data_dependent = data_dependent_nodes(model, graph)
     if data_dependent:  # the counts a user binds by name (bounds.DATA_DEPENDENT) are no input dims
         counts = {name: value for name, value in dims.items() if name in DATA_DEPENDENT_DIMS}
         _check_counts(counts)
