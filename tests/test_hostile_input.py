@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from pathlib import Path
 
 import onnx
@@ -133,22 +132,18 @@ def test_a_fifo_whose_writer_stalls_is_refused(tmp_path: Path, monkeypatch: pyte
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)
     monkeypatch.setattr(load, "PIPE_WAIT_S", 0.2)
-    done = threading.Event()
-
-    def stall() -> None:
-        with open(fifo, "wb") as writer:  # opens once the reader has, writes a few bytes, then holds it open
-            writer.write(_loop(3).SerializeToString()[:10])
-            writer.flush()
-            done.wait(30)
-
-    thread = threading.Thread(target=stall)
-    thread.start()
+    # The writer is this process, ready before the reader opens: a FIFO opened for reading and writing opens at
+    # once, and its first bytes wait in the pipe (a writer thread raced the reader's wait on a busy machine, and
+    # blocked for ever in open() where the reader had given up first).
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     try:
+        os.write(writer, _loop(3).SerializeToString()[:10])
         with pytest.raises(onnxmem.ModelFileError, match="a pipe that gave no bytes"):
             onnxmem.analyze(str(fifo), {})
+        with pytest.raises(BlockingIOError):  # the reader took the first bytes, then waited for more
+            os.read(writer, 16)
     finally:
-        done.set()
-        thread.join()
+        os.close(writer)
 
 
 def test_a_socket_and_devices_are_refused_unopened(tmp_path: Path) -> None:

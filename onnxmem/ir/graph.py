@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import onnx
 from onnx import AttributeProto, GraphProto
 
-from onnxmem.errors import ModelFileError
+from onnxmem.errors import ModelFileError, quoted
 from onnxmem.ir.modelcheck import weight_bytes_by_dtype
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from onnxmem.shapes.rules import SHAPE_RULES, rule_key
@@ -306,6 +306,10 @@ class _Builder:
                     if tensor.kind != "?":
                         raise ModelFileError(
                             f"invalid graph: tensor '{oname}' is produced twice (again by node '{name}')")
+                    if op_index in tensor.consumers:  # (a cycle of one node: the order's cycle check sees none)
+                        raise ModelFileError(
+                            f"invalid graph: it has a cycle through nodes {name} (it reads its own output "
+                            f"{quoted(oname)})")
                     tensor.kind = out_kind
                     tensor.producer = op_index
                 op_outputs.append(existing)

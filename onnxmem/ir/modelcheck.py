@@ -50,6 +50,12 @@ PROBLEMS: dict[str, str] = {
     "body-arity": "node {node} ({op_type}): its {attribute} graph has {actual} {part} where the node needs "
                   "{expected}",
     "recursive-function": "local function {name} calls itself ({path}): a model must not recurse",
+    "too-many-values": "{what}: {count:,} {part}, more than the {limit:,} onnxmem analyses (no model needs as many; "
+                       "the work grows with each)",
+    "sparse-initializer": "sparse initializer {name} ({dtype}, dims {dims}){scope}: sparse initializers are not "
+                          "supported (onnxruntime makes them dense at session creation); store it as a dense "
+                          "initializer",
+    "external-entry": "{what} {name}: external-data {key} {value} {problem}",
 }
 
 # What the installed onnx does not know but leaves the estimate standing, by code (the warning's stable code).
@@ -63,6 +69,8 @@ WARNINGS: dict[str, str] = {
                         "creation, as the main graph's): {places}",
 }
 
+# The most inputs, or outputs, one graph may declare (a stateful decoder has two per layer; 10^6 took over a minute).
+MAX_GRAPH_VALUES = 2**18
 # The longest integer vector declared on a graph input that is given to ONNX's shape inference: its data
 # propagation holds such a vector as a shape of that many dims (2^40 takes minutes and terabytes).
 LONGEST_INT_VECTOR = 1 << 20
@@ -111,6 +119,7 @@ def check_model(model: ModelProto, where: str, data: bytes | None = None) -> Che
     walk = _walk(model)
     external: dict[str, int] = {}
     for graph in walk.graphs:
+        _check_counts(graph, where, graph is not model.graph)
         _check_initializers(graph, where, external, graph is not model.graph)
         _check_values(graph, where)
     for nodes in walk.with_constants:
@@ -288,8 +297,8 @@ def _check_functions(model: ModelProto, where: str) -> None:
     if not model.functions:
         return
     calls: dict[tuple[str, str], set[tuple[str, str]]] = {}
-    for function in model.functions:
-        calls[(function.domain, function.name)] = {(n.domain, n.op_type) for n in function.node}
+    for function in model.functions:  # (a call inside a body the function holds is a call all the same)
+        calls[(function.domain, function.name)] = {(n.domain, n.op_type) for n in _every_node(function.node)}
     for key in calls:
         calls[key] &= calls.keys()
     done: set[tuple[str, str]] = set()
@@ -319,6 +328,18 @@ def _check_functions(model: ModelProto, where: str) -> None:
                 path.append(callee)
                 on_path.add(callee)
                 stack.append((callee, iter(sorted(calls[callee]))))
+
+
+def _every_node(nodes: Sequence[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Give the nodes and those of every graph they hold, at any depth (iteratively: nesting depth is the file's)."""
+    stack = [nodes]
+    while stack:
+        for node in stack.pop():
+            yield node
+            if node.op_type not in CONTROL_FLOW and node.domain in _STANDARD:
+                continue
+            for attribute in node.attribute:
+                stack.extend(graph.node for graph in _attribute_graphs(attribute))
 
 
 def _function_name(key: tuple[str, str]) -> str:
@@ -432,6 +453,18 @@ def _attribute_graphs(attribute: AttributeProto) -> list[GraphProto]:
 
 def _check_initializers(graph: GraphProto, where: str, external: dict[str, int], nested: bool) -> None:
     _check_tensors(graph.initializer, where, external, nested, graph.name, "initializer")
+    for sparse in graph.sparse_initializer:
+        scope = f" (in graph {quoted(graph.name)})" if nested else ""
+        raise _fail(where, "sparse-initializer", name=quoted(sparse.values.name), dims=list(sparse.dims),
+                    dtype=dtype_name(sparse.values.data_type), scope=scope)
+
+
+def _check_counts(graph: GraphProto, where: str, nested: bool) -> None:
+    """Raise where a graph declares more inputs or outputs than MAX_GRAPH_VALUES."""
+    for values, part in ((graph.input, "inputs"), (graph.output, "outputs")):
+        if len(values) > MAX_GRAPH_VALUES:
+            what = f"graph {quoted(graph.name)}" if nested else "the main graph"
+            raise _fail(where, "too-many-values", what=what, count=len(values), part=part, limit=MAX_GRAPH_VALUES)
 
 
 def _check_constants(nodes: Iterable[onnx.NodeProto], where: str, external: dict[str, int]) -> None:
@@ -480,8 +513,27 @@ def _check_tensors(initializers: Iterable[TensorProto], where: str, external: di
                                 location=quoted(location), problem=problem)
                 known = 0
             external[location] = known + 1
+            if len(entries) > 1:
+                _check_entries(tensor, where, count, what, label)
         else:
             _check_data(tensor, where, count, what, label)
+
+
+def _check_entries(tensor: TensorProto, where: str, count: int, what: str, label: str) -> None:
+    """Raise where an external-data offset or length is not a non-negative decimal integer, or a length is not
+    the bytes the tensor's dims need (onnx and onnxruntime refuse both when they read the data)."""
+    for entry in tensor.external_data:
+        key, value = entry.key, entry.value
+        if key != "offset" and key != "length":
+            continue
+        if not (value.isascii() and value.isdigit()):
+            raise _fail(where, "external-entry", what=what, name=_shown(tensor, label), key=key,
+                        value=quoted(value), problem="is not a non-negative integer")
+        needed = tensor_bytes(tensor.data_type, count)
+        if key == "length" and needed is not None and int(value) != needed:
+            raise _fail(where, "external-entry", what=what, name=_shown(tensor, label), key=key, value=value,
+                        problem=f"is not the {needed:,} bytes its dims need ({dtype_name(tensor.data_type)}, dims "
+                                f"{list(tensor.dims)})")
 
 
 def _shown(tensor: TensorProto, label: str) -> str:
