@@ -19,6 +19,7 @@ from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
 from onnxmem.targets.torch.base import DeviceModel, NodeContext, NodeFacts
 from onnxmem.training.export import (
     Restored,
+    _module_classes,
     fuse_aten_groups,
     fuse_decomposed,
     read_recurrent_weights,
@@ -29,6 +30,7 @@ from onnxmem.training.rules import (
     ATEN_VIEWS,
     AUTOCAST_LOW_PRECISION,
     DEFAULT_SAVES,
+    GRAD_REENABLING_MODULES,
     GRAPH_SIGNATURE_PROPERTY,
     LOSSES,
     NON_DIFFERENTIABLE_INPUTS,
@@ -94,6 +96,9 @@ class StepModel:
     library: object = None
     # freeze/train patterns that reach a tied weight by a name PyTorch's named_parameters does not give it
     tied_patterns: tuple[str, ...] = ()
+    # modules whose forward makes their input require a gradient (rules.py GRAD_REENABLING_MODULES), where that
+    # makes frozen ops keep activations
+    reenabling_modules: tuple[str, ...] = ()
 
 
 def _autocast_fp32(node: StepNode, device: DeviceModel) -> bool:
@@ -132,7 +137,14 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     params, frozen, unmatched, tied_patterns = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options, device)
     roots = _storage_roots(values, nodes, graph)
-    needs_grad, differentiable = _gradient_flow(values, nodes, params)
+    seeds, reenabling = _reenabled_inputs(values, nodes)
+    needs_grad, differentiable = _gradient_flow(values, nodes, params, seeds)
+    if reenabling:  # named where it makes frozen weighted ops run a backward (else the modules train anyway)
+        without = _gradient_flow(values, nodes, params)[1]
+        frozen_set = set(frozen)
+        if not any(differentiable[n] and not without[n] and any(t in frozen_set for t in node.inputs)
+                   for n, node in enumerate(nodes)):
+            reenabling = ()
     needs = _BackwardNeeds()
     for n, node in enumerate(nodes):
         if differentiable[n]:
@@ -147,7 +159,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
                   n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
                   needs.forward_temporaries, needs.autograd_nodes,
                   device.library_uses(nodes, values, needs_grad, differentiable, options.precision),
-                  tied_patterns=tied_patterns)
+                  tied_patterns=tied_patterns, reenabling_modules=reenabling)
 
 
 def _module_scopes(layer: str) -> list[str]:
@@ -379,11 +391,27 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
     return [find(t) for t in range(len(values))]
 
 
-def _gradient_flow(values: list[StepValue], nodes: list[StepNode], params: list[int]) -> tuple[list[bool], list[bool]]:
-    """Give what needs a gradient (trainable parameters and what is computed from them), per value, and which
-    nodes have a backward, per node."""
+def _reenabled_inputs(values: list[StepValue], nodes: list[StepNode]) -> tuple[list[int], tuple[str, ...]]:
+    """Give the float activations read by the ops of modules that make their input require a gradient
+    (rules.py GRAD_REENABLING_MODULES), and those modules' class names."""
+    seeds: list[int] = []
+    classes: set[str] = set()
+    for node in nodes:
+        found = [c.rsplit(".", 1)[-1] for c in _module_classes(node.layer)]
+        hit = next((c for c in found if c in GRAD_REENABLING_MODULES), None)
+        if hit is None:
+            continue
+        classes.add(hit)
+        seeds.extend(t for t in node.inputs if t >= 0 and values[t].is_float and values[t].kind != WEIGHT)
+    return seeds, tuple(sorted(classes))
+
+
+def _gradient_flow(values: list[StepValue], nodes: list[StepNode], params: list[int],
+                   seeds: Sequence[int] = ()) -> tuple[list[bool], list[bool]]:
+    """Give what needs a gradient (trainable parameters, activations the model's code makes require one, and what
+    is computed from them), per value, and which nodes have a backward, per node."""
     needs_grad = [False] * len(values)
-    for t in params:
+    for t in (*params, *seeds):
         needs_grad[t] = True
     differentiable = [False] * len(nodes)
     for n, node in enumerate(nodes):

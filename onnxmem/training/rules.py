@@ -228,6 +228,15 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
                                                             attention_masks=1, repeated_kv=True),
 }
 
+# modules whose forward makes its input require a gradient in train mode, whatever their parameters' requires_grad:
+# transformers' speech feature encoders (`if self._requires_grad and self.training: hidden_states.requires_grad =
+# True`, unless model.freeze_feature_encoder() cleared _requires_grad), so a frozen encoder keeps its activations
+GRAD_REENABLING_MODULES: frozenset[str] = frozenset({
+    "Wav2Vec2FeatureEncoder", "Wav2Vec2ConformerFeatureEncoder", "Data2VecAudioFeatureEncoder", "HubertFeatureEncoder",
+    "SEWFeatureEncoder", "SEWDFeatureEncoder", "SpeechT5FeatureEncoder", "UniSpeechFeatureEncoder",
+    "UniSpeechSatFeatureEncoder", "WavLMFeatureEncoder",
+})
+
 # ATen ops whose rule changes when the export shows dropout inside them (a Dropout node among the op's nodes).
 ATEN_WITH_DROPOUT: dict[str, str] = {"scaled_dot_product_attention": "scaled_dot_product_attention(dropout)"}
 

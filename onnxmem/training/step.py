@@ -215,6 +215,11 @@ def _assumptions(graph: ModelGraph, model: StepModel, options: TrainingOptions, 
                      "parameter groups list the module paths)")
     notes.extend(options.device_model.unmodelled(model.nodes, model.values, model.needs_grad, model.differentiable,
                                                  options.precision))
+    if model.reenabling_modules:
+        notes.append(f"[grad-reenabled] {', '.join(model.reenabling_modules)} make(s) its input require a gradient "
+                     "in train mode (transformers: `hidden_states.requires_grad = True` unless "
+                     "model.freeze_feature_encoder() was called), so its frozen ops keep their activations and are "
+                     "counted; after freeze_feature_encoder() the estimate is high by those activations")
     if model.tied_patterns:
         notes.append(f"[tied-weight-pattern] {'; '.join(model.tied_patterns)}: a weight tied to another module "
                      "is listed once by PyTorch's named_parameters, under the module that registered it first, so "
