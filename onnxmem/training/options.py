@@ -22,6 +22,40 @@ PHASES = ("data", "forward", "loss", "backward", "optimizer")
 LORA_PATTERNS = ("*.lora_*",)
 
 
+
+@dataclass(frozen=True)
+class QuantizedBase:
+    """How bitsandbytes stores a frozen base weight (QLoRA's 4-bit, LLM.int8's 8-bit): `bits` per weight, packed;
+    one absmax scale per `blocksize` weights (None: one per row), fp32, or with `nested_blocksize`, the scales
+    themselves quantized to uint8 in blocks of that many with an fp32 absmax each and one fp32 offset
+    (bnb_4bit_use_double_quant; quantize_4bit(compress_statistics=True))."""
+
+    bits: int
+    blocksize: int | None
+    nested_blocksize: int | None = None
+
+    def nbytes(self, numel: int, rows: int) -> int:
+        """Give the bytes of one weight of `numel` elements in `rows` rows: its packed data and its scales (the
+        code tables, 16 or 256 fp32 values that every weight's state shares, aside)."""
+        data = (numel * self.bits + 7) // 8
+        if self.blocksize is None:
+            return data + rows * 4  # LLM.int8: one fp32 scale per row (SCB)
+        blocks = -(-numel // self.blocksize)
+        if self.nested_blocksize is None:
+            return data + blocks * 4
+        return data + blocks + -(-blocks // self.nested_blocksize) * 4 + 4
+
+
+# The precisions a frozen base's Linear weights may be stored at (QLoRA: nf4 with double quantization, its paper's
+# and transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True) layout).
+BASE_PRECISIONS = {
+    "nf4": QuantizedBase(4, 64, 256),
+    "fp4": QuantizedBase(4, 64, 256),
+    "nf4-no-double-quant": QuantizedBase(4, 64),
+    "int8": QuantizedBase(8, None),
+}
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
     """How the model is trained: optimizer, precision, what is trainable, accumulation, checkpointing."""

@@ -1,0 +1,133 @@
+"""--hf at scale: wall time and peak memory of `onnxmem report/fit --hf CONFIG` on full-size configs, and the
+weights it counts against the model's own parameters.
+
+    python benchmarks/hf_config.py [--configs llama3-70b,mixtral-8x7b,whisper-large-v3] [--out DIR]
+
+The configs are written by this script (the published shapes of Llama-3-70B, Mixtral-8x7B and Whisper-large-v3;
+nothing is downloaded: HF_HUB_OFFLINE=1). Each command runs in its own process (the CLI, after
+shared/tools/tvshim.py), timed from start to exit; its peak RSS is the process's own (os.wait4's ru_maxrss).
+Rows: report (inference), report --training --precision amp-bf16, fit --gpu H100-80GB (inference, the batch).
+Weights: the model built on the meta device in this process gives its parameter count and their bytes at the
+config's dtype; the report's training.parameters must equal the count, and inference.weights_bytes less the
+parameters' bytes is what else the graph holds as weights (the rotary tables, the exporter's constants).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from benchmarks.zoo import SHIM_DIR  # noqa: E402
+
+CONFIGS = {
+    "llama3-70b": ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8192,
+                    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+                    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+                    "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                    "bos_token_id": 128000, "eos_token_id": 128001, "dtype": "bfloat16"},
+                   {"batch": 1, "seq": 4096}),
+    "mixtral-8x7b": ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 4096,
+                      "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                      "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+                      "num_local_experts": 8, "num_experts_per_tok": 2, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+                      "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16"},
+                     {"batch": 1, "seq": 4096}),
+    "whisper-large-v3": ({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"],
+                          "d_model": 1280, "encoder_layers": 32, "decoder_layers": 32, "encoder_attention_heads": 20,
+                          "decoder_attention_heads": 20, "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120,
+                          "num_mel_bins": 128, "max_source_positions": 1500, "max_target_positions": 448,
+                          "vocab_size": 51866, "pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50257,
+                          "decoder_start_token_id": 50258, "dtype": "float16"},
+                         {"batch": 1, "decoder_seq": 448}),
+}
+COMMANDS = (
+    ("report", ["report", "--format", "json"]),
+    ("report --training amp-bf16", ["report", "--format", "json", "--training", "--precision", "amp-bf16"]),
+    ("fit H100-80GB", ["fit", "--gpu", "H100-80GB", "--format", "json", "--no-what-if"]),
+)
+# The CLI in a process of its own, after the shim that lets torchvision (imported by transformers) load.
+RUNNER = ("import sys; sys.path.insert(0, {shim!r}); import tvshim; sys.path.insert(0, {root!r}); "
+          "from onnxmem.cli.commands import main; main(sys.argv[1:])")
+
+
+def run_cli(arguments: list[str]) -> tuple[float, int, int, str]:
+    """Give the wall time, the peak RSS in bytes, the exit code and the stdout of one CLI process."""
+    code = RUNNER.format(shim=str(SHIM_DIR), root=str(ROOT))
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        process = subprocess.Popen([sys.executable, "-c", code, *arguments], stdout=out,
+                                   stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        text = out.read().decode()
+    return wall, usage.ru_maxrss * 1024, process.returncode, text
+
+
+def parameters_of(config: Path) -> tuple[int, int]:
+    """Give the elements and bytes of the parameters of the model the config builds (meta device)."""
+    import onnxmem.hf as hf
+
+    model, _, _ = hf.build(hf.load_config(config))
+    return (sum(p.numel() for p in model.parameters()),
+            sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--out", default=None, help="where to write the configs (default: a temporary folder)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(SHIM_DIR))
+    __import__("tvshim")
+    folder = Path(args.out or tempfile.mkdtemp(prefix="onnxmem-hf-bench-"))
+    print("| config | command | wall s | peak RSS MiB | exit | answer |")
+    print("|---|---|---:|---:|---:|---|")
+    checks = []
+    for name in args.configs.split(","):
+        values, dims = CONFIGS[name]
+        config = folder / name / "config.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps(values))
+        count, nbytes = parameters_of(config)
+        bound = [a for d, v in dims.items() for a in ("--dim", f"{d}={v}")]
+        for label, command in COMMANDS:
+            wall, rss, code, text = run_cli([*command, "--hf", str(config.parent), *bound])
+            answer = "-"
+            if code in (0, 1) and text.strip():
+                document = json.loads(text)
+                if "inference" in document:
+                    inference, training = document["inference"], document.get("training")
+                    answer = f"weights {inference['weights_bytes']:,} B, peak {inference['peak_bytes']:,} B"
+                    if training:
+                        answer += f"; training peak {training['peak_bytes']:,} B"
+                        checks.append((name, count, training["parameters"], nbytes, inference["weights_bytes"]))
+                    elif label == "report":
+                        checks.append((name, count, None, nbytes, inference["weights_bytes"]))
+                else:
+                    answer = f"{document.get('dim')} max {document.get('max_value')}"
+            print(f"| {name} | {label} | {wall:.1f} | {rss / 2**20:,.0f} | {code} | {answer} |", flush=True)
+    print()
+    print("| config | parameters (model) | parameters (report) | equal | parameter bytes (count x dtype) | "
+          "weights_bytes (report) | other weights |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    for name, count, reported, nbytes, weights in checks:
+        print(f"| {name} | {count:,} | {'-' if reported is None else f'{reported:,}'} | "
+              f"{'-' if reported is None else ('yes' if reported == count else 'NO')} | {nbytes:,} | {weights:,} | "
+              f"{weights - nbytes:,} |")
+
+
+if __name__ == "__main__":
+    main()
