@@ -322,6 +322,37 @@ def data_propagation(folder: Path) -> list[Path]:
     return _save(folder, {"float_vector_2e25": vector, "range_2e40": ranged, "constant_of_shape_2e40": filled})
 
 
+EMBEDDED_BYTES = 64 * 2**20
+
+
+def embedded_weights(folder: Path) -> list[Path]:
+    """A 64 MiB weight embedded in the file: an initializer, a Constant's value, a Constant in an If branch, and
+    an INT64 Constant (kept whole: passes decode such values); memory must stay a small multiple of the file."""
+    import numpy
+    from onnx import numpy_helper
+
+    rows = EMBEDDED_BYTES // 4096
+    weight = numpy_helper.from_array(numpy.ones((rows, 1024), numpy.float32), "w")
+    dims: list[int | str] = [rows, 1024]
+    add = helper.make_node("Add", ["x", "w"], ["y"])
+    constant = helper.make_node("Constant", [], ["w"], value=weight)
+    branch = helper.make_graph([helper.make_node("Constant", [], ["w_then"], value=weight)], "then", [],
+                               [_value("w_then", dims)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["w_else"])], "else", [], [_value("w_else", dims)])
+    integers = numpy_helper.from_array(numpy.ones((rows // 2, 1024), numpy.int64), "w")
+    models = {
+        "embedded_initializer": _model([add], [_value("x", dims)], [_value("y", dims)], [weight]),
+        "embedded_constant": _model([constant, add], [_value("x", dims)], [_value("y", dims)]),
+        "embedded_in_if": _model([helper.make_node("If", ["c"], ["w"], then_branch=branch, else_branch=other), add],
+                                 [_value("x", dims), _value("c", [], TensorProto.BOOL)], [_value("y", dims)]),
+        "embedded_int64_constant": _model([helper.make_node("Constant", [], ["w"], value=integers),
+                                           helper.make_node("Add", ["x", "w"], ["y"])],
+                                          [_value("x", [rows // 2, 1024], TensorProto.INT64)],
+                                          [_value("y", [rows // 2, 1024], TensorProto.INT64)]),
+    }
+    return _save(folder, models)
+
+
 def _save(folder: Path, models: dict[str, onnx.ModelProto]) -> list[Path]:
     paths = []
     for name, model in models.items():
@@ -335,6 +366,7 @@ CLASSES: dict[str, Callable[[Path], list[Path]]] = {
     "huge dims": huge_dims, "deep nesting": deep_nesting, "many values": many_values, "long names": long_names,
     "wiring": wiring, "odd initializers": odd_initializers, "sparse": sparse, "external data": external_data,
     "opsets": opsets, "functions": functions, "loops": loops, "data propagation": data_propagation,
+    "embedded weights": embedded_weights,
 }
 
 # --- running ---------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.hostile_corpus import CLASSES, run
+from benchmarks.hostile_corpus import CLASSES, EMBEDDED_BYTES, run
 
 ADDRESS_SPACE = 4 * 2**30
 TIMEOUT_SECONDS = 120  # a run takes a second or a few (benchmarks/hostile_corpus.py); the limit is for a hang
@@ -39,4 +39,7 @@ def test_every_hostile_model_is_answered_or_refused_in_one_line(tmp_path: Path, 
             assert outcome.verdict in ("answer", "clean error"), (outcome.verdict, *context)
             assert (outcome.verdict == "clean error") == (model.stem in REFUSED), context
             assert outcome.written == (), context
+            if model.stem.startswith("embedded_") and "int64" not in model.stem:
+                # memory: the file's bytes once and the interpreter (110 MB measured; 307-575 MB before ir.embedded)
+                assert outcome.max_rss_bytes < EMBEDDED_BYTES + 200 * 2**20, (outcome.max_rss_bytes, *context)
 
