@@ -187,8 +187,10 @@ def test_swish_written_as_x_times_sigmoid_is_a_recompute_candidate() -> None:
 
 def test_mixed_precision_keeps_16_bit_copies_and_fp32_master_state() -> None:
     # amp-fp16: MatMul runs on a 16-bit copy of x (4x256x2 = 2048 bytes, kept for backward) and of W (cached:
-    # 256x128x2); its output is 16-bit (4x128x2). LogSoftmax runs in fp32: 2048 bytes kept.
-    # Weights, gradients and AdamW states stay fp32.
+    # 256x128x2); its output is 16-bit (4x128x2). On CUDA F.cross_entropy's log_softmax runs at the logits' width
+    # (1024 bytes kept) and nll_loss keeps an fp32 copy of the log-probabilities (2048; the H100 rows' loss phase);
+    # on CPU autocast runs the whole loss in fp32 (LogSoftmax keeps 2048). Weights, gradients and AdamW states stay
+    # fp32.
     model = graphs.model(
         [oh.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
         [graphs.value("x", [4, 256])], [graphs.value("y", [4, 128])], [weight("W", [256, 128])])
@@ -197,7 +199,9 @@ def test_mixed_precision_keeps_16_bit_copies_and_fp32_master_state() -> None:
     assert amp.weights_bytes == 256 * 128 * 4
     assert amp.gradient_bytes == 256 * 128 * 4
     assert amp.optimizer_state_bytes == 2 * 256 * 128 * 4 + 4
-    assert amp.saved_activation_bytes == 4 * 256 * 2 + 4 * 128 * 4
+    assert amp.saved_activation_bytes == 4 * 256 * 2 + 4 * 128 * 2 + 4 * 128 * 4
+    cpu = train(model, optimizer="adamw", precision="amp-fp16", device="cpu").training
+    assert cpu is not None and cpu.saved_activation_bytes == 4 * 256 * 2 + 4 * 128 * 4
     assert any(r.category == "low-precision weight copies" for r in amp.live_at_peak) or amp.peak_phase == "optimizer"
     # Pure bf16: everything in 2 bytes, states too.
     bf16 = train(model, optimizer="adamw", precision="bf16").training

@@ -461,7 +461,7 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
     facts = device.node_facts(NodeContext(
         graph, n, node, values, needs_grad, options.precision, key, rule.recurrent,
         node_recurrent_dims(node, values) if rule.recurrent else None))
-    _kept_for_backward(n, node, rule, values, roots, needs_grad, options, needs)
+    _kept_for_backward(n, node, rule, values, roots, needs_grad, options, device, needs)
     extra = _extra_bytes(n, node, rule, values, roots, out0, facts, needs)
     if extra:
         needs.extras[n] = extra
@@ -498,7 +498,8 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
 
 
 def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepValue], roots: list[int],
-                       needs_grad: list[bool], options: TrainingOptions, needs: _BackwardNeeds) -> None:
+                       needs_grad: list[bool], options: TrainingOptions, device: DeviceModel,
+                       needs: _BackwardNeeds) -> None:
     """Add the tensors node `n` keeps for backward: the storages it saves, or under autocast the low-precision
     copies of the fp32 activations and weights it reads."""
     inputs = node.inputs
@@ -514,9 +515,15 @@ def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepVal
         if i < len(node.outputs) and node.outputs[i] >= 0:
             kept.append(node.outputs[i])
     low = options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION
+    upcast = options.precision.startswith("amp-") and not low and _autocast_fp32(node, device)
     for t in kept:
         v = values[t]
         if not v.is_float and v.kind in (WEIGHT, INPUT):
+            continue
+        if upcast and v.is_float and v.numel and v.nbytes // v.numel < 4:
+            # autocast runs the op on an fp32 copy of its 16-bit input: the copy is what it keeps (nll_loss
+            # after CUDA's 16-bit log_softmax: the H100 rows' loss phase)
+            needs.cast_copies[(n, t)] = v.numel * 4
             continue
         if low and v.is_float and v.numel and v.kind == WEIGHT:
             needs.weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 import onnxmem.targets.torch.cuda.attention as attention
 from onnxmem.targets.torch.base import DeviceOption, HeldPeaks, LibraryBuffer, NodeContext, NodeFacts
 from onnxmem.targets.torch.cuda.allocator import replay
-from onnxmem.targets.torch.cuda.tables import AUTOCAST_FP32, CUDA_RESERVE_VALUES, CUDNN_CONVOLUTIONS
+from onnxmem.targets.torch.cuda.tables import (
+    AUTOCAST_FP32,
+    CUDA_RESERVE_VALUES,
+    CUDNN_CONVOLUTIONS,
+    LOSS_AT_INPUT_WIDTH,
+)
 
 if TYPE_CHECKING:
     from onnxmem.training.values import StepNode, StepValue
@@ -55,7 +60,10 @@ class TorchCuda:
                 "a CNN's step on three models and 26% on a small-channel one; the estimate may be low by that much",)
 
     def autocast_fp32(self, key: str, appended_loss: bool) -> bool:
-        """Say whether autocast on CUDA runs the op in fp32 (tables.py AUTOCAST_FP32)."""
+        """Say whether autocast on CUDA runs the op in fp32 (tables.py AUTOCAST_FP32), except the loss's ops that
+        run at their input's width (tables.py LOSS_AT_INPUT_WIDTH)."""
+        if appended_loss and key in LOSS_AT_INPUT_WIDTH:
+            return False
         return key in AUTOCAST_FP32
 
     def kernel_key(self, context: NodeContext) -> str:

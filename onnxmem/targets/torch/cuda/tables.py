@@ -23,3 +23,10 @@ CUDA_RESERVE_VALUES: dict[str, int] = {"LSTM": 6, "GRU": 6}
 
 # ops that run in cuDNN's convolutions, whose workspaces the device model does not count (device.py unmodelled)
 CUDNN_CONVOLUTIONS: frozenset[str] = frozenset({"Conv", "ConvTranspose", "aten::convolution", "aten::conv2d"})
+
+# the loss's ops (the ones onnxmem appends) that autocast on CUDA runs at their input's width: F.cross_entropy calls
+# log_softmax(x, dim, x.scalar_type()), and an explicit dtype passes autocast's fp32_set_opt_dtype policy untouched,
+# so the log-probabilities are 16-bit; nll_loss (fp32 policy) then keeps an fp32 copy of them. The H100 rows of gpt2
+# and llama_gqa under autocast: the loss phase keeps 94.5 MiB for [2048, 8000] logits (31.25 MiB at 2 bytes + 62.5
+# MiB at 4), where an fp32 log_softmax would keep 62.5
+LOSS_AT_INPUT_WIDTH: frozenset[str] = frozenset({"LogSoftmax"})
