@@ -207,6 +207,8 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
         label_x = px - 8 if anchor == "end" else px + 8
         text = f"peak {format_bytes(peak)}: {_short(series.peak_label)}"
         label_y = max(py - 4, _PAD_T + 11)
+        if budget_bytes is not None and label_y - 12 <= y(budget_bytes) <= label_y + 3:  # the line would cross it
+            label_y = max(y(budget_bytes) - 4, _PAD_T + 11)
         span = _CHAR * len(text)
         left_x = label_x - span if anchor == "end" else label_x
         if base_box is not None and left_x < base_box[1] and base_box[0] < left_x + span and \

@@ -112,7 +112,11 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
         at = (edges[series.peak_index] + edges[series.peak_index + 1]) / 2
         right = at > edges[-1] / 2
         ax.plot([at], [peak], "v", color="#c44e52")
-        ax.annotate(f"peak {format_bytes(peak)}: {_short(series.peak_label)}", (at, peak),
+        # a budget line just above the peak would cross its label: the label sits on the line instead
+        top = round_ticks(int((largest - floor) * 1.12), byte_unit(largest - floor))[-1]
+        above = budget_bytes is not None and peak <= budget_bytes <= peak + 0.08 * top
+        ax.annotate(f"peak {format_bytes(peak)}: {_short(series.peak_label)}",
+                    (at, budget_bytes if above and budget_bytes is not None else peak),
                     textcoords="offset points", xytext=(-8 if right else 8, 4), fontsize=8,
                     ha="right" if right else "left", va="bottom")
     if several:  # phase names under the bars, and where the later step begins
