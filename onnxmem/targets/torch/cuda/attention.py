@@ -39,6 +39,11 @@ MATH_RULES: dict[tuple[bool, bool], str] = {
 }
 
 
+# a head repeat as transformers' repeat_kv exports it (x[:, :, None].expand(...).reshape(...)), walked back from k
+REPEAT_OPS: frozenset[str] = frozenset({"Reshape", "Expand", "Unsqueeze", "Identity", "Slice"})
+REPEAT_WALK = 6
+
+
 @dataclass(frozen=True)
 class AttentionCall:
     """What an export shows of one scaled_dot_product_attention call, as the backend choice reads it."""

@@ -117,7 +117,35 @@ def _attention_call(context: NodeContext) -> attention.AttentionCall:
     q, k, v = shape(0), shape(1), shape(2)
     query = values[inputs[0]] if inputs and inputs[0] >= 0 else None
     element = query.nbytes // query.numel if query is not None and query.numel else 4
+    q_heads, kv_heads, mask = dim(q, -3), dim(k, -3), len(inputs) > 3 and inputs[3] >= 0
+    repeated = _repeated_from(context, inputs[1], q_heads) if len(inputs) > 1 and inputs[1] >= 0 else None
+    if repeated is not None:
+        # k was repeated to the query's heads (transformers' repeat_kv, which it uses while tracing because the
+        # trace builds a mask): eagerly, without a padding mask, it calls SDPA with enable_gqa=True and no mask
+        kv_heads, mask = repeated, False
     return attention.AttentionCall(
-        element_bytes=element, q_heads=dim(q, -3), kv_heads=dim(k, -3), q_head_dim=dim(q, -1),
-        k_head_dim=dim(k, -1), v_head_dim=dim(v, -1), kv_len=dim(k, -2),
-        mask=len(inputs) > 3 and inputs[3] >= 0, dropout=context.key == attention.WITH_DROPOUT)
+        element_bytes=element, q_heads=q_heads, kv_heads=kv_heads, q_head_dim=dim(q, -1),
+        k_head_dim=dim(k, -1), v_head_dim=dim(v, -1), kv_len=dim(k, -2), mask=mask,
+        dropout=context.key == attention.WITH_DROPOUT)
+
+
+def _repeated_from(context: NodeContext, key: int, q_heads: int | None) -> int | None:
+    """Give the head count k had before a head repeat (Unsqueeze -> Expand -> Reshape, as repeat_kv exports) where
+    the graph shows one, else None."""
+    graph = context.graph
+    index = graph.tensor_index.get(context.values[key].name)
+    if index is None or not q_heads:
+        return None
+    expanded = False
+    for _ in range(attention.REPEAT_WALK):
+        tensor = graph.tensors[index]
+        shape = tensor.shape or ()
+        heads = shape[-3] if len(shape) == 4 else None
+        if expanded and isinstance(heads, int) and 0 < heads < q_heads and q_heads % heads == 0:
+            return heads
+        op = graph.ops[tensor.producer] if tensor.producer is not None else None
+        if op is None or op.op_type not in attention.REPEAT_OPS or not op.inputs or op.inputs[0] < 0:
+            return None
+        expanded = expanded or op.op_type == "Expand"
+        index = op.inputs[0]
+    return None
