@@ -126,3 +126,24 @@ def test_a_missing_config_is_one_line(tmp_path: Path) -> None:
     code, _, err = run("report", "--hf", str(tmp_path))
     assert code == 2
     assert "no transformers config here" in err
+
+
+def test_an_export_failure_names_the_model_class_and_the_fix(config: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Failed to export the model with torch.export.") from TypeError(
+            "Found <class 'transformers.cache_utils.DynamicCache'> in output, which is not a known type.")
+
+    monkeypatch.setattr(torch.onnx, "export", fails)
+    with pytest.raises(onnxmem.OnnxMemError) as raised:
+        hf.export_config(config, tmp_path / "x.onnx")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("LlamaForCausalLM: torch.onnx.export failed (TypeError: Found")
+    assert "use_cache" in message
+
+
+def test_a_config_transformers_does_not_know_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+    code, _, err = run("report", "--hf", str(tmp_path))
+    assert code == 2
+    assert err.count("\n") == 1 and "does not take this config" in err
