@@ -59,8 +59,28 @@ def main() -> None:
                 rows.append([f"past={past}, seq={seq}", run.phase, f"{run.estimated.peak_activation_bytes:,}",
                              f"{run.measured.peak_activation_bytes:,}", f"{run.activation_difference_bytes:,}",
                              "yes" if run.activation_difference_bytes == 0 else "no"])
+        # fit --search past, checked by validate at the answer and one past it: the budget is the estimated peak at
+        # a context of 40 (so the answer is 40 where the peak grows with the context), decode steps of one token;
+        # where validate is exact at both, onnxruntime's own peaks put the answer where fit put it
+        decode = {"batch": args.batch, "seq": 1}
+        inference = onnxmem.analyze(str(path), {**decode, "past": 40}, provider="cpu").inference
+        assert inference is not None
+        budget = inference.peak_bytes
+        fitted = onnxmem.fit(str(path), memory=budget, search="past", dims=decode, provider="cpu")
+        answer = fitted.max_value
+        peaks = {p.value: p.peak_bytes for p in fitted.curve}
+        fit_rows = []
+        for past in (answer, answer + 1):
+            result = onnxmem.validate(str(path), {**decode, "past": past}, provider="cpu")
+            exact = all(run.activation_difference_bytes == 0 for run in result.runs)
+            fit_rows.append([f"past={past}", f"{peaks.get(past, 0):,}", f"{budget:,}",
+                             "yes" if peaks.get(past, budget + 1) <= budget else "no", "yes" if exact else "no"])
     print(markdown_table(["context", "run", "estimated activations (B)", "measured (B)", "difference (B)",
                           "exact"], rows))
+    print(f"\nfit --search past (batch {args.batch}, one token per step) for a budget of {budget:,} B: "
+          f"past={answer}; validate at the answer and one past it:\n")
+    print(markdown_table(["context", "estimated peak (B)", "budget (B)", "fits", "validate exact (every run)"],
+                         fit_rows))
 
 
 if __name__ == "__main__":
