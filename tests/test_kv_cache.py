@@ -3,6 +3,8 @@ dim it adds to another: past in 'past + seq', a prefill), refused elsewhere, whe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import onnxmem
@@ -30,3 +32,20 @@ def test_negative_dims_and_a_zero_default_are_refused() -> None:
         onnxmem.analyze(model, {"batch": 2, "seq": 16}, default_dim=0)
     with pytest.raises(DimError, match="positive"):  # a batch of 0 is no arithmetic the model does
         onnxmem.analyze(model, {"batch": 0, "seq": 16, "past": 4})
+
+
+def test_fit_searches_the_context_and_validate_agrees_at_the_answer(tmp_path: Path) -> None:
+    # the budget is the estimated peak at a context of 40: fit answers 40; onnxruntime (validate, CPU) measures the
+    # estimate exactly at 40 and at 41, so its own peaks put the answer where fit did
+    pytest.importorskip("onnxruntime")
+    from benchmarks.kv_cache_validate import tiny_decoder_with_weights
+
+    path = tmp_path / "decoder.onnx"
+    tiny_decoder_with_weights(path)
+    decode = {"batch": 2, "seq": 1}
+    budget = onnxmem.analyze(str(path), {**decode, "past": 40}, provider="cpu").inference.peak_bytes
+    fitted = onnxmem.fit(str(path), memory=budget, search="past", dims=decode, provider="cpu")
+    assert fitted.max_value == 40 and fitted.dim == "past"
+    for past in (40, 41):
+        result = onnxmem.validate(str(path), {**decode, "past": past}, provider="cpu")
+        assert all(run.activation_difference_bytes == 0 for run in result.runs)
