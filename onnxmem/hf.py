@@ -357,3 +357,21 @@ def analyze(config: str | os.PathLike[str], dims: Mapping[str, int] | None = Non
 
     with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
         return analyze_file(made.path, dims, **options)
+
+
+def fit(config: str | os.PathLike[str], *, task: str | None = None, lora: int | None = None, **options: Any) -> Any:
+    """Give onnxmem.fit's answer (the largest batch, or `search`, that fits) for the model a config.json
+    describes."""
+    from onnxmem.plan.fit import fit as fit_file
+
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+        return fit_file(made.path, **options)
+
+
+def check(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None, *, task: str | None = None,
+          lora: int | None = None, **options: Any) -> Any:
+    """Give onnxmem.check's verdict (does it fit the budget at these dims) for the model a config.json describes."""
+    from onnxmem.plan.fit import check as check_file
+
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+        return check_file(made.path, dims, **options)
