@@ -110,8 +110,9 @@ def test_the_budget_starts_a_case_only_when_its_minimum_fits_and_cuts_its_timeou
 
 
 def test_run_child_kills_a_hung_child_at_its_timeout() -> None:
-    result = run_child([sys.executable, "-c", "import threading; print('started', flush=True); "
-                        "threading.Event().wait()"], timeout_s=1.0)
+    # a shell prints at once (a Python child's start took most of the second on a busy machine, and was killed
+    # before it printed); then it hangs, as a child whose CUDA call never returns
+    result = run_child(["sh", "-c", "echo started; exec sleep 600"], timeout_s=1.0)
     assert result.timed_out and result.returncode is None and "started" in result.tail
 
 
