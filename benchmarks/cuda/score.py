@@ -135,7 +135,7 @@ def training_table(latest: dict[str, dict[str, Any]], exports: dict[str, Path], 
                       fmt_bytes(truth["first_allocated"]), fmt_bytes(truth["first_reserved"]), fmt_bytes(first),
                       error(first, truth["first_allocated"]), error(first, truth["first_reserved"]),
                       error(later, truth["later_allocated"]), error(real, truth["first_allocated"]),
-                      error(fake, truth["first_allocated"]), source))
+                      error(fake, truth["first_allocated"]), source, row.get("family") or "-"))
     return lines
 
 
@@ -146,17 +146,19 @@ RULES_WRITTEN_ON = frozenset({"tiny_cnn", "resnet18", "bert", "gpt2", "llama_gqa
 
 def summary_lines(lines: list[tuple]) -> list[tuple]:
     """Give the mean and worst error of ours against max_memory_allocated (and MemTracker's, where it ran), per set
-    (rules written on / held out), variant (full / frozen+lora) and precision (fp32 / amp)."""
+    (rules written on / held out), family (CNN / transformer), variant (full / frozen+lora) and precision (fp32 /
+    amp)."""
 
     def pct(text: Any) -> float | None:
         return float(str(text).rstrip("%")) if isinstance(text, str) and text.endswith("%") else None
 
-    groups: dict[tuple[str, str, str], list[tuple[float, float | None]]] = {}
+    groups: dict[tuple[str, str, str, str], list[tuple[float, float | None]]] = {}
     for line in lines:
         model, variant, precision, ours, tracker = line[0], line[1], line[3], pct(line[8]), pct(line[11])
-        if ours is None:
+        if ours is None or line[13] != "now":  # a recorded estimate is the GPU run's code, not the current one
             continue
-        key = ("rules written on" if model in RULES_WRITTEN_ON else "held out",
+        family = "CNN" if str(line[14]).startswith("cnn") else "transformer"
+        key = ("rules written on" if model in RULES_WRITTEN_ON else "held out", family,
                "full" if variant == "full" else "frozen/lora", "fp32" if precision == "fp32" else "amp")
         groups.setdefault(key, []).append((ours, tracker))
     out = []
@@ -217,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\ntraining: MiB above the warm-up's leftovers; ours = onnxmem's peak (first step; later step against "
               "steps 2-3)")
         print(table(("model", "variant", "opt", "precision", "batch", "alloc", "reserved", "ours", "vs alloc",
-                     "vs reserved", "later vs alloc", "MemTracker", "MemTracker fake", "estimate"), lines))
-        print("\ntraining summary: ours against max_memory_allocated, first step (mean of |error|, worst)")
-        print(table(("set", "variant", "precision", "rows", "mean", "worst", "MemTracker mean (rows)"),
+                     "vs reserved", "later vs alloc", "MemTracker", "MemTracker fake", "estimate", "family"), lines))
+        print("\ntraining summary: ours (estimated now, from the rows' exports) against max_memory_allocated, first "
+              "step (mean of |error|, worst)")
+        print(table(("set", "family", "variant", "precision", "rows", "mean", "worst", "MemTracker mean (rows)"),
                     summary_lines(lines)))
     else:
         print("\ntraining: no row measured on a GPU yet")
