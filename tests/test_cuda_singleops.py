@@ -102,7 +102,7 @@ def test_attention_runs_each_backend_alone_and_says_which_one_the_default_took(
     attention = [r for r in dry_rows if r["op"] == "sdpa"]
     assert attention
     for row in attention:
-        assert set(row["runs"]) == set(singleops.BACKENDS)
+        assert set(row["runs"]) == set(singleops.BACKENDS) and row["sdp_enabled"]["math"] is True
         assert row["runs"]["math"]["allowed"] and row["default_backend"] in ("flash", "math")
         refused = [run for run in row["runs"].values() if not run["allowed"]]
         assert refused and all(run["reason"] for run in refused)  # the CPU has no efficient or cuDNN kernel

@@ -384,9 +384,11 @@ def measure_sdpa(probe: Probe, config: dict[str, Any], small: bool) -> dict[str,
         choice.clear()
         runs[name] = probe.run(inputs, forward, context)
         runs[name]["fused_choice"] = choice[0] if choice else None
+    flags = {name: bool(getattr(torch.backends.cuda, f"{name}_sdp_enabled")())
+             for name in ("flash", "mem_efficient", "cudnn", "math")}  # the default's allowed set
     return {"sizes": {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq": seq, "head_dim": dim},
             "input_bytes": probe.storage_bytes(inputs.values()), "default_backend": _backend_of(runs["default"]),
-            "runs": runs}
+            "sdp_enabled": flags, "runs": runs}
 
 
 def _backend_of(run: dict[str, Any]) -> str | None:
