@@ -325,3 +325,15 @@ def test_moe_experts_export_with_the_grouped_product_translated(tmp_path: Path) 
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     expected = torch.cat([x[:2] @ model.weight[0], x[2:] @ model.weight[2]]).detach().numpy()
     assert got.shape == (6, 5) and abs(got - expected).max() < 1e-5
+
+
+def test_fit_rows_are_measured_again_when_onnxmem_changed() -> None:
+    # fit's answer is onnxmem's: a committed fit row counts as done only for the code that made it
+    from benchmarks.cuda.common import done_keys, estimator_fingerprint, make_row
+
+    now = make_row("fit", "fit/m/answer", max_value=3)
+    assert now["estimator"] == estimator_fingerprint()
+    older = {**now, "key": "fit/m/at-answer", "estimator": "0" * 16}
+    training = make_row("training", "training/m/full/sgd/fp32")
+    assert "estimator" not in training
+    assert done_keys([now, older, training]) == {"fit/m/answer", "training/m/full/sgd/fp32"}

@@ -11,6 +11,8 @@ want of what it needs does not).
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -49,9 +51,26 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+# rows whose figures come from onnxmem's own answer as well as the GPU (fit's batch, run at and past the answer):
+# measured again whenever onnxmem's code changed since (their `estimator` fingerprint differs)
+ESTIMATOR_KINDS = ("fit",)
+
+
+@functools.lru_cache(maxsize=1)
+def estimator_fingerprint() -> str:
+    """Give a fingerprint of onnxmem's code (its package's .py files): fit's answer is this code's."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "onnxmem").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def make_row(kind: str, key: str, case: str = "", error: str | None = None, error_kind: str | None = None,
              **fields: Any) -> dict[str, Any]:
-    """Give a row: the fields every row has, then `fields`."""
+    """Give a row: the fields every row has, then `fields` (a fit row: the estimator's fingerprint too)."""
+    if kind in ESTIMATOR_KINDS:
+        fields.setdefault("estimator", estimator_fingerprint())
     return {"schema": SCHEMA, "kind": kind, "key": key, "case": case or key, "time": now_iso(), "error": error,
             "error_kind": error_kind if error is not None else None, **fields}
 
@@ -113,12 +132,15 @@ def read_rows(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
 
 
 def done_keys(rows: Iterable[dict[str, Any]]) -> set[str]:
-    """Give the keys already measured: rows without an error, or with one that another try would repeat."""
+    """Give the keys already measured: rows without an error, or with one that another try would repeat (a fit row
+    only while onnxmem's code is the one it measured: estimator_fingerprint)."""
     done = set()
     for row in rows:
         key = row.get("key")
         if not key or row.get("kind") in ("campaign", "env", "summary"):
             continue
+        if row.get("kind") in ESTIMATOR_KINDS and row.get("estimator") != estimator_fingerprint():
+            continue  # onnxmem's answer has changed since: measure it again
         if row.get("error") is None or row.get("error_kind") not in RETRY_ERRORS and not fixed_since(row):
             done.add(str(key))
     return done
