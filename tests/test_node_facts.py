@@ -122,10 +122,52 @@ def test_a_report_runs_shape_inference_once(monkeypatch: pytest.MonkeyPatch, fix
     assert counts["onnx"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="not yet one: the CUDA placement infers the model as given, the planner "
-                                       "types the placed model, and dims the symbolic types leave unnamed are "
-                                       "inferred again at the bound dims (see the Targets issue, item 4)")
-def test_a_placed_report_runs_shape_inference_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("fixture", ["gpt_decoder", "transformer_encoder"])
+def test_a_placed_report_runs_shape_inference_once(monkeypatch: pytest.MonkeyPatch, fixture: str,
+                                                   training: bool) -> None:
+    # the CUDA placement types the model as given; the placed model (the given one and its Memcpy copies) is typed
+    # from that inference (planner.placed_types); the dims the symbolic types leave unnamed (a Reshape to a
+    # computed shape, the MatMuls after it) follow from the sizes by the sizing rules; the training step (on the
+    # model as given) is sized from the same types
+    from onnxmem.training.step import TrainingOptions
+
     counts = _count_inference(monkeypatch)
-    analysis(str(FIXTURES / "gpt_decoder.onnx"), {"batch": 8}, default_dim=16)
+    graph = analysis(str(FIXTURES / f"{fixture}.onnx"), {"batch": 8}, default_dim=16,
+                     training=TrainingOptions() if training else None).graph
     assert counts["onnx"] == 1
+    assert any(op.placement is not Placement.DEVICE for op in graph.ops)  # (placed: some ops on the host)
+
+
+def _renamed(types: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
+    """The types with each 'unk__N' dim renamed by its first appearance (in name order): equal classes of unknown
+    dims, whatever numbers ONNX's inference gave them."""
+    names: dict[str, str] = {}
+    out = {}
+    for name in sorted(types):
+        dtype, shape, nbytes = types[name]
+        if shape is not None:
+            shape = tuple(names.setdefault(d, f"u{len(names)}") if isinstance(d, str) and d.startswith("unk__")
+                          else d for d in shape)  # type: ignore[attr-defined]
+        out[name] = (dtype, shape, nbytes)
+    return out
+
+
+@pytest.mark.parametrize("source", ["no_cuda_kernel", "lstm"])
+def test_the_placed_models_types_are_its_inferences(source: str) -> None:
+    # the placed model typed from the given model's inference (the transform's) is typed as inferring it would
+    from onnxmem.ir.load import load_model
+    from onnxmem.targets.ort import execution_provider
+    from onnxmem.targets.ort.planner import infer_symbolic, one_inference, placed_types
+    from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
+
+    given = load_model(no_cuda_kernel() if source == "no_cuda_kernel" else str(FIXTURES / "lstm.onnx"))
+    with one_inference():
+        placed, _ = execution_provider("cuda").runtime_model(given, DEFAULT_INFERENCE_RULES)
+        derived = placed_types(given, placed)
+    assert placed is not given and placed.facts is not None
+    inserted = [origin for origin in placed.facts.provenance.values() if origin.origin is Origin.INSERTED]
+    assert bool(inserted) is (source == "no_cuda_kernel")  # (the LSTM's shape nodes on the host: no copy)
+    assert derived is not None
+    assert _renamed(derived) == _renamed(infer_symbolic(placed.proto))  # type: ignore[arg-type]
+    assert placed_types(given, placed) is None  # (outside the scope of one run: nothing kept)

@@ -23,7 +23,13 @@ from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, executio
 from onnxmem.shapes.dims import InputDim, input_dims
 from onnxmem.shapes.sizing import SizedModel, bind_and_infer
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
-from onnxmem.targets.ort.planner import declared_dim_names, infer_symbolic, runtime_view
+from onnxmem.targets.ort.planner import (
+    declared_dim_names,
+    infer_symbolic,
+    one_inference,
+    placed_types,
+    runtime_view,
+)
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.views.report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 
@@ -208,8 +214,13 @@ def _graph(run: PipelineRun) -> None:
 
 def _planner_types(run: PipelineRun) -> None:
     if not run.symbolic_made:
-        assert run.loaded is not None
-        run.symbolic = planner_types(run.loaded, run.buffer_rules, run.free, run.graph)
+        loaded, given = run.loaded, run.given
+        assert loaded is not None
+        # a model the provider made by inserting copies: typed from the inference its transform made of the model
+        # as given (placed_types), not inferred again
+        placed = placed_types(given, loaded) if given is not None and loaded is not given and \
+            _compares_shapes(run.buffer_rules) and run.free else None
+        run.symbolic = placed if placed is not None else planner_types(loaded, run.buffer_rules, run.free, run.graph)
         run.symbolic_made = True
 
 
@@ -271,9 +282,10 @@ def _training(run: PipelineRun) -> None:
     micro = micro_batch_dims(proto, dict(sized.dims), training)
     training_graph = sized.graph
     if micro != sized.dims or sized.given is not None:
-        training_graph = build_graph(proto, bind_and_infer(proto, micro, sized.default_dim,
-                                                           symbolic=sized.symbolic, free=list(sized.free)).types,
-                                     facts=source.facts)
+        # (its wiring first: the sizing rules read it, so the symbolic types size it with no inference where
+        # they can, as for the report's own graph)
+        training_graph = build_graph(proto, facts=source.facts)
+        size_graph(training_graph, proto, micro, sized.default_dim, sized.symbolic, list(sized.free))
     # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
     # of that order (the engine runs the ready function made last first), whatever order inference assumes
     result = training_memory(training_graph, execution_order(training_graph, "model", run.rules), training)
@@ -310,8 +322,9 @@ AFTER_SIZING = ("order", "training")  # the stages that read a Sizing
 def run_stages(run: PipelineRun, first: str = STAGE_NAMES[0], last: str = STAGE_NAMES[-1]) -> PipelineRun:
     """Run the declared stages from `first` to `last` (inclusive), in their order, on `run`; give it."""
     start, stop = STAGE_NAMES.index(first), STAGE_NAMES.index(last)
-    for stage in STAGES[start:stop + 1]:
-        stage.run(run)
+    with one_inference():  # (a transform and the planner-types stage share one inference of a model)
+        for stage in STAGES[start:stop + 1]:
+            stage.run(run)
     return run
 
 
@@ -382,10 +395,15 @@ def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDi
     The same types, evaluated at the bound dims, size the tensors without a second inference where they name
     every dim (see bind_and_infer). `free`: the model's input_dims, `wiring`: its graph, where the caller has them.
     """
-    if not (rules.in_place or rules.reuse_freed):
+    if not _compares_shapes(rules):
         return None
     free = input_dims(loaded.proto) if free is None else free
     return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
+
+
+def _compares_shapes(rules: InferenceRules) -> bool:
+    """Say whether the rules compare shapes (planner_types: the planner types are made only then)."""
+    return bool(rules.in_place or rules.reuse_freed)
 
 
 _UNCONVERTED: tuple[Dim, ...] = ("not converted yet",)  # (compared by identity: no view is this tuple)

@@ -24,7 +24,14 @@ from onnxmem.shapes.infer import (
     _substitute,
     _without_initializers,
 )
-from onnxmem.shapes.values import _INT_TYPES, _constant_value, _is_shape_constant, _is_small, _shape_values
+from onnxmem.shapes.values import (
+    _INT_TYPES,
+    SHAPE_VALUE_OPS,
+    _constant_value,
+    _is_shape_constant,
+    _is_small,
+    _shape_values,
+)
 from onnxmem.targets.ort.tables import CONTROL_FLOW, DIM_FROM_INPUTS
 from onnxmem.views.report import Warning
 
@@ -160,16 +167,52 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             initializers.update((t.name, t) for t in model.graph.initializer)
         made_by = tensors[j].producer
         tensor = initializers.get(tensors[j].name) if made_by is None else _constant_value(nodes[made_by])
+        if tensor is None and made_by is not None:
+            return computed_ints(j)
         if tensor is None or tensor.data_type not in _INT_TYPES or not _is_shape_constant(tensor):
+            return None
+        return [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+
+    def computed_ints(j: int) -> list[int] | None:
+        """A shape value computed from the sizes known so far (values.SHAPE_VALUE_OPS: Shape, Gather, Concat, ...),
+        as the bound inference's data propagation and its rounds of shape values find it."""
+        chosen: set[int] = set()
+        stack = [j]
+        while stack:
+            made_by = tensors[stack.pop()].producer
+            if made_by is None or made_by in chosen:
+                continue
+            op = wiring.ops[made_by]
+            if op.domain not in ("", "ai.onnx") or op.op_type not in SHAPE_VALUE_OPS or \
+                    len(chosen) >= _COMPUTED_VALUE_NODES:
+                return None
+            chosen.add(made_by)
+            if op.op_type not in ("Shape", "Size"):  # (their input's size is read, not its value)
+                stack.extend(k for k in op.inputs if k >= 0)
+        found = _shape_values([nodes[i] for i in sorted(chosen)], initializers, {**types, **sized})
+        tensor = found.get(tensors[j].name)
+        if tensor is None or tensor.data_type not in _INT_TYPES or len(tensor.dims) > 1:
             return None
         return [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
 
     for name in sorted(unknown, key=producer.__getitem__):
         found = _evaluate_type(symbolic[name], values, bound)
         op = wiring.ops[producer[name]]
-        rule = DIM_FROM_INPUTS.get(op.op_type) if op.domain in ("", "ai.onnx") else None
+        rule = (DIM_FROM_INPUTS.get(op.op_type) or DIM_FROM_VALUE.get(op.op_type)) \
+            if op.domain in ("", "ai.onnx") else None
         shape = symbolic[name][1]
-        if found is None and rule is not None and shape is not None:
+        if found is None and rule == "value" and shape is not None:  # the shape is an input's value
+            if not initializers:
+                initializers.update((t.name, t) for t in model.graph.initializer)
+            value = computed_ints(op.inputs[0]) if op.inputs and op.inputs[0] >= 0 else None
+            if value is not None and len(value) == len(shape) and all(length >= 0 for length in value):
+                for d, length in zip(shape, value, strict=True):
+                    if isinstance(d, str):
+                        if values.get(d) not in (None, length):
+                            return unknown  # the value disagrees with a size learned before: infer instead
+                        values[d] = length
+                found = _evaluate_type(symbolic[name], values, bound)
+        elif found is None and rule is not None and shape is not None:
             inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
                       (tensors[j].name for j in op.inputs if j >= 0)]
             if all(s is not None for s in inputs):
@@ -193,6 +236,12 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
     return unknown - sized.keys()
 
 
+# More rules of _size_from_inputs, beside DIM_FROM_INPUTS's: value, the output's shape is the value of the first
+# input, computed from the sizes known; matmul, the batch dims broadcast and the two matrices' outer dims.
+DIM_FROM_VALUE: dict[str, str] = {"ConstantOfShape": "value", "MatMul": "matmul"}
+_COMPUTED_VALUE_NODES = 256  # the most nodes a computed shape value is read through (a shape's arithmetic is short)
+
+
 def _reshaped(shape: tuple[Dim, ...], target: list[int] | None, allowzero: int, rank: int) -> list[int | None]:
     """Give the dims of a Reshape of `shape` to the constant `target` (0 copies the input's dim unless allowzero,
     -1 takes what remains), None each where they do not follow."""
@@ -211,6 +260,12 @@ def _reshaped(shape: tuple[Dim, ...], target: list[int] | None, allowzero: int, 
 def _dims_by_rule(rule: str, rank: int, inputs: list[tuple[Dim, ...]], axis: int) -> list[int | None]:
     """Give each output dim's size by the rule from the input shapes (None where it does not follow)."""
     sizes: list[int | None] = []
+    if rule == "matmul":
+        if len(inputs) != 2 or min(len(inputs[0]), len(inputs[1])) < 2 or rank < 2:
+            return [None] * rank
+        a, b = inputs
+        batch = _dims_by_rule("broadcast", rank - 2, [a[:-2], b[:-2]], 0)
+        return [*batch, a[-2] if isinstance(a[-2], int) else None, b[-1] if isinstance(b[-1], int) else None]
     for position in range(rank):
         if rule == "concat":
             column = [shape[position] if len(shape) == rank else None for shape in inputs]

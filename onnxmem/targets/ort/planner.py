@@ -4,12 +4,15 @@ sees the model before any input arrives (it decides buffer reuse on these shapes
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
+from onnxmem.ir.graph import Origin
 from onnxmem.ir.load import initializer_type
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
 from onnxmem.shapes.dims import InputDim, input_dims
@@ -27,7 +30,7 @@ from onnxmem.shapes.infer import (
     rule_value_infos,
 )
 from onnxmem.shapes.rules import ONNX_DOMAIN_RULE_OPS
-from onnxmem.targets.ort.tables import ORT_DATA_PROPAGATION_OPS, PLANNER_MERGES_DIMS, SHAPE_INPUT_SLOTS
+from onnxmem.targets.ort.tables import ORT_DATA_PROPAGATION_OPS, PLANNER_MERGES_DIMS, SHAPE_AS, SHAPE_INPUT_SLOTS
 from onnxmem.views.report import Warning
 
 if TYPE_CHECKING:
@@ -35,11 +38,73 @@ if TYPE_CHECKING:
     from onnxmem.ir.load import LoadedModel
 
 
+# The symbolic types made inside one pipeline run (passes.pipeline.run_stages opens the scope: one_inference), by
+# the model they are of: a provider transform that types the model as given to change it (the CUDA placement, the
+# CPU provider's float16 Casts) and the planner-types stage read the same inference. Outside a scope: none kept.
+_RUN_TYPES: ContextVar[dict[int, tuple[ModelProto, dict[str, TensorType]]] | None] = \
+    ContextVar("onnxmem_run_types", default=None)
+
+
+@contextmanager
+def one_inference() -> Iterator[None]:
+    """Within this scope, infer_symbolic infers each model once (the scope of one pipeline run: its models are
+    not changed while it lasts); see placed_types."""
+    token = _RUN_TYPES.set({})
+    try:
+        yield
+    finally:
+        _RUN_TYPES.reset(token)
+
+
 def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
     """Give every tensor's type with the input dims left symbolic, as a runtime's planner sees the model before
     any input arrives (see _symbolic_types), with the integer shape values onnxruntime's own data propagation
-    carries to the nodes that read a shape (see ort_shape_inputs)."""
+    carries to the nodes that read a shape (see ort_shape_inputs). Inside one_inference, each model once."""
+    made = _RUN_TYPES.get()
+    found = made.get(id(model)) if made is not None else None
+    if found is not None and found[0] is model:
+        return dict(found[1])
+    types = _infer_symbolic(model, loaded, free, wiring)
+    if made is not None:
+        made[id(model)] = (model, types)
+        return dict(types)
+    return types
+
+
+def placed_types(given: LoadedModel, placed: LoadedModel) -> dict[str, TensorType] | None:
+    """Give the symbolic types of `placed`, a model a provider transform made from `given` by inserting copies
+    alone (nodes whose inference is Identity's: tables.SHAPE_AS, the CUDA provider's Memcpy), from the types
+    infer_symbolic made of `given` in this scope (one_inference): a copy's two sides have one type, which is what
+    ONNX's inference of the placed model finds (it infers the copies as Identity, the names of unknown dims
+    carried through them). None where the scope holds no types of `given` or the transform did more than copy."""
+    made = _RUN_TYPES.get()
+    found = made.get(id(given.proto)) if made is not None else None
+    facts = placed.facts
+    if found is None or found[0] is not given.proto or facts is None:
+        return None
+    nodes = placed.proto.graph.node
+    inserted = [i for i, origin in facts.provenance.items() if origin.origin is Origin.INSERTED]
+    if len(nodes) != len(given.proto.graph.node) + len(inserted):
+        return None  # (a node the transform dropped, duplicated or inlined: not copies alone)
+    types = dict(found[1])
+    for i in sorted(inserted):
+        node = nodes[i]
+        kind = f"{'' if node.domain in ('', 'ai.onnx') else node.domain}::{node.op_type}"
+        shape_as = SHAPE_AS.get(kind)
+        if shape_as is None or shape_as[0] != "Identity" or len(node.input) != 1 or len(node.output) != 1:
+            return None
+        # (one side of a copy keeps the tensor's name, the other is new: AddCopyNode renames the device side)
+        (old, new), = [(a, b) for a, b in ((node.input[0], node.output[0]), (node.output[0], node.input[0]))
+                       if a in types] or [("", "")]
+        if not old or new in types:
+            return None
+        types[new] = types[old]
+    return types
+
+
+def _infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: list[InputDim] | None = None,
+                    wiring: ModelGraph | None = None) -> dict[str, TensorType]:
     free = input_dims(model) if free is None else free
     types = _symbolic_types(model, loaded, free, wiring)
     shape_inputs = ort_shape_inputs(model, types, wiring)
