@@ -178,9 +178,11 @@ def _inputs(config: Any, task: str) -> tuple[dict[str, Any], dict[str, dict[int,
     return {"input_ids": ids(batch, seq)}, {"input_ids": text}
 
 
-def build(config: Any, task: str | None = None, *, lora: int | None = None) -> tuple[Any, str, str]:
+def build(config: Any, task: str | None = None, *, lora: int | None = None, grouped_experts: bool = True) \
+        -> tuple[Any, str, str]:
     """Give the model a config builds on the meta device (no weight data), its class name and task; with `lora`,
-    wrapped by PEFT with LoRA adapters of that rank on PEFT's default target modules for the architecture."""
+    wrapped by PEFT with LoRA adapters of that rank on PEFT's default target modules for the architecture; MoE
+    experts as grouped_mm runs them (`grouped_experts`, see grouped_experts_forward) or as batched_mm does."""
     import torch
 
     tf = _transformers()
@@ -191,6 +193,8 @@ def build(config: Any, task: str | None = None, *, lora: int | None = None) -> t
             model = getattr(tf, name)._from_config(config, dtype=_dtype(config))
             if hasattr(model, "set_experts_implementation") and _has_experts(model):
                 model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+                if grouped_experts:
+                    _size_experts_as_grouped(model)
             if lora is not None:
                 model = _with_lora(model, lora)
     except OnnxMemError:
@@ -203,6 +207,59 @@ def build(config: Any, task: str | None = None, *, lora: int | None = None) -> t
 
 def _has_experts(model: Any) -> bool:
     return any(type(m).__name__.endswith("Experts") for m in model.modules())
+
+
+def _size_experts_as_grouped(model: Any) -> None:
+    """Give every experts module of `model` grouped_experts_forward as its forward (this instance only)."""
+    import types
+
+    for module in model.modules():
+        if type(module).__name__.endswith("Experts") and hasattr(module, "down_proj") and \
+                (hasattr(module, "gate_up_proj") or hasattr(module, "up_proj")):
+            module.forward = types.MethodType(grouped_experts_forward, module)
+
+
+def grouped_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """Give an MoE experts block's output with the tensors transformers' grouped_mm kernel makes, for sizing only:
+    the S = tokens x top-k (token, expert) pairs sorted by expert, gathered ([S, hidden]), through each expert's
+    up (or gate-up) projection, its activation and its down projection ([S, 2 x intermediate], [S, intermediate],
+    [S, hidden]), weighted, put back in order and summed per token. grouped_mm gives each expert the pairs routed
+    to it, a count known only when it runs (its histc and grouped_mm export with neither exporter); here each expert
+    takes an equal share of the S rows, which makes the same tensors. The values are not the model's (the export
+    has no weights to compute them with); batched_mm, which exports, gathers each pair's expert weights instead
+    ([S, 2 x intermediate, hidden]: a copy of the expert per token)."""
+    import torch
+    import torch.nn.functional as functional
+
+    top_k = top_k_index.size(-1)
+    tokens, hidden = hidden_states.size(0), hidden_states.size(-1)
+    pairs = tokens * top_k
+    _, order = torch.sort(top_k_index.reshape(-1))
+    rows = hidden_states[order // top_k]
+    weights = top_k_weights.reshape(-1)[order]
+    has_gate = getattr(self, "has_gate", hasattr(self, "gate_up_proj"))
+    up = self.gate_up_proj if has_gate else self.up_proj
+    bias_up = getattr(self, "gate_up_proj_bias" if has_gate else "up_proj_bias", None) \
+        if getattr(self, "has_bias", False) else None
+    bias_down = getattr(self, "down_proj_bias", None) if getattr(self, "has_bias", False) else None
+    transposed = getattr(self, "is_transposed", False)
+    experts = up.size(0)
+
+    def linear(x: Any, weight: Any, bias: Any) -> Any:
+        y = x @ weight if transposed else functional.linear(x, weight)
+        return y if bias is None else y + bias
+
+    outputs = []
+    for e in range(experts):
+        share = rows[e * pairs // experts:(e + 1) * pairs // experts]
+        projected = linear(share, up[e], None if bias_up is None else bias_up[e])
+        projected = self._apply_gate(projected) if has_gate else self.act_fn(projected)
+        outputs.append(linear(projected, self.down_proj[e], None if bias_down is None else bias_down[e]))
+    out = torch.cat(outputs, 0)
+    if getattr(self, "has_post_expert_norm", False):
+        out = self.post_expert_norm(out)
+    out = (out * weights.unsqueeze(-1))[torch.argsort(order)]
+    return out.view(tokens, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
 
 
 def _with_lora(model: Any, rank: int) -> Any:
