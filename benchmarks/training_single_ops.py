@@ -1,6 +1,7 @@
 """Single-op measurements behind the training rules written from the training zoo (benchmarks/training_zoo.py).
 
-    python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--frozen-lstm]
+    python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
+                                             [--frozen-lstm]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -19,8 +20,13 @@ the indices only, not the gathered tensor nor the indexed one. Behind SAVED_FOR_
 --sdpa-heads: what F.scaled_dot_product_attention saves on CPU (saved-tensor hooks, fp32, batch 4, 4 query heads,
 32 tokens, head dim 32) where k and v have fewer heads than q: broadcast without enable_gqa (Falcon's multi-query
 attention) PyTorch runs the math path, keeping q scaled and k and v expanded to q's heads (copies) and the
-probabilities; with enable_gqa, flash attention. No rule yet: the loaded graph keeps the ATen op's tensor arguments
-but not its keyword arguments (enable_gqa), so the two cannot be told apart.
+probabilities; with enable_gqa, flash attention. The loaded graph keeps the ATen op's tensor arguments but not its
+keyword arguments; the exporter writes enable_gqa as a repeat of k among the op's own nodes, which
+targets/torch/cpu/attention.py reads.
+
+--sdpa-choice: which kernel CPU's F.scaled_dot_product_attention runs (the backward node it records: flash attention
+or the math path's) for every combination of q/k heads, enable_gqa, mask, dropout and dtype (fp32; autocast to bf16):
+the table behind targets/torch/cpu/attention.py.
 
 --frozen-lstm: the heap peak (every malloc: the LD_PRELOAD counter, as benchmarks/accuracy_training.py measures;
 each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
@@ -160,10 +166,12 @@ def gathernd() -> None:
 
 def sdpa_heads() -> None:
     batch, heads, tokens, width = 4, 4, 32, 32
-    print("| k and v heads | mask | enable_gqa | backward | saved (shape, dtype) |")
-    print("|---:|---|---|---|---|")
-    for kv_heads, mask, gqa in ((4, "causal", False), (1, "causal", False), (1, "bool [B,1,T,T]", False),
-                                (1, "none", False), (1, "causal", True)):
+    print("| k and v heads | mask | enable_gqa | dropout | backward | saved (shape, dtype) |")
+    print("|---:|---|---|---:|---|---|")
+    for kv_heads, mask, gqa, p in ((4, "causal", False, 0.0), (1, "causal", False, 0.0),
+                                   (1, "bool [B,1,T,T]", False, 0.0), (1, "none", False, 0.0),
+                                   (1, "causal", True, 0.0), (4, "causal", False, 0.1), (1, "causal", False, 0.1),
+                                   (1, "causal", True, 0.1)):
         q = torch.randn(batch, heads, tokens, width, requires_grad=True)
         k, v = (torch.randn(batch, kv_heads, tokens, width, requires_grad=True) for _ in range(2))
         attn_mask = torch.ones(batch, 1, tokens, tokens, dtype=torch.bool).tril() if mask.startswith("bool") else None
@@ -175,9 +183,33 @@ def sdpa_heads() -> None:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask == "causal",
-                                                 enable_gqa=gqa)
+                                                 dropout_p=p, enable_gqa=gqa)
         assert out.grad_fn is not None
-        print(f"| {kv_heads} | {mask} | {gqa} | {out.grad_fn.name()} | {'; '.join(saved)} |")
+        print(f"| {kv_heads} | {mask} | {gqa} | {p} | {out.grad_fn.name()} | {'; '.join(saved)} |")
+
+
+def sdpa_choice() -> None:
+    batch, heads, tokens, width = 2, 4, 16, 32
+    print("| q heads | k, v heads | enable_gqa | mask | dropout | dtype | kernel (backward node) |")
+    print("|---:|---:|---|---|---:|---|---|")
+    for kv_heads, gqa in ((4, False), (1, False), (1, True), (2, True)):
+        for mask in ("none", "causal", "bool", "float"):
+            for p in (0.0, 0.1):
+                for dtype in ("fp32", "bf16"):
+                    q = torch.randn(batch, heads, tokens, width, requires_grad=True)
+                    k, v = (torch.randn(batch, kv_heads, tokens, width, requires_grad=True) for _ in range(2))
+                    attn_mask = None
+                    if mask == "bool":
+                        attn_mask = torch.ones(batch, 1, tokens, tokens, dtype=torch.bool).tril()
+                    elif mask == "float":
+                        attn_mask = torch.zeros(batch, 1, tokens, tokens)
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=mask == "causal",
+                                                             dropout_p=p, enable_gqa=gqa)
+                    assert out.grad_fn is not None
+                    name = out.grad_fn.name()
+                    kernel = "flash" if "FlashAttention" in name else f"math ({name})"
+                    print(f"| {heads} | {kv_heads} | {gqa} | {mask} | {p} | {dtype} | {kernel} |")
 
 
 LSTM_SHAPES = ((1, 64, 128, 4, 32), (2, 64, 128, 4, 32), (1, 64, 128, 8, 32), (1, 128, 128, 4, 32),
@@ -213,6 +245,7 @@ def main() -> None:
     parser.add_argument("--dropout", action="store_true")
     parser.add_argument("--gathernd", action="store_true")
     parser.add_argument("--sdpa-heads", action="store_true")
+    parser.add_argument("--sdpa-choice", action="store_true")
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -231,6 +264,9 @@ def main() -> None:
         return
     if args.sdpa_heads:
         sdpa_heads()
+        return
+    if args.sdpa_choice:
+        sdpa_choice()
         return
     everything = not (args.tied or args.dropout)
     if args.tied or everything:

@@ -224,6 +224,9 @@ ATEN_SAVED_FOR_BACKWARD: dict[str, Saves] = {
     "scaled_dot_product_attention(math-dropout)": Saves(copies=(0, 1), copies_when_view=(2,),
                                                         attention_probabilities=2, attention_masks=1),
     "scaled_dot_product_attention(math-gqa)": Saves(copies=(0, 1, 2), attention_probabilities=1, repeated_kv=True),
+    # CPU's math path with dropout and k, v repeated or broadcast to the query's heads (targets/torch/cpu/attention.py):
+    # as "(dropout)" (its dropout mask float), with k and v copied at the query's heads
+    "scaled_dot_product_attention(dropout-gqa)": Saves(copies=(0, 1, 2), attention_probabilities=3, repeated_kv=True),
     "scaled_dot_product_attention(math-dropout-gqa)": Saves(copies=(0, 1, 2), attention_probabilities=2,
                                                             attention_masks=1, repeated_kv=True),
 }

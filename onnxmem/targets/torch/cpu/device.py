@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from onnxmem.errors import TrainingOptionError
 from onnxmem.ir.graph import ModelGraph
 from onnxmem.targets.torch.base import DeviceOption, HeldPeaks, LibraryBuffer, NodeContext, NodeFacts
+from onnxmem.targets.torch.cpu import attention
 from onnxmem.targets.torch.cpu.convolution import CpuRun, Primitive, channel_padded, node_convolution_scratch
 from onnxmem.targets.torch.cpu.gemm import Gemm, mkl_gemm_held, node_gemms
 from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
@@ -86,9 +87,12 @@ class TorchCpu:
         return CpuRun(precision, self.threads, self.instruction_set)
 
     def kernel_key(self, context: NodeContext) -> str:
-        """Give the generic rule's key: the CPU's kernel choices are the rules' own (its attention with dropout
-        takes the math path, without it flash attention)."""
-        return context.key
+        """Give the attention kernel's rule where the op is scaled_dot_product_attention (attention.py: flash
+        attention, or the math path with dropout or with k and v broadcast to more query heads), the generic key
+        otherwise."""
+        if context.key not in (attention.FUSED, attention.WITH_DROPOUT):
+            return context.key
+        return attention.rule_key(context)
 
     def node_facts(self, context: NodeContext) -> NodeFacts:
         """Give what the op's CPU kernel keeps and allocates besides its tensors: a convolution's scratch (or the

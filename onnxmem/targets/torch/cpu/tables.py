@@ -316,6 +316,9 @@ CPU_KERNELS: dict[str, CpuKernel] = {
     # sdpa with dropout runs PyTorch's math path, in fp32 on CPU (measured under autocast to bf16: BmmBackward keeps
     # fp32 tensors)
     "aten::scaled_dot_product_attention(dropout)": CpuKernel(fp32=True),
+    # and so does the math path it takes for k and v broadcast to more query heads (attention.py)
+    "aten::scaled_dot_product_attention(math-gqa)": CpuKernel(fp32=True),
+    "aten::scaled_dot_product_attention(dropout-gqa)": CpuKernel(fp32=True),
 }
 
 # On CPU, autocast's fp32 list is the losses (cross_entropy_loss, nll_loss, mse_loss, ...) and rarer ops, not
