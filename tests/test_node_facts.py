@@ -114,11 +114,16 @@ def _count_inference(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str
 
 
 @pytest.mark.parametrize("provider", ["cuda", "cpu"])
-@pytest.mark.parametrize("fixture", ["mlp", "cnn_bn_residual", "embedding_model", "swish_mlp"])
+@pytest.mark.parametrize("fixture", ["mlp", "cnn_bn_residual", "embedding_model", "swish_mlp", "alias_reshape",
+                                     "chain_add", "fanout", "skip", "weights_mlp"])
 def test_a_report_runs_shape_inference_once(monkeypatch: pytest.MonkeyPatch, fixture: str, provider: str) -> None:
-    # the planner's symbolic types, evaluated at the bound dims, size every tensor: one inference
+    # the planner's symbolic types, evaluated at the bound dims, size every tensor: one inference; a model of
+    # static shapes (no planner types) is inferred once without data propagation, which finds every size there
+    from onnxmem.shapes.dims import input_dims
+
+    path = str(FIXTURES / f"{fixture}.onnx")
     counts = _count_inference(monkeypatch)
-    analysis(str(FIXTURES / f"{fixture}.onnx"), {"batch": 8}, default_dim=16, provider=provider)
+    analysis(path, {"batch": 8} if input_dims(onnx.load(path)) else {}, default_dim=16, provider=provider)
     assert counts["onnx"] == 1
 
 
@@ -171,3 +176,17 @@ def test_the_placed_models_types_are_its_inferences(source: str) -> None:
     assert derived is not None
     assert _renamed(derived) == _renamed(infer_symbolic(placed.proto))  # type: ignore[arg-type]
     assert placed_types(given, placed) is None  # (outside the scope of one run: nothing kept)
+
+
+def test_the_training_step_of_a_changed_model_is_sized_from_the_transforms_inference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CPU provider's float16 Casts make another model (inferred for the report); the training step reads the
+    # model as given, sized from the types the transform inferred of it (Sizing.given_types): no more inference
+    from onnxmem.training.step import TrainingOptions
+
+    counts = _count_inference(monkeypatch)
+    analysis(half_mlp(), {"batch": 2}, provider="cpu")
+    report = counts["onnx"]
+    trained = analysis(half_mlp(), {"batch": 2}, provider="cpu", training=TrainingOptions())
+    assert counts["onnx"] == 2 * report
+    assert trained.sizing.given is not None and trained.report.training is not None

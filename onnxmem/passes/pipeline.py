@@ -28,6 +28,7 @@ from onnxmem.targets.ort.planner import (
     infer_symbolic,
     one_inference,
     placed_types,
+    run_types,
     runtime_view,
 )
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
@@ -82,6 +83,10 @@ class Sizing:
     given: LoadedModel | None = dataclasses.field(default=None, compare=False, repr=False)
     # the cache of orders its maker owns for Sizings of this wiring (see Schedules): None where it has none
     schedules: Schedules | None = dataclasses.field(default=None, compare=False, repr=False)
+    # the symbolic types the provider's transform made of `given` (the model they are of, and the types): the
+    # training step sizes that model from them, without another inference; None where none were made
+    given_types: tuple[onnx.ModelProto, Mapping[str, TensorType]] | None = \
+        dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -230,9 +235,12 @@ def _size(run: PipelineRun) -> None:
     symbolic = run.symbolic
     sized = size_graph(graph, loaded.proto, run.dims, run.default_dim, symbolic, run.free)
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
+    changed = given is not None and loaded is not given
+    given_types = run_types(given.proto) if given is not None and changed else None
     run.sized = Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
                        (*run.notes, *sized.warnings, *graph.warnings), symbolic, tuple(run.free), run.default_dim,
-                       run.provider, given if given is not None and loaded is not given else None)
+                       run.provider, given if changed else None,
+                       given_types=None if given_types is None else (given.proto, given_types))  # type: ignore[union-attr]
 
 
 def _order(run: PipelineRun) -> None:
@@ -285,7 +293,9 @@ def _training(run: PipelineRun) -> None:
         # (its wiring first: the sizing rules read it, so the symbolic types size it with no inference where
         # they can, as for the report's own graph)
         training_graph = build_graph(proto, facts=source.facts)
-        size_graph(training_graph, proto, micro, sized.default_dim, sized.symbolic, list(sized.free))
+        own = sized.given_types
+        symbolic = own[1] if own is not None and sized.given is not None and own[0] is proto else sized.symbolic
+        size_graph(training_graph, proto, micro, sized.default_dim, symbolic, list(sized.free))
     # PyTorch runs the forward in program order, which an exported file keeps, and its backward in the reverse
     # of that order (the engine runs the ready function made last first), whatever order inference assumes
     result = training_memory(training_graph, execution_order(training_graph, "model", run.rules), training)

@@ -120,7 +120,8 @@ LONGEST_PROPAGATED_VECTOR = 1 << 20
 def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warning]) -> tuple[ModelProto, bool]:
     """Give ONNX's inference of `light`, with data propagation where asked and bounded: inferred first without it,
     and where an integer vector of more than LONGEST_PROPAGATED_VECTOR values shows, without it (a named warning);
-    and whether data propagation ran."""
+    and whether data propagation ran (or was not needed: the first inference sized every output of a graph of
+    standard operators and no subgraph, which is what it would find)."""
     if not data_prop:
         return _inferred(light, False), False
     plain = _inferred(light, False)
@@ -134,6 +135,9 @@ def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warnin
                 "long-shape-value", f"integer tensor {quoted(value.name)} holds {length:,} values: shape values "
                 "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
             return plain, False
+    if not _has_unknown_outputs(plain.graph) and \
+            not any(n.op_type in CONTROL_FLOW or n.domain not in ("", "ai.onnx") for n in light.graph.node):
+        return plain, True  # every output sized without the values: propagating them would find the same
     return _inferred(light, True), True
 
 

@@ -72,6 +72,13 @@ def infer_symbolic(model: ModelProto, loaded: LoadedModel | None = None, free: l
     return types
 
 
+def run_types(model: ModelProto) -> dict[str, TensorType] | None:
+    """Give the symbolic types infer_symbolic made of `model` in this scope (one_inference), if it made them."""
+    made = _RUN_TYPES.get()
+    found = made.get(id(model)) if made is not None else None
+    return dict(found[1]) if found is not None and found[0] is model else None
+
+
 def placed_types(given: LoadedModel, placed: LoadedModel) -> dict[str, TensorType] | None:
     """Give the symbolic types of `placed`, a model a provider transform made from `given` by inserting copies
     alone (nodes whose inference is Identity's: tables.SHAPE_AS, the CUDA provider's Memcpy), from the types
