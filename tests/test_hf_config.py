@@ -147,3 +147,26 @@ def test_a_config_transformers_does_not_know_is_one_line(tmp_path: Path) -> None
     code, _, err = run("report", "--hf", str(tmp_path))
     assert code == 2
     assert err.count("\n") == 1 and "does not take this config" in err
+
+
+MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 128}
+
+
+def test_moe_experts_are_sized_as_grouped_mm_runs_them(tmp_path: Path) -> None:
+    # transformers' default experts kernel exports with neither exporter; batched_mm, which does, copies each
+    # (token, expert) pair's expert weights: [tokens x top-k, 2 x intermediate, hidden]. --hf sizes grouped_mm's
+    # tensors instead: no tensor of the graph holds a pair's weights
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
+    made = hf.export_config(tmp_path, tmp_path / "mixtral.onnx")
+    with torch.device("meta"):
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            **{k: v for k, v in MIXTRAL.items() if k != "model_type"}))
+    assert made.parameters == sum(p.numel() for p in model.parameters())
+    batch, seq = 2, 32
+    pairs = batch * seq * MIXTRAL["num_experts_per_tok"]
+    report = onnxmem.analyze(made.path, {"batch": batch, "seq": seq})
+    gathered_copy = pairs * 2 * MIXTRAL["intermediate_size"] * MIXTRAL["hidden_size"] * 4
+    assert max(t.bytes for t in report.inference.live_at_peak) < gathered_copy // 8
+    assert report.inference.peak_activation_bytes < gathered_copy
