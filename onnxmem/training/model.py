@@ -149,6 +149,8 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     for n, node in enumerate(nodes):
         if differentiable[n]:
             _backward_needs(graph, n, node, values, roots, needs_grad, options, device, needs)
+        else:
+            _forward_only_needs(graph, n, node, values, needs_grad, options, device, needs)
     param_bytes = sum(values[t].nbytes for t in params)
     members: dict[int, list[int]] = {}
     for t, r in enumerate(roots):
@@ -495,6 +497,20 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
             needs.passthrough.setdefault(n, []).append(t)
         else:
             needs.new_grads.setdefault(n, []).append(t)
+
+
+def _forward_only_needs(graph: ModelGraph, n: int, node: StepNode, values: list[StepValue], needs_grad: list[bool],
+                        options: TrainingOptions, device: DeviceModel, needs: _BackwardNeeds) -> None:
+    """Add what the forward of node `n`, which runs no backward (frozen, or before anything trains), holds a moment
+    besides its outputs (DeviceModel.node_facts: a CPU convolution's reorders run with or without a gradient). A
+    recurrent op is left out: without a backward its kernel is another one (DeviceModel.unmodelled names it)."""
+    key = device.kernel_key(NodeContext(graph, n, node, values, needs_grad, options.precision, rule_key(node)))
+    rule = saves_rule(key, "")
+    if rule is None or rule.recurrent:
+        return
+    facts = device.node_facts(NodeContext(graph, n, node, values, needs_grad, options.precision, key))
+    if facts.forward_temporaries:
+        needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + facts.forward_temporaries
 
 
 def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepValue], roots: list[int],
