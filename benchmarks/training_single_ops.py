@@ -1,7 +1,7 @@
 """Single-op measurements behind the training rules written from the training zoo (benchmarks/training_zoo.py).
 
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
-                                             [--frozen-lstm]
+                                             [--conv-channels-last] [--frozen-lstm]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -28,6 +28,12 @@ targets/torch/cpu/attention.py reads.
 or the math path's) for every combination of q/k heads, enable_gqa, mask, dropout and dtype (fp32; autocast to bf16):
 the table behind targets/torch/cpu/attention.py.
 
+--conv-channels-last: what one convolution's forward and backward allocate on CPU besides their results (every heap
+byte: the malloc counter; fp32, one thread, the second step of each) with its input contiguous and channels-last
+(a permute of an NHWC tensor, as timm's ConvNeXt blocks and PVT's token reshapes give it), against onnxmem's rule
+(onnxmem.targets.torch.cpu.convolution.cpu_convolution_scratch, channels_last as targets/torch/cpu/layout.py finds
+it): behind tables.py CpuConvolution's channels-last paragraph.
+
 --frozen-lstm: the heap peak (every malloc: the LD_PRELOAD counter, as benchmarks/accuracy_training.py measures;
 each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
 and PyTorch runs oneDNN's inference primitive: behind targets/torch/cpu/tables.py FROZEN_LSTM_FORWARD_HEAP and the
@@ -41,6 +47,7 @@ import fnmatch
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -212,6 +219,63 @@ def sdpa_choice() -> None:
                     print(f"| {heads} | {kv_heads} | {gqa} | {mask} | {p} | {dtype} | {kernel} |")
 
 
+# (in channels, out channels, kernel, stride, image size, batch, groups)
+CHANNELS_LAST_CONVS = ((160, 320, 2, 2, 4, 4, 1), (160, 320, 2, 2, 4, 8, 1), (80, 160, 2, 2, 8, 4, 1),
+                       (40, 80, 3, 1, 8, 4, 1), (64, 128, 1, 1, 8, 4, 1), (40, 40, 7, 1, 16, 4, 40),
+                       (40, 40, 7, 1, 32, 4, 40), (40, 40, 7, 1, 16, 8, 40), (80, 80, 7, 1, 8, 4, 80),
+                       (96, 96, 7, 1, 14, 4, 96), (64, 64, 5, 1, 16, 4, 64), (64, 64, 3, 1, 16, 4, 64),
+                       (160, 160, 7, 1, 4, 4, 160), (320, 320, 7, 1, 2, 4, 320))
+
+
+def conv_channels_last() -> None:
+    import ctypes
+    import gc
+
+    from onnxmem.targets.torch.cpu.convolution import cpu_convolution_scratch
+
+    counter = ctypes.CDLL(None)
+    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
+
+    def heap(work: Callable[[], torch.Tensor | None]) -> tuple[int, torch.Tensor | None]:
+        gc.collect()
+        base = counter.mc_current()
+        counter.mc_reset_peak()
+        made = work()
+        return counter.mc_peak() - base, made
+
+    print("| conv | groups | input | batch | layout | forward | rule | backward (weight and input) | rule "
+          "| backward (input only) | rule |")
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for cin, cout, kernel, stride, size, batch, groups in CHANNELS_LAST_CONVS:
+        for layout in ("contiguous", "channels-last"):
+            row = []
+            for weight_grad in (True, False):
+                torch.manual_seed(0)
+                conv = nn.Conv2d(cin, cout, kernel, stride=stride, padding=0 if kernel == stride else kernel // 2,
+                                 groups=groups).requires_grad_(weight_grad)
+                x = torch.randn(batch, size, size, cin).permute(0, 3, 1, 2) if layout == "channels-last" \
+                    else torch.randn(batch, cin, size, size)
+                x.requires_grad_(True)
+                for _ in range(2):  # the second step: oneDNN's primitives made
+                    conv.zero_grad(set_to_none=True)
+                    x.grad = None
+                    forward, y = heap(lambda conv=conv, x=x: conv(x))
+                    assert y is not None
+                    backward, _ = heap(lambda y=y: y.backward(torch.ones_like(y)))
+                returned = sum(t.numel() * 4 for t in (x.grad, conv.weight.grad, conv.bias.grad) if t is not None)
+                shapes = (tuple(x.shape), tuple(conv.weight.shape), tuple(y.shape))
+                bias = 4 * cout if weight_grad else 0
+                rule = cpu_convolution_scratch(*shapes, 4, bias, True, weight_grad,
+                                               channels_last=layout != "contiguous")
+                if weight_grad:
+                    rule_forward = cpu_convolution_scratch(*shapes, 4, 0, False, False, forward=True,
+                                                           channels_last=layout != "contiguous")
+                    row += [f"{forward - y.numel() * 4:,}", f"{rule_forward:,}"]
+                row += [f"{backward - returned - 4 * y.numel():,}", f"{rule:,}"]
+            print(f"| {cin}->{cout} {kernel}x{kernel}/{stride} | {groups} | {size}x{size} | {batch} | {layout} | "
+                  f"{' | '.join(row)} |")
+
+
 LSTM_SHAPES = ((1, 64, 128, 4, 32), (2, 64, 128, 4, 32), (1, 64, 128, 8, 32), (1, 128, 128, 4, 32),
                (1, 64, 256, 4, 32), (1, 64, 128, 4, 64))
 
@@ -246,12 +310,19 @@ def main() -> None:
     parser.add_argument("--gathernd", action="store_true")
     parser.add_argument("--sdpa-heads", action="store_true")
     parser.add_argument("--sdpa-choice", action="store_true")
+    parser.add_argument("--conv-channels-last", action="store_true")
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.frozen_lstm_one:
         frozen_lstm_one(*args.frozen_lstm_one)
+        return
+    if args.conv_channels_last:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        conv_channels_last()
         return
     if args.frozen_lstm:
         from benchmarks.accuracy_training import under_malloc_counter

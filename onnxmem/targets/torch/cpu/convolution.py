@@ -34,10 +34,10 @@ def channel_padded(value: StepValue, nbytes: int, block: int) -> int:
 
 
 def node_convolution_scratch(node: StepNode, values: list[StepValue], needs_grad: list[bool],
-                             cpu: CpuRun) -> tuple[int, int] | None:
+                             cpu: CpuRun, channels_last: bool = False) -> tuple[int, int] | None:
     """Give the bytes a Conv's backward and its forward allocate on CPU besides what they return
     (cpu_convolution_scratch), or None where its shapes are not all known (then the op's generic temporaries
-    apply). Under autocast it runs in 16 bits."""
+    apply). Under autocast it runs in 16 bits; `channels_last`: its input is (layout.py)."""
     known = convolution_shapes(node, values, cpu)
     if known is None:
         return None
@@ -47,9 +47,9 @@ def node_convolution_scratch(node: StepNode, values: list[StepValue], needs_grad
     bias_bytes = (bias.numel or 0) * element if bias is not None else 0
     isa = cpu.isa
     backward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, needs_grad[inputs[0]],
-                                       needs_grad[inputs[1]], cpu.threads, isa=isa)
+                                       needs_grad[inputs[1]], cpu.threads, isa=isa, channels_last=channels_last)
     forward = cpu_convolution_scratch(shapes[0], shapes[1], shapes[2], element, bias_bytes, False, False,
-                                      cpu.threads, forward=True, isa=isa)
+                                      cpu.threads, forward=True, isa=isa, channels_last=channels_last)
     if backward is None or forward is None:
         return None
     return backward, forward
@@ -76,11 +76,13 @@ def convolution_shapes(node: StepNode, values: list[StepValue], cpu: CpuRun) \
 
 def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int,
                             bias_bytes: int, input_grad: bool, weight_grad: bool, threads: int = 1,
-                            forward: bool = False, isa: CpuIsa | None = None) -> int | None:
+                            forward: bool = False, isa: CpuIsa | None = None,
+                            channels_last: bool = False) -> int | None:
     """Give the bytes a 1-D or 2-D convolution's backward allocates on CPU besides the gradients it returns, at its
     peak (the rule in tables.py CPU_CONVOLUTION), from its shapes: X [N, C, *spatial], W [OC, C / groups,
     *kernel], Y [N, OC, *out], on `threads` intra-op threads; None for other ranks. `forward`: what its forward
-    allocates besides its output instead.
+    allocates besides its output instead. `channels_last`: the input is held channels-last (oneDNN then runs in
+    NHWC: tables.py CpuConvolution's channels-last paragraph).
 
     Kernel and groups come from the shapes (ModelGraph keeps no attributes); a dim is strided when its output is
     shorter than the input less the kernel plus one (what stride 1 gives with no padding).
@@ -119,10 +121,14 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
     weight_blocked = padded(weight_bytes, out_channels)
     if not depthwise and not flat:
         weight_blocked = padded(weight_blocked, group_channels)
+    larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
+    if channels_last and not larger_kernel and (depthwise or groups == 1):
+        return _channels_last_scratch(depthwise, one_by_one, weight_bytes, weight_blocked,
+                                      element_bytes * channels * kernel_elements, input_grad, weight_grad, forward,
+                                      kernel)
     if forward:  # the input and weight reordered and the output blocked, then the blocked and the dense output
         blocked = (0 if flat else in_blocked) + weight_blocked + out_blocked
         return max(blocked, out_blocked + out_bytes) - out_bytes
-    larger_kernel = any(k > s for k, s in zip(kernel, spatial, strict=True))
     gemm = larger_kernel or (max(kernel) > rule.depthwise_jit_max_kernel if depthwise
                              else kernel[-1] >= rule.jit_max_kernel_width)
     moments = []
@@ -145,6 +151,25 @@ def cpu_convolution_scratch(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int
             moments.append(made + weight_blocked + weight_bytes)
     returned = (in_bytes if input_grad else 0) + (weight_bytes + bias_bytes if weight_grad else 0)
     return max(0, max(moments) - returned)
+
+
+def _channels_last_scratch(depthwise: bool, one_by_one: bool, weight_bytes: int, weight_blocked: int,
+                           column_bytes_per_position: int, input_grad: bool, weight_grad: bool, forward: bool,
+                           kernel: tuple[int, ...]) -> int:
+    """Give what a oneDNN convolution of a channels-last input allocates besides its results (tables.py
+    CpuConvolution): a dense one holds the weight in channels-last and reordered (and its gradient blocked), a
+    depthwise one its reordered weight, and its weight gradient a column buffer of `channels_last_depthwise_positions`
+    output positions where the kernel is larger than `depthwise_jit_max_kernel`; a 1x1 one nothing."""
+    rule = CPU_CONVOLUTION
+    if not depthwise:
+        if one_by_one:
+            return 0
+        if forward:
+            return 2 * weight_bytes
+        return (3 if weight_grad else 2) * weight_bytes if input_grad or weight_grad else 0
+    if not forward and weight_grad and max(kernel) > rule.depthwise_jit_max_kernel:
+        return column_bytes_per_position * rule.channels_last_depthwise_positions
+    return weight_blocked if forward or input_grad or weight_grad else 0
 
 
 def runs_onednn(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], element_bytes: int, threads: int,

@@ -20,6 +20,7 @@ from onnxmem.targets.torch.cpu import attention
 from onnxmem.targets.torch.cpu.convolution import CpuRun, Primitive, channel_padded, node_convolution_scratch
 from onnxmem.targets.torch.cpu.gemm import Gemm, mkl_gemm_held, node_gemms
 from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
+from onnxmem.targets.torch.cpu.layout import channels_last
 from onnxmem.targets.torch.cpu.primitives import node_primitives
 from onnxmem.targets.torch.cpu.tables import (
     AUTOCAST_FP32_CPU,
@@ -107,8 +108,8 @@ class TorchCpu:
         autograd_nodes = None
         if kernel is not None:
             per_output, per_input = kernel.backward_temporaries
-            scratch = node_convolution_scratch(node, values, needs_grad, self._run(context.precision)) \
-                if kernel.convolution else None
+            scratch = node_convolution_scratch(node, values, needs_grad, self._run(context.precision),
+                                               _input_channels_last(context)) if kernel.convolution else None
             if scratch is not None:
                 backward, forward = scratch
             elif out0 is not None and (per_output or per_input):
@@ -206,6 +207,13 @@ def _onednn_ld(n: int) -> int:
     """Give oneDNN's leading dimension for n floats: a multiple of 16, not of 256 (4K aliasing)."""
     ld = -(-n // 16) * 16
     return ld + 16 if ld % 256 == 0 else ld
+
+
+def _input_channels_last(context: NodeContext) -> bool:
+    """Say whether the op's input 0 is held channels-last by PyTorch (layout.py)."""
+    inputs = context.node.inputs
+    index = context.graph.tensor_index.get(context.values[inputs[0]].name) if inputs and inputs[0] >= 0 else None
+    return index is not None and channels_last(context.graph, index)
 
 
 def _producer_op_type(graph: ModelGraph, name: str) -> str:

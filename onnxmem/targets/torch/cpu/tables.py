@@ -227,6 +227,16 @@ class CpuConvolution:
       convolution has more than `gemm_pack_min_out_channels` output channels and over one output position, per
       thread as its scratchpad (measured 0.3-2.4 MB at 64-512 input channels; none at 128 or 256 output channels).
     The op's peak over its gradients is the largest of these moments less the gradients it returns.
+
+    A channels-last input (its strides: targets/torch/cpu/layout.py) makes oneDNN run in NHWC, with other scratch
+    (measured with the malloc counter, fp32, one thread, batch 4 and 8, 2x2 to 32x32 images: the malloc counter's
+    single-op runs behind benchmarks/training_single_ops.py --conv-channels-last), where the kernel is not larger
+    than the input: a dense convolution holds the weight in channels-last and reordered in forward (2 W) and in
+    backward, with the weight's gradient blocked, 3 W (2 W for the input's gradient alone), whatever the batch and
+    spatial size; a 1x1 one nothing (a GEMM on the NHWC input); a depthwise one its reordered weight, and for its
+    weight's gradient with a kernel larger than `depthwise_jit_max_kernel` one column buffer of C x kernel x
+    `channels_last_depthwise_positions` output positions (oneDNN's gemm convolution in NHWC, by blocks of
+    output positions), whatever the batch and spatial size. A kernel larger than the input takes the NCHW rules.
     """
 
     mkldnn_min_batch_1x1: int = 16
@@ -239,6 +249,7 @@ class CpuConvolution:
     gemm_outer_threading_max_spatial: int = 256
     gemm_pack_rows: int = 128
     gemm_pack_min_out_channels: int = 257
+    channels_last_depthwise_positions: int = 64
 
 
 CPU_CONVOLUTION = CpuConvolution()
