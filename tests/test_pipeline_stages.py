@@ -85,3 +85,29 @@ def test_validate_estimates_by_the_declared_stages(stages: list[tuple[str, Pipel
     assert all(_is_stretch(run) for run in runs)
     # the estimate on the graph onnxruntime ran: the stages after sizing, with the validation's memory pattern
     assert ["order", "liveness", "summarize", "training"] in runs
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_stages_run_without_the_cycle_collector_and_give_it_back(monkeypatch: pytest.MonkeyPatch,
+                                                                      enabled: bool) -> None:
+    # (pipeline._no_cycle_collection: a full collection walks every object a large graph made, to free nothing)
+    import gc
+
+    collecting: list[bool] = []
+
+    def observed(stage: Stage) -> Stage:
+        def run(state: PipelineRun) -> None:
+            collecting.append(gc.isenabled())
+            stage.run(state)
+
+        return Stage(stage.name, run)
+
+    monkeypatch.setattr(pipeline, "STAGES", tuple(observed(s) for s in pipeline.STAGES))
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        onnxmem.analyze(str(MODEL), DIMS, training=onnxmem.TrainingOptions())
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+    assert collecting and not any(collecting)
