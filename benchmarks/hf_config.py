@@ -67,13 +67,16 @@ def run_cli(arguments: list[str]) -> tuple[float, int, int, str]:
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out:
         process = subprocess.Popen([sys.executable, "-c", code, *arguments], stdout=out,
-                                   stderr=subprocess.DEVNULL)
+                                   stderr=subprocess.PIPE)
+        assert process.stderr is not None
+        errors = [line for line in process.stderr.read().decode().splitlines() if line.startswith("onnxmem")]
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
         out.seek(0)
         text = out.read().decode()
-    return wall, usage.ru_maxrss * 1024, process.returncode, text
+    return wall, usage.ru_maxrss * 1024, process.returncode, text if process.returncode in (0, 1) else \
+        (errors[-1] if errors else "")
 
 
 def parameters_of(config: Path) -> tuple[int, int]:
@@ -88,6 +91,8 @@ def parameters_of(config: Path) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--commands", default=",".join(label for label, _ in COMMANDS),
+                        help="which rows, by label (comma-separated)")
     parser.add_argument("--out", default=None, help="where to write the configs (default: a temporary folder)")
     args = parser.parse_args()
     sys.path.insert(0, str(SHIM_DIR))
@@ -104,8 +109,12 @@ def main() -> None:
         count, nbytes = parameters_of(config)
         bound = [a for d, v in dims.items() for a in ("--dim", f"{d}={v}")]
         for label, command in COMMANDS:
-            wall, rss, code, text = run_cli([*command, "--hf", str(config.parent), *bound])
-            answer = "-"
+            if label not in args.commands.split(","):
+                continue
+            searched = bound if command[0] != "fit" else \
+                [a for d, v in dims.items() if d != "batch" for a in ("--dim", f"{d}={v}")]  # fit searches batch
+            wall, rss, code, text = run_cli([*command, "--hf", str(config.parent), *searched])
+            answer = text.strip()[:200] or "-"
             if code in (0, 1) and text.strip():
                 document = json.loads(text)
                 if "inference" in document:
