@@ -17,6 +17,7 @@ config.json (or the folder that holds one).
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -321,6 +322,8 @@ def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], 
     inputs, axes = _inputs(loaded, found)
     target = Path(path)
     _export(model, name, inputs, axes, target, training=training, repeat=repeat_layers)
+    del model, inputs
+    gc.collect()  # the exporter's graphs are cycles, and the command line runs with the collector off
     dims = tuple(dict.fromkeys(d for per_input in axes.values() for d in per_input.values()))
     return HfModel(target, name, found, dims, parameters, parameter_bytes, lora_parameters)
 
