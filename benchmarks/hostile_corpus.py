@@ -5,6 +5,7 @@ address-space limit (30 s, 4 GiB by default). A run passes where it answers (exi
 beside the model, none changed).
 
     python benchmarks/hostile_corpus.py [--timeout 30] [--memory-gib 4] [--only CLASS ...] [--show 5]
+                                        [--checkout DIR] [--embedded-mib 64]
 
 prints per class: cases, answers, clean errors, internal errors (a traceback, a crash, an exit other than 0 or 2,
 an error of more than one line), hangs (over the time limit), writes beside the model, the largest RSS and the
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import select
 import signal
 import subprocess
 import sys
@@ -319,15 +318,22 @@ def data_propagation(folder: Path) -> list[Path]:
                     [], [_value("y", [1], TensorProto.INT64)], [start, limit, delta])
     shape = helper.make_tensor("shape", TensorProto.INT64, [1], [2**40])
     filled = _model([helper.make_node("ConstantOfShape", ["shape"], ["y"])], [], [_value("y", None)], [shape])
-    return _save(folder, {"float_vector_2e25": vector, "range_2e40": ranged, "constant_of_shape_2e40": filled})
+    # the same vector beside a shape only data propagation finds: the plain pass leaves it unsized, so the
+    # propagating pass runs, and expands the float vector too
+    shaped = _model([helper.make_node("Add", ["x", "x"], ["y"]), helper.make_node("Shape", ["x"], ["s"]),
+                     helper.make_node("Reshape", ["x", "s"], ["z"])], [_value("x", [2**25])],
+                    [_value("y", [2**25]), _value("z", None)])
+    return _save(folder, {"float_vector_2e25": vector, "float_vector_beside_a_shape_value": shaped,
+                          "range_2e40": ranged, "constant_of_shape_2e40": filled})
 
 
 EMBEDDED_BYTES = 64 * 2**20
 
 
 def embedded_weights(folder: Path) -> list[Path]:
-    """A 64 MiB weight embedded in the file: an initializer, a Constant's value, a Constant in an If branch, and
-    an INT64 Constant (kept whole: passes decode such values); memory must stay a small multiple of the file."""
+    """A weight of EMBEDDED_BYTES (64 MiB) embedded in the file: an initializer, a Constant's value, a Constant in
+    an If branch, and an INT64 Constant (kept whole: passes decode such values); memory must stay a small multiple
+    of the file."""
     import numpy
     from onnx import numpy_helper
 
@@ -394,6 +400,7 @@ class Outcome:
     stderr: str
     timed_out: bool
     written: tuple[str, ...]  # files made or changed in the model's folder
+    file_bytes: int = 0
 
     @property
     def verdict(self) -> str:
@@ -416,38 +423,53 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
             for entry in os.scandir(folder)}
 
 
-def run(model: Path, mode: str, timeout: float, memory_bytes: int) -> Outcome:
+# The run's parent: a small process that sets the limit, forks the run, and writes its peak RSS (a child forked
+# from the corpus's process itself would start from that process's memory, and its peak would count it).
+_PARENT = """import os, resource, signal, sys
+limit, report, *command = sys.argv[1:]
+pid = os.fork()
+if pid == 0:
+    resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
+    os.execv(command[0], command)
+_, status, usage = os.wait4(pid, 0)
+with open(report, "w") as out:
+    out.write(str(usage.ru_maxrss * 1024))
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
+def run(model: Path, mode: str, timeout: float, memory_bytes: int, checkout: Path = ROOT) -> Outcome:
     """Run the CLI's report or onnxmem.analyze on `model` in a subprocess (its folder the working directory),
-    under `timeout` seconds and `memory_bytes` of address space."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
+    under `timeout` seconds and `memory_bytes` of address space, with onnxmem from `checkout`."""
     command = [sys.executable, "-m", "onnxmem", "report", str(model)] if mode == "cli" else \
         [sys.executable, "-c", _ANALYZE, str(model)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     before = _snapshot(model.parent)
     start = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                   preexec_fn=limit, env=env, cwd=model.parent)
-        # the child's end is awaited on a pidfd (no polling loop), then reaped by wait4, which gives its own peak RSS
-        descriptor = os.pidfd_open(process.pid)
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "rss"
+        process = subprocess.Popen([sys.executable, "-S", "-c", _PARENT, str(memory_bytes), str(report), *command],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                   cwd=model.parent, start_new_session=True)
         try:
-            timed_out = not select.select([descriptor], [], [], timeout)[0]
-        finally:
-            os.close(descriptor)
-        if timed_out:
-            process.send_signal(signal.SIGKILL)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = code = os.waitstatus_to_exitcode(status)
+            process.wait(timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the run and its parent: their own session
+            process.wait()
+            timed_out = True
+        code = process.returncode
+        rss = int(report.read_text()) if report.exists() and report.read_text() else 0
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
     seconds = time.perf_counter() - start
     after = _snapshot(model.parent)
     written = tuple(sorted(name for name, stamp in after.items() if before.get(name) != stamp))
-    rss = usage.ru_maxrss * 1024
-    return Outcome(model.name, mode, code, seconds, rss, stderr, timed_out, written)
+    return Outcome(model.name, mode, code, seconds, rss, stderr, timed_out, written, model.stat().st_size)
 
 
 def main() -> None:
@@ -456,7 +478,11 @@ def main() -> None:
     parser.add_argument("--memory-gib", type=float, default=4.0)
     parser.add_argument("--only", nargs="*", default=None, help="class names (default: all)")
     parser.add_argument("--show", type=int, default=5, help="failures to print with their stderr")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="run onnxmem from this checkout (a before)")
+    parser.add_argument("--embedded-mib", type=int, default=64, help="the embedded weights' size")
     args = parser.parse_args()
+    global EMBEDDED_BYTES
+    EMBEDDED_BYTES = args.embedded_mib * 2**20
     memory = int(args.memory_gib * 2**30)
     by_class: dict[str, list[Outcome]] = defaultdict(list)
     started = time.perf_counter()
@@ -468,9 +494,11 @@ def main() -> None:
             folder.mkdir()
             for model in make(folder):
                 for mode in ("cli", "analyze"):
-                    by_class[name].append(run(model, mode, args.timeout, memory))
+                    by_class[name].append(run(model, mode, args.timeout, memory, args.checkout.resolve()))
     elapsed = time.perf_counter() - started
     columns = ["answer", "clean error", "internal error", "hang", "wrote"]
+    load = os.getloadavg()[0]
+    print(f"onnxmem from {args.checkout}; load average {load:.1f} on {os.cpu_count()} CPUs at the end")
     print(f"hostile corpus: {sum(len(v) for v in by_class.values())} runs (each model through the CLI's report and "
           f"onnxmem.analyze); limits {args.timeout:g} s and {args.memory_gib:g} GiB of address space per run; "
           f"{elapsed:.0f} s in all\n")
@@ -486,8 +514,11 @@ def main() -> None:
     for outcome in bad[: args.show]:
         print(f"\n{outcome.verdict}: {outcome.model} ({outcome.mode}) exit {outcome.code}, {outcome.seconds:.1f} s, "
               f"wrote {list(outcome.written)}: {outcome.stderr.strip()[-600:]}")
-    print("\nper model (cli): " + "; ".join(f"{o.model} {o.verdict} {o.seconds:.1f}s"
-                                            for o in everything if o.mode == "cli"))
+    print("\n| model | file MiB | mode | verdict | s | max RSS MiB |")
+    print("|---|---|---|---|---|---|")
+    for outcome in everything:
+        print(f"| {outcome.model} | {outcome.file_bytes / 2**20:.1f} | {outcome.mode} | {outcome.verdict} | "
+              f"{outcome.seconds:.1f} | {outcome.max_rss_bytes / 2**20:.0f} |")
 
 
 if __name__ == "__main__":
