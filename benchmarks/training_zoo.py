@@ -572,6 +572,26 @@ def render(rows: list[ZooRow]) -> str:
     return "\n".join(out)
 
 
+def compare(before: list[ZooRow], after: list[ZooRow]) -> str:
+    """Give the rows whose estimate changed (before -> after, the same truth) and each half's summary before and
+    after, per variant."""
+    out = ["| half | model | batch | variant | optimizer | heap (truth) | before | error | after | error | warnings |",
+           "|---|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for b, a in zip(before, after, strict=True):
+        if b.estimate != a.estimate:
+            out.append(f"| {a.half} | {a.model} | {a.batch} | {a.variant} | {a.optimizer} | {_bytes(a.heap)} "
+                       f"| {_bytes(b.estimate)} | {_percent(b.error(b.estimate))} | {_bytes(a.estimate)} "
+                       f"| {_percent(a.error(a.estimate))} | {a.warned} |")
+    out += ["", "| half | variant | rows | before | after |", "|---|---|---:|---|---|"]
+    for half in ("dev", "held-out"):
+        for variant in ("fp32", *VARIANTS):
+            pairs = [(b, a) for b, a in zip(before, after, strict=True) if a.variant == variant and a.half == half]
+            if pairs:
+                was, now = (summary([pair[i] for pair in pairs], lambda r: r.estimate) for i in (0, 1))
+                out.append(f"| {half} | {variant} | {len(pairs)} | {was} | {now} |")
+    return "\n".join(out)
+
+
 def estimate_again(path: Path, folder: Path) -> None:
     """Recompute the estimates of the rows in `path` (on the exports in `folder`) and rewrite them."""
     rows = json.loads(path.read_text())
@@ -616,6 +636,9 @@ def main() -> None:
     parser.add_argument("--estimate-again", type=Path,
                         help="a JSON file of rows (--json): recompute onnxmem's estimates (a rule changes only them; "
                              "the truth and MemTracker columns are kept) and rewrite it")
+    parser.add_argument("--compare", default="",
+                        help="BEFORE.json,AFTER.json (rows in the same order, --estimate-again of a copy): print the "
+                             "rows whose estimate changed and each half's summary before and after")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.estimate_again:
@@ -623,6 +646,10 @@ def main() -> None:
         return
     if args.memtracker_again:
         memtracker_again(args.memtracker_again, args.out)
+        return
+    if args.compare:
+        before, after = ([ZooRow(**r) for r in json.loads(Path(f).read_text())] for f in args.compare.split(","))
+        print(compare(before, after))
         return
     if args.merge:
         rows = [ZooRow(**r) for f in args.merge.split(",") for r in json.loads(Path(f).read_text())]

@@ -20,7 +20,7 @@ AVX2 = CPU_ISAS["avx2"]
 
 def _graph() -> onnx.ModelProto:
     """NHWC -> permute -> depthwise 7x7 -> + x (channels-last first) -> + x (contiguous first); tokens -> transpose ->
-    view as an image -> 3x3 conv."""
+    view as an image -> 3x3 conv; the permute made contiguous -> 3x3 conv."""
     f = TensorProto.FLOAT
     nodes = [
         helper.make_node("Transpose", ["nhwc"], ["x"], perm=[0, 3, 1, 2]),
@@ -31,15 +31,27 @@ def _graph() -> onnx.ModelProto:
         helper.make_node("Reshape", ["channels_tokens", "image_shape"], ["viewed"]),
         helper.make_node("Conv", ["viewed", "w"], ["z"], pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["image", "w"], ["plain"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["square_tokens"], ["square_channels"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["square_channels", "square_shape"], ["square_viewed"]),
+        helper.make_node("Identity", ["x"], ["x_contiguous"]),
+        helper.make_node("Conv", ["x_contiguous", "w"], ["after_contiguous"], pads=[1, 1, 1, 1]),
     ]
+    # x.contiguous(): the exporter writes aten.clone as an Identity node that keeps the clone's fx node
+    clone = nodes[-2].metadata_props.add()
+    clone.key, clone.value = "pkg.torch.onnx.fx_node", (
+        "%clone : [num_users=1] = call_function[target=torch.ops.aten.clone.default](args = (%permute,), "
+        "kwargs = {memory_format: torch.contiguous_format})")
     graph = helper.make_graph(nodes, "layouts", [
         helper.make_tensor_value_info("nhwc", f, [2, 8, 8, 16]),
         helper.make_tensor_value_info("image", f, [2, 16, 8, 8]),
         helper.make_tensor_value_info("tokens", f, [2, 64, 16]),
-    ], [helper.make_tensor_value_info(n, f, None) for n in ("cl_first", "contiguous_first", "z", "plain")], [
+        helper.make_tensor_value_info("square_tokens", f, [2, 64, 64]),
+    ], [helper.make_tensor_value_info(n, f, None) for n in ("cl_first", "contiguous_first", "z", "plain",
+                                                                  "after_contiguous", "square_viewed")], [
         helper.make_tensor("dw", f, [16, 1, 7, 7], [0.0] * 16 * 49),
         helper.make_tensor("w", f, [16, 16, 3, 3], [0.0] * 16 * 16 * 9),
         helper.make_tensor("image_shape", TensorProto.INT64, [4], [2, 16, 8, 8]),
+        helper.make_tensor("square_shape", TensorProto.INT64, [4], [2, 64, 8, 8]),
     ])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -54,7 +66,9 @@ def test_channels_last_is_followed_from_a_permute_and_a_token_view() -> None:
     assert layout("x") and layout("y")  # the permute of NHWC, and a convolution of it
     assert layout("cl_first") and not layout("contiguous_first")  # an add follows its first input's strides
     assert layout("viewed") and layout("z")  # [N, L, C] transposed and viewed as [N, C, H, W]
+    assert layout("square_viewed")  # 64 tokens of 64 channels: the same shape transposed
     assert not layout("image") and not layout("plain")
+    assert not layout("x_contiguous") and not layout("after_contiguous")  # .contiguous() after the permute
 
 
 def _nbytes(shape: tuple[int, ...]) -> int:

@@ -9,12 +9,14 @@ shapes, not strides; the layouts that PyTorch's ops give are followed from where
 - an elementwise op keeps the layout of its first input of the output's shape (TensorIterator orders the dims by
   its first operand's strides: `x.permute(0, 3, 1, 2) + shortcut` is channels-last), and so do a convolution and a
   batch norm of their input;
-- anything else gives a contiguous tensor.
+- `.contiguous()` (aten.clone, which the exporter writes as an Identity node carrying the clone's mark: PVT's
+  patch embeddings call it after their permute) and anything else give a contiguous tensor.
 """
 
 from __future__ import annotations
 
 from onnxmem.ir.graph import ModelGraph
+from onnxmem.training.values import aten_op
 
 # ops whose output has the layout of their first input of the output's full shape
 LAYOUT_KEEPING: frozenset[str] = frozenset({
@@ -23,6 +25,9 @@ LAYOUT_KEEPING: frozenset[str] = frozenset({
 })
 # ops whose output has the layout of their input 0 whatever the shapes
 LAYOUT_OF_INPUT: frozenset[str] = frozenset({"Conv", "BatchNormalization", "MaxPool", "AveragePool"})
+# ATen ops whose result is contiguous whatever their input (x.contiguous() is aten.clone with the contiguous format;
+# the exporter drops the keyword, and a plain clone() before a convolution is rarer than .contiguous())
+CONTIGUOUS_ATEN: frozenset[str] = frozenset({"clone", "contiguous"})
 WALK_LIMIT = 256  # producers followed back from one tensor
 
 
@@ -36,6 +41,8 @@ def channels_last(graph: ModelGraph, tensor: int) -> bool:
         if value.producer is None or shape is None or len(shape) != 4:
             return False
         op = graph.ops[value.producer]
+        if aten_op(op.origin) in CONTIGUOUS_ATEN:
+            return False
         if op.op_type == "Transpose":
             return _permuted_to_nchw(graph, op.inputs[0], shape) if op.inputs and op.inputs[0] >= 0 else False
         if op.op_type == "Reshape":
@@ -73,5 +80,6 @@ def _tokens_viewed_as_image(graph: ModelGraph, source: int, shape: tuple[object,
     if tokens is None or len(tokens) != 3 or (tokens[0], tokens[2], tokens[1]) != tuple(before):
         return False
     height, width, length = shape[2], shape[3], before[2]
+    # (a square [N, L, L] reads the same transposed: the exporter writes no identity Transpose, so it is one)
     return before[:2] == tuple(shape[:2]) and isinstance(height, int) and isinstance(width, int) \
-        and isinstance(length, int) and height * width == length and tokens[1] != tokens[2]
+        and isinstance(length, int) and height * width == length
