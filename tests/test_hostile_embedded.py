@@ -99,3 +99,12 @@ def test_the_rewrite_leaves_every_other_byte_as_the_parse_reads_it() -> None:
     large.ClearField("data_location")
     large.raw_data = original.raw_data
     assert rewritten == model
+
+
+@pytest.mark.parametrize("name", ["c:model.onnx", "new\nline.onnx"])
+def test_a_file_name_that_cannot_be_a_location_keeps_its_tensors_whole(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name  # (the checks refuse 'c:...' as an absolute location, and a control character)
+    onnx.save(_model("constant", numpy_helper.from_array(_VALUES, "w")), str(path))
+    loaded = load_model(path)
+    (large,) = [t for t in _weights(loaded.proto) if t.dims[:] == [_ROWS, _COLUMNS]]
+    assert large.data_location == TensorProto.DEFAULT and len(large.raw_data) == _VALUES.nbytes

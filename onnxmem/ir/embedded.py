@@ -28,6 +28,7 @@ from onnx import (
 )
 
 from onnxmem.ir.dtypes import element_bits
+from onnxmem.ir.modelcheck import _location_problem
 
 # Tensors with more data than this are rewritten as headers: more than any value a pass decodes (4096 elements of
 # at most 16 bytes).
@@ -87,9 +88,13 @@ def headers_only(data: bytes, file_name: str) -> bytes | None:
     """Give the serialized model `data` (the bytes of the file `file_name`, in its folder) with each tensor whose
     data is over ELIDED_BYTES and fits its dims written as external data in that file (see the module's
     docstring), or None where no tensor is or the walk gave up."""
-    if len(data) <= ELIDED_BYTES:
+    if len(data) <= ELIDED_BYTES or _location_problem(file_name) or not file_name.isprintable():
+        return None  # (a name the checks would refuse as a location: 'c:model.onnx', or not UTF-8)
+    try:
+        location = file_name.encode()
+    except UnicodeEncodeError:
         return None
-    walk = _Rewrite(data, file_name.encode())
+    walk = _Rewrite(data, location)
     try:
         pieces = walk.message("model", 0, len(data), 0)
     except _GiveUp:
