@@ -1,7 +1,7 @@
 """Single-op measurements behind the training rules written from the training zoo (benchmarks/training_zoo.py).
 
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
-                                             [--conv-channels-last] [--frozen-lstm]
+                                             [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -33,6 +33,10 @@ byte: the malloc counter; fp32, one thread, the second step of each) with its in
 (a permute of an NHWC tensor, as timm's ConvNeXt blocks and PVT's token reshapes give it), against onnxmem's rule
 (onnxmem.targets.torch.cpu.convolution.cpu_convolution_scratch, channels_last as targets/torch/cpu/layout.py finds
 it): behind tables.py CpuConvolution's channels-last paragraph.
+
+--flash-fp16: the heap (every malloc; a fresh process per row, one thread) of F.scaled_dot_product_attention's
+forward and backward on CPU (flash attention, causal) with bf16 and with fp16 inputs, its peak and what stays
+allocated after: behind targets/torch/cpu/gemm.py counting fp16's flash-attention GEMM buffers as bf16's.
 
 --frozen-lstm: the heap peak (every malloc: the LD_PRELOAD counter, as benchmarks/accuracy_training.py measures;
 each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
@@ -276,6 +280,43 @@ def conv_channels_last() -> None:
                   f"{' | '.join(row)} |")
 
 
+FLASH_SHAPES = ((4, 4, 32, 32), (8, 4, 64, 32), (4, 8, 128, 64))  # batch, heads, tokens, head dim
+
+
+def flash_16bit_one(dtype: str, batch: int, heads: int, tokens: int, width: int) -> None:
+    """Print the heap peak of one 16-bit flash attention's forward and backward in this fresh process, and what
+    stays allocated after it."""
+    import ctypes
+    import gc
+
+    counter = ctypes.CDLL(None)
+    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, tokens, width, dtype=getattr(torch, dtype), requires_grad=True)
+               for _ in range(3))
+    gc.collect()
+    base = counter.mc_current()
+    counter.mc_reset_peak()
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.backward(torch.ones_like(out))
+    assert out.grad_fn is not None and "FlashAttention" in out.grad_fn.name()
+    print(f"@@ {counter.mc_peak() - base} {counter.mc_current() - base}")
+
+
+def flash_16bit() -> None:
+    print("| batch | heads | tokens | head dim | bf16 peak | fp16 peak | bf16 after | fp16 after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in FLASH_SHAPES:
+        found = {}
+        for dtype in ("bfloat16", "float16"):
+            out = subprocess.run([sys.executable, __file__, "--flash-fp16-one", dtype, *map(str, shape)],
+                                 capture_output=True, text=True, check=True).stdout
+            line = next(line for line in out.splitlines() if line.startswith("@@"))
+            found[dtype] = [int(v) for v in line.split()[1:]]
+        bf16, fp16 = found["bfloat16"], found["float16"]
+        print(f"| {' | '.join(map(str, shape))} | {bf16[0]:,} | {fp16[0]:,} | {bf16[1]:,} | {fp16[1]:,} |")
+
+
 LSTM_SHAPES = ((1, 64, 128, 4, 32), (2, 64, 128, 4, 32), (1, 64, 128, 8, 32), (1, 128, 128, 4, 32),
                (1, 64, 256, 4, 32), (1, 64, 128, 4, 64))
 
@@ -311,12 +352,23 @@ def main() -> None:
     parser.add_argument("--sdpa-heads", action="store_true")
     parser.add_argument("--sdpa-choice", action="store_true")
     parser.add_argument("--conv-channels-last", action="store_true")
+    parser.add_argument("--flash-fp16", action="store_true")
+    parser.add_argument("--flash-fp16-one", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.frozen_lstm_one:
         frozen_lstm_one(*args.frozen_lstm_one)
+        return
+    if args.flash_fp16_one:
+        flash_16bit_one(args.flash_fp16_one[0], *map(int, args.flash_fp16_one[1:]))
+        return
+    if args.flash_fp16:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        flash_16bit()
         return
     if args.conv_channels_last:
         from benchmarks.accuracy_training import under_malloc_counter
