@@ -342,6 +342,7 @@ def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[
         raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
                            "repeat_layers=False (every layer traced)")
     name_dims(proto, list(axes.values()))
+    _drop_unread_metadata(proto.graph)
     if not training:
         _fold_weight_transposes(proto.graph)
     _store_weights_outside(proto, target)
@@ -380,6 +381,21 @@ def _exported_proto(model: Any, name: str, inputs: dict[str, Any], axes: dict[st
         value.const_value = ir.ExternalTensor("", 0, raw.numel() * raw.element_size(), tensor.dtype,
                                               shape=ir.Shape(raw.shape), name=value.name or "")
     return ir.serde.serialize_model(program.model)
+
+
+# Node metadata the exporter writes that onnxmem never reads (the module scope is read from `namespace`, the ATen
+# op from pkg.torch.onnx.fx_node): dropped (Mixtral-8x7B's report in one process: peak RSS 1,040 -> 951 MiB).
+UNREAD_METADATA = frozenset({"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.class_hierarchy",
+                             "pkg.torch.onnx.name_scopes"})
+
+
+def _drop_unread_metadata(graph: Any) -> None:
+    for node in graph.node:
+        kept = [(p.key, p.value) for p in node.metadata_props if p.key not in UNREAD_METADATA]
+        if len(kept) != len(node.metadata_props):
+            del node.metadata_props[:]
+            for key, value in kept:
+                node.metadata_props.add(key=key, value=value)
 
 
 def _fold_weight_transposes(graph: Any) -> None:
