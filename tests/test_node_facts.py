@@ -115,7 +115,7 @@ def _count_inference(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str
 
 @pytest.mark.parametrize("provider", ["cuda", "cpu"])
 @pytest.mark.parametrize("fixture", ["mlp", "cnn_bn_residual", "embedding_model", "swish_mlp", "alias_reshape",
-                                     "chain_add", "fanout", "skip", "weights_mlp"])
+                                     "chain_add", "fanout", "skip", "weights_mlp", "loop_subgraph"])
 def test_a_report_runs_shape_inference_once(monkeypatch: pytest.MonkeyPatch, fixture: str, provider: str) -> None:
     # the planner's symbolic types, evaluated at the bound dims, size every tensor: one inference; a model of
     # static shapes (no planner types) is inferred once without data propagation, which finds every size there

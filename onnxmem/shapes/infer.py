@@ -121,7 +121,7 @@ def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warnin
     """Give ONNX's inference of `light`, with data propagation where asked and bounded: inferred first without it,
     and where an integer vector of more than LONGEST_PROPAGATED_VECTOR values shows, without it (a named warning);
     and whether data propagation ran (or was not needed: the first inference sized every output of a graph of
-    standard operators and no subgraph, which is what it would find)."""
+    standard operators, its subgraphs' too, which is what it would find: _sized_everywhere)."""
     if not data_prop:
         return _inferred(light, False), False
     plain = _inferred(light, False)
@@ -135,10 +135,29 @@ def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warnin
                 "long-shape-value", f"integer tensor {quoted(value.name)} holds {length:,} values: shape values "
                 "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
             return plain, False
-    if not _has_unknown_outputs(plain.graph) and \
-            not any(n.op_type in CONTROL_FLOW or n.domain not in ("", "ai.onnx") for n in light.graph.node):
+    if _sized_everywhere(plain.graph):
         return plain, True  # every output sized without the values: propagating them would find the same
     return _inferred(light, True), True
+
+
+def _sized_everywhere(graph: GraphProto) -> bool:
+    """Say whether every output of every node of the graph, its subgraphs' at every depth included, has a static
+    shape, and every node is a standard operator (whose inference data propagation could only make more exact)."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        if _has_unknown_outputs(current):
+            return False
+        for node in current.node:
+            if node.domain not in ("", "ai.onnx"):
+                return False
+            if node.op_type in CONTROL_FLOW:
+                for attr in node.attribute:
+                    if attr.type == AttributeProto.GRAPH:
+                        stack.append(attr.g)
+                    elif attr.type == AttributeProto.GRAPHS:
+                        stack.extend(attr.graphs)
+    return True
 
 
 def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],

@@ -4,6 +4,7 @@ types evaluated where they name every dim; inference only for the rest)."""
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -189,7 +190,8 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             chosen.add(made_by)
             if op.op_type not in ("Shape", "Size"):  # (their input's size is read, not its value)
                 stack.extend(k for k in op.inputs if k >= 0)
-        found = _shape_values([nodes[i] for i in sorted(chosen)], initializers, {**types, **sized})
+        # (a view, not a copy of every type: a graph may hold thousands of such Reshapes)
+        found = _shape_values([nodes[i] for i in sorted(chosen)], initializers, ChainMap(sized, types))
         tensor = found.get(tensors[j].name)
         if tensor is None or tensor.data_type not in _INT_TYPES or len(tensor.dims) > 1:
             return None
