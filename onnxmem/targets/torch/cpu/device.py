@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import onnxmem.targets.torch.cpu.attention as attention
 from onnxmem.errors import TrainingOptionError
 from onnxmem.ir.graph import ModelGraph
 from onnxmem.targets.torch.base import DeviceOption, HeldPeaks, LibraryBuffer, NodeContext, NodeFacts
-from onnxmem.targets.torch.cpu import attention
 from onnxmem.targets.torch.cpu.convolution import CpuRun, Primitive, channel_padded, node_convolution_scratch
 from onnxmem.targets.torch.cpu.gemm import Gemm, mkl_gemm_held, node_gemms
 from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
