@@ -114,3 +114,14 @@ def test_the_escapes_by_hand() -> None:
     assert markdown_code("a|b\nc") == "`a\\|b c`"
     assert markdown_text("<b>&") == "&lt;b&gt;&amp;"
     assert markdown_text("[x](y) *z*") == "\\[x\\](y) \\*z\\*"
+
+
+def test_a_line_feed_in_the_model_s_file_name_stays_in_the_title_line(tmp_path: Path) -> None:
+    # the title names the file on one line: a line feed or tab in the name is written as \n, \t
+    path = save(graphs.model([oh.make_node("Relu", ["x"], ["y"], name="r")], [graphs.value("x", [2, 4])],
+                             [graphs.value("y", [2, 4])]), tmp_path / "a\nforged line\t.onnx")
+    code, out, err = run("report", path)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("onnxmem report: ") and "\\nforged line\\t.onnx" in first
+    assert not any(line.startswith("forged line") for line in out.splitlines())

@@ -181,7 +181,8 @@ def to_text(blocks: Sequence[Block], width: int | None = None) -> str:
     for block in blocks:
         if isinstance(block, Title):  # one line: a long path shortened in the middle (its file's name kept)
             prefix = f"onnxmem {block.command}: "
-            out.append(prefix + shorten_middle(block.model, max(width - len(prefix), 20)))
+            model = block.model.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")  # one line
+            out.append(prefix + shorten_middle(model, max(width - len(prefix), 20)))
         elif isinstance(block, Answer):
             out += wrap(block.lines[0], width) if block.lines else []
             for line in block.lines[1:]:
