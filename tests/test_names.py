@@ -91,9 +91,6 @@ def test_a_train_pattern_from_named_parameters_trains_that_parameter_alone(expor
     assert report.training.trainable_parameters == parameter.numel()
 
 
-@pytest.mark.xfail(strict=True, reason="training/values.py module_path joins every level of a dynamo export's "
-                   "scope, each already a full path ('layer4.layer4.0.layer4.0.conv1'); the innermost level is the "
-                   "module's name (issue 30 part 5: a change outside this test's owner's files)")
 def test_a_module_pattern_from_named_modules_freezes_that_module(exported: tuple[Any, Path]) -> None:
     # `--freeze layer4.0.conv2` (a module's name, as named_modules gives it) freezes what a loop over
     # model.get_submodule('layer4.0.conv2').parameters() freezes
