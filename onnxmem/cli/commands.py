@@ -290,6 +290,10 @@ _TRAINING_OPTIONS = [
     click.option("--lora", is_flag=True,
                  help="Training: train only the LoRA adapters (PEFT's parameters named *.lora_*: lora_A, lora_B), "
                       "the base frozen; with --hf, adapters of PEFT's default LoraConfig (rank 8) are added."),
+    click.option("--base-precision", type=_TableChoice(lambda: _module("onnxmem.training.options").BASE_PRECISIONS,
+                                                       ""), default="", metavar="nf4|fp4|nf4-no-double-quant|int8",
+                 help="Training: store the frozen Linear weights as bitsandbytes does (QLoRA: nf4 with double "
+                      "quantization; int8: LLM.int8), dequantized per layer while it runs (the lm_head stays)."),
     click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                  help="Training: micro-steps per optimizer step; the batch dim is divided by N."),
     click.option("--micro-batch", type=click.IntRange(min=1), default=None, metavar="M",
@@ -396,8 +400,9 @@ Examples:
 def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str,
            provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int, hf: bool,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
-           lora: bool, grad_accum: int, micro_batch: int | None, checkpoint: str | None, device: str, loss: str,
-           device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None, debug: bool) -> None:
+           lora: bool, base_precision: str, grad_accum: int, micro_batch: int | None, checkpoint: str | None,
+           device: str, loss: str, device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None,
+           debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
     *.onnx files), and with --training, of a training step."""
     paths: list[str] = []
@@ -412,7 +417,7 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
 
             options = training_options(**_training_values(dict(
                 optimizer=optimizer, precision=precision, freeze=freeze, train=train_only, lora=lora,
-                grad_accum=grad_accum,
+                base_precision=base_precision, grad_accum=grad_accum,
                 micro_batch=micro_batch, checkpoint=checkpoint, device=device, loss=loss,
                 device_options=device_options, cpu_threads=cpu_threads, cpu_isa=cpu_isa)))
         request.update(dims=parse_dims(dims), default_dim=default_dim, order=order, training=options,
@@ -529,7 +534,7 @@ def _report_one(path: str, request: dict[str, Any], debug: bool = False) -> tupl
 
 
 _TRAINING_ONLY = ("optimizer", "precision", "freeze", "train_only", "grad_accum", "micro_batch", "checkpoint",
-                  "device", "loss", "device_options", "cpu_threads", "cpu_isa", "lora")
+                  "device", "loss", "device_options", "cpu_threads", "cpu_isa", "lora", "base_precision")
 
 
 def _check_training_flags(training: bool) -> None:

@@ -25,7 +25,7 @@ from onnxmem.training.export import (
     read_recurrent_weights,
     restore_folded,
 )
-from onnxmem.training.options import TrainingOptions
+from onnxmem.training.options import BASE_PRECISIONS, TrainingOptions
 from onnxmem.training.rules import (
     ATEN_VIEWS,
     AUTOCAST_LOW_PRECISION,
@@ -136,6 +136,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     _wire(graph, values, nodes)
     params, frozen, unmatched, tied_patterns = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options, device)
+    quantized = _quantize_base(values, nodes, frozen, model_output, options)
     roots = _storage_roots(values, nodes, graph)
     seeds, reenabling = _reenabled_inputs(values, nodes)
     needs_grad, differentiable = _gradient_flow(values, nodes, params, seeds)
@@ -151,6 +152,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
             _backward_needs(graph, n, node, values, roots, needs_grad, options, device, needs)
         else:
             _forward_only_needs(graph, n, node, values, needs_grad, options, device, needs)
+    _dequantize_temporaries(nodes, values, quantized, differentiable, needs)
     param_bytes = sum(values[t].nbytes for t in params)
     members: dict[int, list[int]] = {}
     for t, r in enumerate(roots):
@@ -362,6 +364,84 @@ def _size_at_precision(values: list[StepValue], nodes: list[StepNode], parameter
                 values[t].nbytes = numel * size
 
 
+# ops a Linear's weight passes through on its way to the product (the export's t(), a dtype cast)
+_WEIGHT_WAYS = frozenset({"Transpose", "Cast", "Identity", "Reshape"})
+_LINEAR_PRODUCTS = frozenset({"MatMul", "Gemm", "aten::linear"})
+
+
+def _quantize_base(values: list[StepValue], nodes: list[StepNode], frozen: list[int], model_output: int,
+                   options: TrainingOptions) -> dict[int, list[int]]:
+    """Size the frozen Linear weights at options.base_precision (bitsandbytes' layout: BASE_PRECISIONS), all but
+    the one that makes the model's output (transformers' quantization leaves the lm_head out); give each
+    quantized weight's products (the nodes that dequantize it while they run)."""
+    if not options.base_precision:
+        return {}
+    layout = BASE_PRECISIONS[options.base_precision]
+    head = set(_weight_sources(values, nodes, values[model_output].producer)) if model_output >= 0 else set()
+    quantized: dict[int, list[int]] = {}
+    for t in frozen:
+        v = values[t]
+        if not v.is_float or not v.numel or not v.shape or len(v.shape) != 2 or t in head:
+            continue
+        products = _products_reading(values, nodes, t)
+        if not products:
+            continue  # an embedding (Gather) or a norm's weight: bitsandbytes quantizes Linear layers only
+        rows = v.shape[0] if nodes[products[0]].op_type == "Gemm" else v.shape[-1]  # the output features
+        v.nbytes = layout.nbytes(v.numel, rows if isinstance(rows, int) else 1)
+        v.quantized = True
+        quantized[t] = products
+    return quantized
+
+
+def _products_reading(values: list[StepValue], nodes: list[StepNode], t: int) -> list[int]:
+    """Give the Linear products that read weight `t` as an operand (through a transpose or a cast), [] where any
+    other op reads it."""
+    found: list[int] = []
+    stack = [t]
+    while stack:
+        for n in values[stack.pop()].consumers:
+            node = nodes[n]
+            if node.op_type in _LINEAR_PRODUCTS:
+                found.append(n)
+            elif node.op_type in _WEIGHT_WAYS and node.outputs and node.outputs[0] >= 0:
+                stack.append(node.outputs[0])
+            else:
+                return []
+    return found
+
+
+def _weight_sources(values: list[StepValue], nodes: list[StepNode], n: int | None) -> list[int]:
+    """Give the weights node `n` reads, directly or through a transpose or a cast."""
+    if n is None:
+        return []
+    found, stack = [], list(nodes[n].inputs)
+    while stack:
+        t = stack.pop()
+        if t < 0:
+            continue
+        if values[t].kind == WEIGHT:
+            found.append(t)
+        elif values[t].producer is not None and nodes[values[t].producer].op_type in _WEIGHT_WAYS:  # type: ignore[index]
+            stack.extend(nodes[values[t].producer].inputs)  # type: ignore[index]
+    return found
+
+
+def _dequantize_temporaries(nodes: list[StepNode], values: list[StepValue], quantized: dict[int, list[int]],
+                            differentiable: list[bool], needs: _BackwardNeeds) -> None:
+    """Add the weight each quantized Linear dequantizes while it runs (bitsandbytes' MatMul4Bit: dequantize_4bit(B)
+    to the input's dtype in forward, and again in backward for the input's gradient) as that node's temporaries."""
+    for t, products in quantized.items():
+        numel = values[t].numel or 0
+        for n in products:
+            node = nodes[n]
+            operand = next((i for i in node.inputs if i >= 0 and values[i].kind != WEIGHT and values[i].is_float
+                            and values[i].numel), None)
+            width = values[operand].nbytes // (values[operand].numel or 1) if operand is not None else 4
+            needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + numel * width
+            if differentiable[n]:
+                needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + numel * width
+
+
 def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph) -> list[int]:
     """Give each value's storage root: PyTorch's views share their input's storage (the ONNX ops that are views in
     PyTorch, and any node the exporter marks with an ATen view op), and BatchNormalization's running statistics are
@@ -541,6 +621,8 @@ def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepVal
             # after CUDA's 16-bit log_softmax: the H100 rows' loss phase)
             needs.cast_copies[(n, t)] = v.numel * 4
             continue
+        if v.quantized:
+            continue  # bitsandbytes keeps the quantized weight itself (a parameter: nothing new)
         if low and v.is_float and v.numel and v.kind == WEIGHT:
             needs.weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
             continue

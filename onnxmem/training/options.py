@@ -72,6 +72,9 @@ class TrainingOptions:
     optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
     # LoRA: only the adapters train (LORA_PATTERNS added to `train`), the base model frozen
     lora: bool = False
+    # QLoRA / LLM.int8: the frozen Linear weights stored as bitsandbytes stores them (a key of BASE_PRECISIONS: nf4,
+    # fp4, nf4-no-double-quant, int8), dequantized per layer to the compute precision while it runs; "": as exported
+    base_precision: str = ""
     # where PyTorch trains: a device's name (a key of onnxmem.targets.torch.DEVICES: "cuda", "cpu"), for that device
     # with its default options, or a device with its own (TorchCpu(threads=4, isa="avx2"))
     device: str | DeviceModel = "cuda"
@@ -171,6 +174,9 @@ def check_options(options: TrainingOptions) -> None:
     options.device_model.check()
     if options.loss not in LOSSES:
         raise TrainingOptionError(f"unknown loss '{options.loss}': choose one of {', '.join(LOSSES)}")
+    if options.base_precision and options.base_precision not in BASE_PRECISIONS:
+        raise TrainingOptionError(f"unknown base precision '{options.base_precision}': choose one of "
+                                  f"{', '.join(BASE_PRECISIONS)}")
     if options.grad_accum < 1:
         raise TrainingOptionError("grad_accum must be at least 1")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:

@@ -46,6 +46,7 @@ class StepValue:
     is_sequence: bool = False  # a tensor sequence (no dtype of its own): it carries gradients like its tensors
     producer: int | None = None  # node index
     consumers: list[int] = field(default_factory=list)
+    quantized: bool = False  # a frozen weight stored at TrainingOptions.base_precision (bitsandbytes' layout)
 
 
 def saves_rule(op_type: str, domain: str) -> Saves | None:
