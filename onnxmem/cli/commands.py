@@ -290,8 +290,8 @@ _TRAINING_OPTIONS = [
     click.option("--lora", is_flag=True,
                  help="Training: train only the LoRA adapters (PEFT's parameters named *.lora_*: lora_A, lora_B), "
                       "the base frozen; with --hf, adapters of PEFT's default LoraConfig (rank 8) are added."),
-    click.option("--base-precision", type=_TableChoice(lambda: _module("onnxmem.training.options").BASE_PRECISIONS,
-                                                       ""), default="", metavar="nf4|fp4|nf4-no-double-quant|int8",
+    click.option("--base-precision", type=_TableChoice(lambda: _module("onnxmem.training.options").BASE_PRECISIONS),
+                 default=None, metavar="nf4|fp4|nf4-no-double-quant|int8",
                  help="Training: store the frozen Linear weights as bitsandbytes does (QLoRA: nf4 with double "
                       "quantization; int8: LLM.int8), dequantized per layer while it runs (the lm_head stays)."),
     click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
@@ -341,6 +341,7 @@ def _device_options(device: str, given: tuple[str, ...], **aliases: Any) -> dict
 def _training_values(flags: dict[str, Any]) -> dict[str, Any]:
     """Give training_options' arguments from the training flags: the device options gathered."""
     flags = dict(flags)
+    flags["base_precision"] = flags.get("base_precision") or ""  # (not given: the weights as exported)
     aliases = {flag: flags.pop(flag) for flag in _DEVICE_OPTION_ALIASES}
     flags["device_options"] = _device_options(flags["device"], flags.pop("device_options"), **aliases)
     return flags
@@ -400,7 +401,7 @@ Examples:
 def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str,
            provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int, hf: bool,
            training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
-           lora: bool, base_precision: str, grad_accum: int, micro_batch: int | None, checkpoint: str | None,
+           lora: bool, base_precision: str | None, grad_accum: int, micro_batch: int | None, checkpoint: str | None,
            device: str, loss: str, device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None,
            debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
