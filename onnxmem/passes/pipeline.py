@@ -482,6 +482,33 @@ def model_name(loaded: LoadedModel) -> str:
     return str(loaded.path) if loaded.path else (loaded.proto.graph.name or "<ModelProto>")
 
 
+# ops that read only a tensor's shape, and ops a weight passes through on its way to the op that computes with it
+# (an export's t() of a Linear weight, a cast, a reshape): a weight is attributed to the op that uses it as a weight
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+_WEIGHT_PASSES = frozenset({"Cast", "Transpose", "Reshape", "Identity", "Unsqueeze", "Squeeze", "Flatten"})
+_WEIGHT_PASS_DEPTH = 8
+
+
+def _weight_user(graph: ModelGraph, weight: int, position: list[int]) -> int:
+    """Give the first op (in the order run) that computes with a weight: through the ops it passes through
+    (_WEIGHT_PASSES, as their data input), past ops that read only its shape; -1 where none does."""
+    ops, best = graph.ops, -1
+    frontier, depth = [weight], 0
+    while frontier and depth <= _WEIGHT_PASS_DEPTH:
+        following: list[int] = []
+        for tensor in frontier:
+            for c in graph.tensors[tensor].consumers:
+                op = ops[c]
+                if tensor not in op.inputs or op.op_type in _SHAPE_READERS:
+                    continue
+                if op.op_type in _WEIGHT_PASSES and op.inputs[0] == tensor and op.outputs and op.outputs[0] >= 0:
+                    following.append(op.outputs[0])
+                elif best < 0 or position[c] < position[best]:
+                    best = c
+        frontier, depth = following, depth + 1
+    return best
+
+
 def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceReport:
     """Give the inference part of a report from the graph and its timeline."""
     ops, buffer_of, view_of = graph.ops, timeline.buffer_of, timeline.view_of
@@ -500,8 +527,9 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
             for c in t.consumers:
                 if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
                     first = c
-            if first >= 0:
-                weights_of[first] += t.nbytes or 0
+            user = _weight_user(graph, t.index, position)
+            if user >= 0 or first >= 0:
+                weights_of[user if user >= 0 else first] += t.nbytes or 0
             continue
         if kind == INPUT:
             input_bytes += t.nbytes or 0
