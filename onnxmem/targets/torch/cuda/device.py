@@ -1,9 +1,12 @@
 """PyTorch training on a CUDA GPU: what the step model asks of the device, answered for CUDA.
 
-What differs from CPU in the step today: dropout keeps a bool mask (the generic rule's 8 bits per element),
-autocast's fp32 list is CUDA's (tables.py AUTOCAST_FP32), the optimizer update defaults to foreach (temporaries over
-all parameters at once), a recurrent op keeps cuDNN's reserve space (tables.py CUDA_RESERVE_VALUES), and the
-autograd graph is host memory, not the GPU's (not counted). No library keeps buffers in the step's count.
+What differs from CPU in the step today: scaled_dot_product_attention keeps what the backend PyTorch picks on the GPU
+keeps (attention.py: cuDNN, flash, memory-efficient or math), dropout keeps a bool mask (the generic rule's 8 bits per
+element), autocast's fp32 list is CUDA's (tables.py AUTOCAST_FP32) and the cross-entropy's log_softmax runs at the
+logits' width (tables.py LOSS_AT_INPUT_WIDTH), the optimizer update defaults to foreach (temporaries over all
+parameters at once), a recurrent op keeps cuDNN's reserve space (tables.py CUDA_RESERVE_VALUES), and the autograd
+graph is host memory, not the GPU's (not counted). No library keeps buffers in the step's count; convolutions carry a
+note that cuDNN's workspaces are not counted. Checked against the H100 rows: benchmarks/cuda/score.py.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ class TorchCuda:
 
     def held_bytes(self, events: Sequence[tuple[int, bool]]) -> HeldPeaks:
         """Give PyTorch's CUDA caching allocator's peaks over the events (allocator.py replay): memory_allocated
-        and memory_reserved. Uncalibrated (see CAVEAT)."""
+        and memory_reserved (scored against the H100 rows by benchmarks/cuda/score_reserved.py; no answer uses it
+        yet)."""
         peaks = replay(events)
         return HeldPeaks(peaks.allocated, peaks.reserved)
 

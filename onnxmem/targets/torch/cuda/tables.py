@@ -1,8 +1,9 @@
-"""PyTorch on CUDA as data: which ops autocast runs in fp32, what cuDNN's recurrent kernels reserve.
+"""PyTorch on CUDA as data: which ops autocast runs in fp32, what cuDNN's recurrent kernels reserve, which ops run in
+cuDNN's convolutions, which loss ops run at their input's width.
 
-Keyed as training/rules.py's SAVED_FOR_BACKWARD (ONNX op types, 'domain::OpType', 'aten::<op>'). Not measured on a
-GPU here: autocast's list is read from PyTorch's (aten/src/ATen/autocast_mode.cpp, CUDA's fp32 ops), the reserve
-space from cuDNN's LSTM.
+Keyed as training/rules.py's SAVED_FOR_BACKWARD (ONNX op types, 'domain::OpType', 'aten::<op>'). Autocast's list is
+read from PyTorch's (aten/src/ATen/autocast_mode.cpp, CUDA's fp32 ops), the reserve space from cuDNN's LSTM (neither
+measured on a GPU yet); LOSS_AT_INPUT_WIDTH rests on the H100 rows (its comment).
 """
 
 from __future__ import annotations
