@@ -27,7 +27,6 @@ the CPU at the smallest sizes (tests/test_cuda_campaign.py runs it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import os
 import signal
@@ -49,6 +48,7 @@ from benchmarks.cuda.common import (  # noqa: E402
     RowWriter,
     case_command,
     done_keys,
+    estimator_fingerprint,
     fmt_bytes,
     kill_active,
     make_row,
@@ -143,15 +143,6 @@ def plan_cases(parts: list[str], models: list[str] | None, dry_run: bool) -> lis
     return order_cases(cases, [*parts])
 
 
-def source_hash() -> str:
-    """Give a sha256 of onnxmem's Python sources (the version measured where the checkout has no .git)."""
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "onnxmem").rglob("*.py")):
-        digest.update(str(path.relative_to(ROOT)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def git_commit() -> str | None:
     """Give the checkout's commit, if it is a git checkout."""
     try:
@@ -198,7 +189,7 @@ class Campaign:
         """Write the campaign row: arguments, versions known without torch, the cases planned."""
         self.writer.write(make_row(
             "campaign", "campaign", args={k: v for k, v in vars(self.args).items()}, python=sys.version.split()[0],
-            git_commit=git_commit(), onnxmem_source_sha=source_hash(), planned=[c.id for c in cases],
+            git_commit=git_commit(), onnxmem_source_sha=estimator_fingerprint(), planned=[c.id for c in cases],
             already_done=[c.id for c in skipped], done_keys=len(self.done), device=self.args.device,
             dry_run=self.args.dry_run))
 
