@@ -270,7 +270,7 @@ class _Builder:
             subgraphs: tuple[ModelGraph, ...] = ()
             implicit: list[int] = []
             if (op_type in CONTROL_FLOW or domain not in _STANDARD_DOMAINS) and len(node.attribute):
-                subgraph_protos = _subgraph_protos(node)
+                subgraph_protos = body_graphs(node)
                 if subgraph_protos and scope is None:
                     scope = outer | _all_names(graph)
                 if scope is not None:
@@ -362,7 +362,8 @@ class _Builder:
         return False
 
 
-def _subgraph_protos(node: onnx.NodeProto) -> list[GraphProto]:
+def body_graphs(node: onnx.NodeProto) -> list[GraphProto]:
+    """Give the graphs a node holds in its attributes (If's branches, Loop's and Scan's bodies), in order."""
     graphs: list[GraphProto] = []
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:

@@ -11,6 +11,7 @@ from google.protobuf.message import Message
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
 from onnxmem.errors import quoted
+from onnxmem.ir.graph import body_graphs
 from onnxmem.ir.load import initializer_type
 from onnxmem.ir.tensor_types import Dim, TensorType, TypeDecoder, decode_type
 from onnxmem.shapes.dims import InputDim
@@ -152,11 +153,7 @@ def _sized_everywhere(graph: GraphProto) -> bool:
             if node.domain not in ("", "ai.onnx"):
                 return False
             if node.op_type in CONTROL_FLOW:
-                for attr in node.attribute:
-                    if attr.type == AttributeProto.GRAPH:
-                        stack.append(attr.g)
-                    elif attr.type == AttributeProto.GRAPHS:
-                        stack.extend(attr.graphs)
+                stack.extend(body_graphs(node))
     return True
 
 
@@ -319,12 +316,8 @@ def _collect_types(graph: GraphProto, decode: TypeDecoder, into: dict[str, Tenso
     for node in graph.node if subgraphs else ():
         if node.op_type not in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             continue  # a standard operator holds no graph (reading every node's attributes is costly)
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                _collect_types(attr.g, decode, types)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    _collect_types(sub, decode, types)
+        for sub in body_graphs(node):
+            _collect_types(sub, decode, types)
     return types
 
 
