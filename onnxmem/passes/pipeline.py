@@ -523,13 +523,13 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         kind = t.kind
         if kind == WEIGHT:
             by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + (t.nbytes or 0)
-            first = -1  # the first op to read it as an input (not as an implicit input of a subgraph)
-            for c in t.consumers:
-                if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
-                    first = c
-            user = _weight_user(graph, t.index, position)
-            if user >= 0 or first >= 0:
-                weights_of[user if user >= 0 else first] += t.nbytes or 0
+            first = _weight_user(graph, t.index, position)
+            if first < 0:  # no op computes with it: the first op to read it as an input (not as a subgraph's)
+                for c in t.consumers:
+                    if (first < 0 or position[c] < position[first]) and t.index in ops[c].inputs:
+                        first = c
+            if first >= 0:
+                weights_of[first] += t.nbytes or 0
             continue
         if kind == INPUT:
             input_bytes += t.nbytes or 0
