@@ -93,7 +93,8 @@ def _keys(part: str, model: str) -> tuple[str, ...]:
     if part == "memtracker":
         return tuple(f"memtracker/{model}/{o}/{p}/{m}" for _, o, p in MEMTRACKER_CONFIGS for m in ("real", "fake"))
     if part == "fit":
-        return tuple(f"fit/{model}/{label}" for label in ("answer", "at-answer", "above-answer", "defaults"))
+        return tuple(f"fit/{model}/{label}" for label in ("answer", "at-answer", "above-answer", "defaults",
+                                                                 "measured-max"))
     if part == "ort":
         return tuple(f"ort/{model}/{level}/b{batch}" for level in OPT_LEVELS for batch in ORT_BATCHES)
     if part == "selftest":

@@ -724,35 +724,33 @@ def part_fit(ctx: Context) -> None:
         return
     for label, batch in (("at-answer", answer["batch"]), ("above-answer", answer["batch"] + 1)):
         key = f"{base}/{label}"
-        if not ctx.wants(key):
-            continue
-        steps: list[dict[str, Any]] = []  # the steps made before an OOM are kept
-        attempt: dict[str, Any] = {"model": spec.name, "batch": batch, "fit_answer": answer["batch"],
-                                   "free_bytes": free, "expected": "runs" if label == "at-answer" else "oom",
-                                   "steps": steps}
+        if ctx.wants(key):
+            ctx.row("fit", key, **_fit_attempt(ctx, meter, spec, batch, answer["batch"], free,
+                                               "runs" if label == "at-answer" else "oom"))
+    key = f"{base}/measured-max"
+    if ctx.wants(key) and meter.cuda:
+        # the largest batch that runs STEPS steps, by bisection below the answer (the answer's step OOMed on
+        # the allocator's fragmentation in the first window): how far fit's answer is from the device's
+        probes: list[dict[str, Any]] = []
+        low, high = max(1, int(answer["batch"] * 0.85)), answer["batch"] + 1  # high: known to fail
         started = time.perf_counter()
-        trainer = None
-        try:
-            trainer = Trainer(meter, spec, ctx.small, "full", "adamw", "fp32", batch)
-            attempt.update(trainer.sizes())
-            for number in range(1, STEPS + 1):
-                steps.append(trainer.step(number))
-            attempt["oom"] = False
-        except Exception as error:  # noqa: BLE001 - an OOM is the expected answer above the fit
-            if is_oom(error):
-                attempt.update(oom=True, error_message=str(error)[:400])
+        while high - low > max(1, answer["batch"] // 400) and time.perf_counter() - started < 90:
+            middle = (low + high) // 2
+            attempt = _fit_attempt(ctx, meter, spec, middle, answer["batch"], free, "probe")
+            probes.append({k: attempt.get(k) for k in ("batch", "ran", "oom", "error_message", "seconds")}
+                          | {"peak_allocated": max((s.get("peak_allocated") or 0 for s in attempt["steps"]),
+                                                   default=None),
+                             "peak_reserved": max((s.get("peak_reserved") or 0 for s in attempt["steps"]),
+                                                  default=None)})
+            if attempt.get("ran"):
+                low = middle
+            elif attempt.get("oom"):
+                high = middle
             else:
-                attempt.update(oom=None, error=error_text(error), error_kind="failed")
-        finally:
-            if trainer is not None:
-                trainer.close()
-            meter.free()
-        if not meter.cuda:
-            attempt["note"] = "cpu dry run: no device memory to run out of"
-        attempt["ran"] = attempt.get("oom") is False
-        attempt["seconds"] = round(time.perf_counter() - started, 2)
-        attempt["stats_after"] = meter.stats()
-        ctx.row("fit", key, **attempt)
+                break
+        ctx.row("fit", key, model=spec.name, fit_answer=answer["batch"], free_bytes=free, largest_run=low,
+                smallest_oom=high, probes=probes, note="largest_run is a lower bound: the bisection starts at "
+                "85% of the answer, assumed to run, and stops within 0.25% of the answer or after 90 s")
     key = f"{base}/defaults"
     if ctx.wants(key) and info is None:
         ctx.row("fit", key, model=spec.name, note="cpu dry run: no device memory total to fit against")
@@ -763,6 +761,37 @@ def part_fit(ctx: Context) -> None:
                                  what_if=False, provider="cuda", limit=FIT_LIMIT)
             row.update(max_value=result.max_value, budget_bytes=result.budget_bytes,
                        reserve=[_plain(r) for r in result.target.reserve], measured_answer=answer["batch"])
+
+
+def _fit_attempt(ctx: Context, meter: Any, spec: Any, batch: int, answer: int, free: int,
+                 expected: str) -> dict[str, Any]:
+    """Give one training run of STEPS steps at the batch: whether it ran or OOMed, with its steps."""
+    steps: list[dict[str, Any]] = []  # the steps made before an OOM are kept
+    attempt: dict[str, Any] = {"model": spec.name, "batch": batch, "fit_answer": answer,
+                               "free_bytes": free, "expected": expected, "steps": steps}
+    started = time.perf_counter()
+    trainer = None
+    try:
+        trainer = Trainer(meter, spec, ctx.small, "full", "adamw", "fp32", batch)
+        attempt.update(trainer.sizes())
+        for number in range(1, STEPS + 1):
+            steps.append(trainer.step(number))
+        attempt["oom"] = False
+    except Exception as error:  # noqa: BLE001 - an OOM is the expected answer above the fit
+        if is_oom(error):
+            attempt.update(oom=True, error_message=str(error)[:400])
+        else:
+            attempt.update(oom=None, error=error_text(error), error_kind="failed")
+    finally:
+        if trainer is not None:
+            trainer.close()
+        meter.free()
+    if not meter.cuda:
+        attempt["note"] = "cpu dry run: no device memory to run out of"
+    attempt["ran"] = attempt.get("oom") is False
+    attempt["seconds"] = round(time.perf_counter() - started, 2)
+    attempt["stats_after"] = meter.stats()
+    return attempt
 
 
 def _plain(value: Any) -> Any:
