@@ -107,8 +107,10 @@ def test_allocator_rounding_worked_by_hand() -> None:
     assert arena([MiB // 2, MiB // 4]) == MiB  # the second fits in the first region's free part
     assert arena([300, 0]) == MiB
     caching = ALLOCATORS["pytorch-caching"].held
-    assert caching([1, 3 * MiB]) == 2 * MiB + 4 * MiB
-    assert caching([0, 2 * MiB]) == 2 * MiB
+    # 2 MiB segments, then the fragmentation allowance: 1 byte more per 99 held, rounded up
+    assert caching([1, 3 * MiB]) == 6 * MiB + -(-6 * MiB // 99)
+    assert caching([0, 2 * MiB]) == 2 * MiB + -(-2 * MiB // 99)
+    assert caching([0, 99 * 2 * MiB]) == 100 * 2 * MiB
     assert ALLOCATORS["exact"].held([5, 7]) == 12
 
 
@@ -177,7 +179,7 @@ def test_fit_with_a_runtime_compares_the_rounded_bytes() -> None:
     b = result.max_value
     by_value = {p.value: p for p in result.curve}
     assert by_value[b].required_bytes <= budget < by_value[b + 1].required_bytes
-    assert all(p.required_bytes % (2 * MiB) == 0 and p.required_bytes >= p.peak_bytes for p in result.curve)
+    assert all(p.required_bytes >= p.peak_bytes + p.peak_bytes // 99 for p in result.curve)
 
 
 def test_fit_in_training_mode() -> None:
@@ -450,7 +452,32 @@ def test_the_h100_figures_are_the_committed_gpu_rows() -> None:
     costs = {r.name: r.bytes for r in torch.reserve}
     torch_reserved = context["context"]["reserved"]
     assert costs["cuda-context"] == total - context["context"]["mem_get_info_free"] - torch_reserved
-    libraries = (context["cudnn"]["nvml"]["process"] - context["context"]["nvml"]["process"]) \
-        - (context["cudnn"]["reserved"] - torch_reserved)
-    assert costs["libraries"] == libraries
     assert costs["workspaces"] == rows["fit/resnet18/answer"]["warm_up"]["after"]["reserved"]
+    # the second window's fit rows: after a first matmul and convolution, what the process cannot use is exactly the
+    # three fixed costs (the free memory fit is measured against is the budget fit gives from the whole memory)
+    later = rows_file.with_name("2026-11-27-h100-80gb-part3.jsonl")
+    fits = [r for r in map(json.loads, later.read_text().splitlines()) if r.get("key", "").endswith("/answer")
+            and r.get("kind") == "fit"]
+    assert fits and all(r["mem_get_info"][1] == total for r in fits)
+    assert all(total - r["mem_get_info"][0] == sum(costs.values()) for r in fits)
+    assert budget_bytes(torch) == fits[0]["free_bytes"]
+
+
+def test_fit_on_the_h100_answers_a_batch_that_ran(tmp_path: Path) -> None:
+    # the second window bisected below fit's answer for real (fit/*/measured-max): fit's answer from the whole H100
+    # must be a batch that ran, within 1% of the largest that ran (the allocator's fragmentation allowance)
+    import zipfile
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks/results/cuda"
+    probes = [r for r in map(json.loads, (results / "2026-11-27-h100-80gb-part5.jsonl").read_text().splitlines())
+              if r.get("key", "").endswith("/measured-max")]
+    assert {r["model"] for r in probes} == {"resnet18", "gpt2"}
+    options = onnxmem.TrainingOptions(optimizer="adamw", precision="fp32", device="cuda", loss="cross_entropy")
+    with zipfile.ZipFile(results / "2026-11-27-h100-80gb-exports.zip") as exports:
+        for row in probes:
+            path = Path(exports.extract(f"{row['model']}.full.onnx", tmp_path))
+            answer = fit(path, gpu="H100-80GB", runtime="pytorch", training=options, search="batch",
+                         what_if=False, provider="cuda", limit=16384).max_value
+            ran = [p["batch"] for p in row["probes"] if p["ran"]]
+            assert answer <= row["largest_run"] == max(ran) < row["smallest_oom"]
+            assert answer >= row["largest_run"] * 0.99

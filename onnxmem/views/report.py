@@ -378,7 +378,7 @@ class WhatIf:
 # What rounds the peak up to the bytes required, by allocator (Target.allocator): named in every answer.
 ROUNDED_BY = {"exact": "no --runtime: no allocator rounding",
               "onnxruntime-arena": "onnxruntime's arena regions",
-              "pytorch-caching": "PyTorch's 2 MiB segments"}
+              "pytorch-caching": "PyTorch's 2 MiB segments and fragmentation"}
 
 
 @dataclass(frozen=True)
