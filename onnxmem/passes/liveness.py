@@ -28,7 +28,9 @@ class Timeline:
     order: tuple[int, ...]
     live_bytes: tuple[int, ...]
     new_bytes: tuple[int, ...]  # bytes allocated at each step (live before the op = live - new)
-    subgraph_bytes: tuple[int, ...]  # transient bytes at each step: an If/Loop/Scan body, an expanded function
+    # transient bytes at each step: an If/Loop/Scan body, an expanded function, a kernel's scratch (liveness's
+    # `scratch`)
+    subgraph_bytes: tuple[int, ...]
     buffer_of: tuple[int, ...]  # per tensor: the tensor whose buffer it uses (itself, or -1: not an activation)
     view_of: tuple[int, ...]  # per tensor: the tensor it is a view of (ALIASES), itself when it is none
     first_step: tuple[int, ...]  # per buffer-owning tensor: step it is allocated (-1: not a buffer)
@@ -172,7 +174,8 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
 
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
              plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False,
-             prepared: Lifetimes | None = None, loop_peaks: Mapping[int, int] | None = None) -> Timeline:
+             prepared: Lifetimes | None = None, loop_peaks: Mapping[int, int] | None = None,
+             scratch: Mapping[int, int] | None = None) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
 
     `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
@@ -180,7 +183,9 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     arguments, made beforehand. `loop_peaks`: per Loop op whose iterations are known, the most its first run holds
     (loops.loop_peaks: the body's buffers of every iteration, the carried values of two); its step holds that, its
     own outputs apart; a Loop without one holds its body's peak once. (The caller simulates the Loops: liveness
-    does not import the loop simulation, which runs liveness on each body.)
+    does not import the loop simulation, which runs liveness on each body.) `scratch`: per op index, the bytes its
+    kernel holds while it runs, above the tensors live then (a library's workspace: ExecutionProvider.op_scratch),
+    counted with the step's transient bytes.
     """
     tensors = graph.tensors
     steps = len(order)
@@ -289,8 +294,11 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
                                        for sub in op.subgraphs) + \
                 BODY_STATE_BYTES.get(op.op_type, 0)
 
+    if scratch:
+        for step, op_index in enumerate(order):
+            subgraph_bytes[step] += scratch.get(op_index, 0)
     live = live_bytes(spans, steps)
-    if prepared.transient:
+    if prepared.transient or scratch:
         live = [running + extra for running, extra in zip(live, subgraph_bytes, strict=True)]
     peak_step = live.index(max(live)) if steps else -1  # (the first step at the peak)
     return Timeline(

@@ -9,6 +9,8 @@ What a provider decides:
 - its kernels' in-place and alias declarations (buffer_rules),
 - what its arena holds from session creation (session_weights: prepacked weights, initializers copied in, graph
   inputs copied in each run) and the scratch its kernels allocate there while they run (kernel_scratch),
+- the scratch its kernels hold while they run that its measurement sees above the live tensors, which the liveness
+  peak counts at the op's step (op_scratch: the CUDA provider's cuDNN convolution workspaces; none on CPU),
 - what fit and check count besides its arena (outside_arena_bytes),
 - whether the float16 what-if may re-size the same graph (float16_keeps_graph),
 - validate's measurement (measure: the function that runs onnxruntime, imported when called) and how its
@@ -20,7 +22,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,6 +44,16 @@ class SessionWeights:
     reserved: int
     in_regions: tuple[int, ...] = ()
     inputs_per_run: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpScratch:
+    """The bytes each op's kernel allocates while it runs and frees before the next op (a library's workspace), by
+    op index, which liveness counts above the tensors live at the op's step; and the warnings naming the ops whose
+    scratch is not known (each says what is assumed)."""
+
+    bytes_by_op: Mapping[int, int] = field(default_factory=dict)
+    warnings: tuple[Warning, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,11 @@ class ExecutionProvider(ABC):
     def kernel_scratch(self, graph: ModelGraph, model: onnx.ModelProto,
                        shape_of: Callable[[int], tuple[int, ...] | None] | None = None) -> dict[int, tuple[int, ...]]:
         """Give, per op index, the bytes of the scratch its kernel allocates from the arena while it runs."""
+
+    @abstractmethod
+    def op_scratch(self, graph: ModelGraph, model: onnx.ModelProto) -> OpScratch:
+        """Give the scratch each op's kernel holds while it runs, above the tensors live then, that the activation
+        peak counts (OpScratch; liveness's `scratch`), on the graph built from `model` and sized."""
 
     @abstractmethod
     def outside_arena_bytes(self, graph: ModelGraph, model: onnx.ModelProto) -> int:

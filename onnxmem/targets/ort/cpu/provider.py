@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnxmem.targets.ort.base import ExecutionProvider, SessionWeights
+from onnxmem.targets.ort.base import ExecutionProvider, OpScratch, SessionWeights
 from onnxmem.targets.ort.rules import InferenceRules
 
 if TYPE_CHECKING:
@@ -80,6 +80,11 @@ class CpuProvider(ExecutionProvider):
         from onnxmem.targets.ort.arena import kernel_scratch
 
         return kernel_scratch(graph, model, shape_of)
+
+    def op_scratch(self, graph: ModelGraph, model: onnx.ModelProto) -> OpScratch:
+        """None: the scratch its kernels allocate (kernel_scratch) is in the arena's simulation, and its measurement
+        (the profiler's bytes in use) does not see scratch a kernel frees inside itself."""
+        return OpScratch()
 
     def outside_arena_bytes(self, graph: ModelGraph, model: onnx.ModelProto) -> int:
         """The initializers it uses in place from the model (every weight the arena does not hold)."""

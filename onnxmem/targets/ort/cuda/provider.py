@@ -9,13 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnxmem.targets.ort.base import ExecutionProvider, SessionWeights
+from onnxmem.targets.ort.base import ExecutionProvider, OpScratch, SessionWeights
 from onnxmem.targets.ort.cuda.tables import (
     CUDA_ALIASES,
     CUDA_CPU_INPUTS,
     CUDA_IN_PLACE,
     CUDNN_CONV_WORKSPACE,
     CUDNN_CONV_WORKSPACE_AT,
+    CUDNN_CONVOLUTIONS,
     ConvKey,
 )
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
@@ -24,7 +25,7 @@ from onnxmem.targets.ort.tables import TAKES_NO_FREED_BUFFER
 if TYPE_CHECKING:
     import onnx
 
-    from onnxmem.ir.graph import ModelGraph
+    from onnxmem.ir.graph import ModelGraph, Op
     from onnxmem.ir.load import LoadedModel
     from onnxmem.views.report import Warning
 
@@ -67,6 +68,13 @@ class CudaProvider(ExecutionProvider):
         """cuDNN's convolution workspace, per Conv op whose shape was measured (conv_workspaces): allocated from
         the provider's allocator while the Conv runs. cuBLAS's workspace is cuBLAS's own (not the allocator's)."""
         return {op: (size,) for op, size in conv_workspaces(graph, model, shape_of)[0].items()}
+
+    def op_scratch(self, graph: ModelGraph, model: onnx.ModelProto) -> OpScratch:
+        """cuDNN's convolution workspace (conv_workspaces), live while each Conv runs above the tensors live then,
+        which the allocation hooks of validate's measurement see; a Conv whose shape was not measured is counted as
+        none, and a warning (cuda-conv-workspace) names it."""
+        known, unknown = conv_workspaces(graph, model)
+        return OpScratch(known, (conv_workspace_warning(unknown),) if unknown else ())
 
     def outside_arena_bytes(self, graph: ModelGraph, model: onnx.ModelProto) -> int:
         return 0  # every initializer is in the arena (session_weights)
@@ -131,39 +139,70 @@ def _static(shape: Sequence[object] | None) -> tuple[int, ...] | None:
 def conv_workspaces(graph: ModelGraph, model: onnx.ModelProto,
                     shape_of: Callable[[int], tuple[int, ...] | None] | None = None,
                     ) -> tuple[dict[int, int], tuple[str, ...]]:
-    """Give the cuDNN workspace of each Conv op whose shape tables.CUDNN_CONV_WORKSPACE(_AT) holds (op index ->
-    bytes), and the names of the Conv ops on the device whose workspace is not known (counted as none)."""
+    """Give the cuDNN workspace of each convolution op on the device (CUDNN_CONVOLUTIONS) whose shape
+    tables.CUDNN_CONV_WORKSPACE(_AT) holds (op index -> bytes), and the names of those whose workspace is not known
+    (a shape not measured, or not known: counted as none)."""
     from onnxmem.ir.graph import Placement as Where
 
-    nodes = {node.name: node for node in model.graph.node if node.op_type == "Conv"}
+    nodes = list(model.graph.node)
+    by_name: dict[str, onnx.NodeProto] | None = None
     known: dict[int, int] = {}
     unknown: list[str] = []
     for op in graph.ops:
-        if op.op_type != "Conv" or op.domain not in ("", "ai.onnx") or op.placement is not Where.DEVICE:
+        if (op.op_type if op.domain in ("", "ai.onnx") else f"{op.domain}::{op.op_type}") not in CUDNN_CONVOLUTIONS \
+                or op.placement is not Where.DEVICE:
             continue
-        node = nodes.get(op.name)
-        x_t, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
-        y_t = graph.tensors[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
-        x = _static(shape_of(x_t.index) if shape_of is not None else x_t.shape)
-        w = _static(shape_of(w_t.index) if shape_of is not None else w_t.shape)
-        key = conv_key(node, x, w, x_t.dtype) if node is not None and x and w else None
-        if key is None or not x:
+        # the graph's ops are the main graph's nodes, in order (graph.build_graph); by name where another model
+        node = nodes[op.index] if op.index < len(nodes) and nodes[op.index].op_type == op.op_type else None
+        if node is None:
+            by_name = by_name if by_name is not None else {n.name: n for n in nodes if n.name}
+            node = by_name.get(op.name)
+        size = _workspace(graph, op, node, shape_of) if node is not None and len(op.inputs) > 1 \
+            and min(op.inputs[:2]) >= 0 else None
+        if size is None:
             unknown.append(op.name)
-            continue
-        at = CUDNN_CONV_WORKSPACE_AT.get((key, x[0]))
-        form = CUDNN_CONV_WORKSPACE.get(key)
-        if at is not None:
-            known[op.index] = at
-        elif form is not None:
-            operands, extra = form
-            sizes = {"x": x_t.nbytes, "w": w_t.nbytes, "y": y_t.nbytes if y_t is not None else 0}
-            if any(sizes[o] is None for o in operands):
-                unknown.append(op.name)
-                continue
-            known[op.index] = sum(int(sizes[o] or 0) for o in operands) + extra
         else:
-            unknown.append(op.name)
+            known[op.index] = size
     return known, tuple(unknown)
+
+
+def _workspace(graph: ModelGraph, op: Op, node: onnx.NodeProto,
+               shape_of: Callable[[int], tuple[int, ...] | None] | None) -> int | None:
+    """Give the workspace the tables give a convolution op (its node: `node`), or None where they do not (they
+    hold Conv's, measured; FusedConv runs another cuDNN call)."""
+    if op.op_type != "Conv" or op.domain not in ("", "ai.onnx"):
+        return None
+    x_t, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    y_t = graph.tensors[op.outputs[0]] if op.outputs and op.outputs[0] >= 0 else None
+    x = _static(shape_of(x_t.index) if shape_of is not None else x_t.shape)
+    w = _static(shape_of(w_t.index) if shape_of is not None else w_t.shape)
+    key = conv_key(node, x, w, x_t.dtype) if x and w and len(x) == len(w) >= 3 else None
+    if key is None or not x:
+        return None
+    at = CUDNN_CONV_WORKSPACE_AT.get((key, x[0]))
+    if at is not None:
+        return at
+    form = CUDNN_CONV_WORKSPACE.get(key)
+    if form is None:
+        return None
+    operands, extra = form
+    sizes = {"x": x_t.nbytes, "w": w_t.nbytes, "y": y_t.nbytes if y_t is not None else None}
+    if any(sizes[o] is None for o in operands):
+        return None
+    return sum(int(sizes[o] or 0) for o in operands) + extra
+
+
+def conv_workspace_warning(unknown: Sequence[str]) -> Warning:
+    """Give the warning naming the convolutions whose cuDNN workspace is not measured, and what is assumed."""
+    from onnxmem.views.report import Warning
+
+    shown = ", ".join(unknown[:6]) + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
+    largest = max(CUDNN_CONV_WORKSPACE_AT.values(), default=0)
+    return Warning("cuda-conv-workspace",
+                   f"cuDNN's convolution workspace is not measured for {len(unknown)} convolution op(s) "
+                   f"({shown}): counted as 0 bytes while each runs; cuDNN allocates its plan's workspace from the "
+                   f"provider's memory above the live tensors (measured on an H100 up to {largest:,} bytes for one "
+                   "conv, targets/ort/cuda/tables.py), so the peak may be low by that much")
 
 
 def scratch_peaks(graph: ModelGraph, timeline: Any, scratch: Mapping[int, int], block: int | None = None) -> int:

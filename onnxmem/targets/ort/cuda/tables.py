@@ -207,6 +207,12 @@ CUDA_ALIASES: dict[str, int] = {"Reshape": 0, "Squeeze": 0, "Unsqueeze": 0, "Fla
 # workspace is not known (a warning names it); the next GPU window measures each shape alone (see
 # benchmarks/cuda/score_ort.py's docstring for the single-op measurement).
 CONV_WORKSPACE_EXTRA = 16
+# The ops that run a cuDNN convolution with a workspace from the provider's allocator (keyed as rules.InferenceRules:
+# op type in ONNX's domain, else domain::op type): Conv (nn/conv.cc), whose workspace the tables above give, and the
+# FusedConv that onnxruntime's ConvActivationFusion makes of a Conv and its activation from level extended on
+# (contrib_ops/cuda/fused_conv.cc: a Conv<T, false> running cudnnConvolutionBiasActivationForward with its own
+# algorithm's workspace): not measured, so each is named in the cuda-conv-workspace warning.
+CUDNN_CONVOLUTIONS: frozenset[str] = frozenset({"Conv", "com.microsoft::FusedConv"})
 ConvKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int]
 CUDNN_CONV_WORKSPACE: dict[ConvKey, tuple[str, int]] = {
     # (C, H, W), weight, strides, pads (begin..., end...), dilations, group, element type: (operands, extra bytes)
