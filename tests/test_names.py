@@ -104,9 +104,6 @@ def test_a_module_pattern_from_named_modules_freezes_that_module(exported: tuple
         assert report.training.trainable_parameters == total - sum(p.numel() for p in module.parameters()), name
 
 
-@pytest.mark.xfail(strict=True, reason="a layer row is named by the op's whole scope (ir/graph.py Op.layer: the "
-                   "dynamo exporter's namespace, with each module's class); the Layers view wants the module's name "
-                   "(issue 30 part 5: a change outside this test's owner's files)")
 def test_the_layers_view_names_modules_as_named_modules_does(exported: tuple[Any, Path]) -> None:
     model, path = exported
     modules = {name for name, _ in model.named_modules()}

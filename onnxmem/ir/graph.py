@@ -380,6 +380,30 @@ def _all_names(graph: GraphProto) -> set[str]:
     return names
 
 
+def module_path(layer: str) -> str:
+    """Give a dotted module path from a node's scope: '/encoder/layers.0/attn' -> 'encoder.layers.0.attn', or a
+    dynamo export's namespace (': pkg.Model/layer4: torch.nn.Sequential/layer4.0: Block/layer4.0.conv2: Conv2d/
+    conv2d: aten.conv2d.default') -> 'layer4.0.conv2', the name model.named_modules() gives it."""
+    if ":" in layer:
+        # (the last part names the ATen op, not a module)
+        # (the exporter names an op outside every module '_empty_nn_module_stack_from_metadata_hook': top level)
+        names = [n for n in (part.split(":")[0].strip() for part in layer.split("/")[:-1])
+                 if n and not n.startswith(EMPTY_MODULE_STACK)]
+        if all(inner.startswith(outer + ".") for outer, inner in zip(names, names[1:], strict=False)):
+            return names[-1] if names else ""  # each level already a full path ('layer4/layer4.0'): the innermost
+        return ".".join(names)
+    return ".".join(p for p in layer.split("/") if p)
+
+
+EMPTY_MODULE_STACK = "_empty_nn_module_stack"
+
+
+def layer_name(layer: str) -> str:
+    """Give the name a report lists a layer by: a dynamo export's namespace as its module's name (module_path), a
+    scope from a node's name as it is ('/model/layers.0/attn')."""
+    return module_path(layer) if ":" in layer else layer
+
+
 def _scope_of(name: str) -> str:
     """Give the scope a node's name carries: what comes before its last '/', where a '/' stands between two other
     characters ('/model/layers.0/MatMul' -> '/model/layers.0'; 'MatMul', '/MatMul': '')."""

@@ -16,7 +16,7 @@ import onnx
 
 from onnxmem.arguments import check_arguments
 from onnxmem.ir.dtypes import dtype_name
-from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph
+from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph, layer_name
 from onnxmem.ir.load import LoadedModel, load_model
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
@@ -621,7 +621,7 @@ def _op_rows(graph: ModelGraph, timeline: Timeline, weights_of: list[int], alloc
         kind[2] += allocated
         if op.layer != layer:  # (the ops of a layer mostly run one after another)
             layer = op.layer
-            name = layer or "(top level)"
+            name = layer_name(layer) or "(top level)"
             found = layers.get(name)
             row = layers[name] = [0, 0, 0, 0] if found is None else found
         row[0] += 1
