@@ -144,7 +144,7 @@ def conv_workspaces(graph: ModelGraph, model: onnx.ModelProto,
     (a shape not measured, or not known: counted as none)."""
     from onnxmem.ir.graph import Placement as Where
 
-    nodes = list(model.graph.node)
+    nodes: list[onnx.NodeProto] | None = None  # (read where a convolution is: a large graph has 100k nodes)
     by_name: dict[str, onnx.NodeProto] | None = None
     known: dict[int, int] = {}
     unknown: list[str] = []
@@ -153,6 +153,7 @@ def conv_workspaces(graph: ModelGraph, model: onnx.ModelProto,
                 or op.placement is not Where.DEVICE:
             continue
         # the graph's ops are the main graph's nodes, in order (graph.build_graph); by name where another model
+        nodes = nodes if nodes is not None else list(model.graph.node)
         node = nodes[op.index] if op.index < len(nodes) and nodes[op.index].op_type == op.op_type else None
         if node is None:
             by_name = by_name if by_name is not None else {n.name: n for n in nodes if n.name}
@@ -197,12 +198,11 @@ def conv_workspace_warning(unknown: Sequence[str]) -> Warning:
     from onnxmem.views.report import Warning
 
     shown = ", ".join(unknown[:6]) + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
-    largest = max(CUDNN_CONV_WORKSPACE_AT.values(), default=0)
     return Warning("cuda-conv-workspace",
-                   f"cuDNN's convolution workspace is not measured for {len(unknown)} convolution op(s) "
-                   f"({shown}): counted as 0 bytes while each runs; cuDNN allocates its plan's workspace from the "
-                   f"provider's memory above the live tensors (measured on an H100 up to {largest:,} bytes for one "
-                   "conv, targets/ort/cuda/tables.py), so the peak may be low by that much")
+                   f"cuDNN's convolution workspace is not measured for {len(unknown)} convolution op(s) ({shown}): "
+                   "counted as 0 bytes while each runs; cuDNN allocates its plan's workspace from the provider's "
+                   "memory above the live tensors (the measured ones, targets/ort/cuda/tables.py, reach the conv's "
+                   "input, weight and output reordered, or 9.6 MB, on an H100), so the peak may be low by that much")
 
 
 def scratch_peaks(graph: ModelGraph, timeline: Any, scratch: Mapping[int, int], block: int | None = None) -> int:
