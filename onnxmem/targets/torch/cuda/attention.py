@@ -9,9 +9,10 @@ k^T * scale, v and the [..., q_len, kv_len] probabilities, with dropout also the
 probabilities (rules.py "scaled_dot_product_attention(math...)").
 
 The constraints modelled, from sdp_utils.cpp (the ones an export can show):
-- cuDNN: 16-bit inputs; no dropout unless its probability is a multiple of 1/16 (the export does not carry the
-  probability: dropout is taken as 0.1, transformers' default, which cuDNN refuses); head dims multiples of 8 and at
-  most 128 for a backward (or 192/128, 256/256); a key length other than 1; grouped-query key/values allowed.
+- cuDNN: 16-bit inputs; head dims multiples of 8 and at most 128 for a backward (or 192/128, 256/256); a key length
+  other than 1; grouped-query key/values allowed; dropout allowed: the H100 rows singleop/sdpa-variants/
+  {bf16,fp16}-b8-q*-d*-dropout and -causal-dropout (dropout_p 0.1) took cuDNN by default (its backward node
+  ScaledDotProductCudnnAttentionBackward0), where this model said flash before.
 - flash: 16-bit inputs; no attention mask tensor; q, k and v of one head dim, at most 256; causal only with
   q_len == kv_len (not visible: causal calls are taken as square); grouped-query key/values allowed.
 - memory-efficient: fp32 or 16-bit; q and k of one head dim; head dims multiples of 4 (fp32) or 8 (16-bit);
@@ -66,7 +67,7 @@ def backend(call: AttentionCall) -> str:
     known = all(isinstance(d, int) and d > 0 for d in dims)
     same_dim = known and call.q_head_dim == call.k_head_dim == call.v_head_dim
     grouped = call.q_heads is not None and call.kv_heads is not None and call.q_heads != call.kv_heads
-    if low and not call.dropout and known and _cudnn_head_dims(call) and call.kv_len != 1:
+    if low and known and _cudnn_head_dims(call) and call.kv_len != 1:
         return "cudnn"
     if low and not call.mask and same_dim and (call.q_head_dim or 0) <= 256:
         return "flash"
@@ -91,3 +92,39 @@ def rule_key(call: AttentionCall) -> str:
         return FUSED
     grouped = call.q_heads is not None and call.kv_heads is not None and call.q_heads != call.kv_heads
     return MATH_RULES[(call.dropout, grouped)]
+
+
+# What each fused backend's backward holds a moment besides the gradients of q, k and v, from the H100 rows
+# singleop/sdpa/* and singleop/sdpa-variants/* (each backend run alone; `bwd peak` minus the gradients): with O the
+# output's bytes and R the fp32 row statistics (one per query row, as the log-sum-exp the forward keeps),
+# - cuDNN: 2 O + R, every head dim and dtype (e.g. bf16-b8-q2048-d64-plain: 32.5 MiB = 2 x 16 + 0.5);
+# - flash: 2 O + R + its fp32 dq accumulator at the head dim rounded up to 32 (4 O + R at d64/128/256:
+#   bf16-b8-q2048-d64-plain 64.5 MiB; bf16-b8-q2048-d80-plain 88.5 MiB = 2 x 20 + 0.5 + 48 (d 96 in fp32));
+# - memory-efficient: 2 O + R in 16 bits, O + 2 R in fp32, at head dims that are multiples of 32 (fp32-b8-q2048-
+#   d64-plain: 33 MiB = 32 + 2 x 0.5); head dim 80 measured more (3.2 O, 1.6 O) and 256 in 16 bits 2.4-6 O:
+#   taken as the rule;
+# - grouped-query key/values (enable_gqa, -gqa rows): cuDNN and flash add 2 O (k's and v's gradients at the
+#   query's heads, summed into the key/value heads after): cudnn 4 O + R, flash 6 O + R.
+# Causal, masks and dropout change none of these (the -causal, -mask-*, -dropout rows).
+FLASH_HEAD_DIM_ROUND = 32
+
+
+def backward_scratch(call: AttentionCall, output_bytes: int, query_numel: int) -> int:
+    """Give the bytes the chosen fused backend's backward holds besides q's, k's and v's gradients (0 for math:
+    its backward is the generic ops')."""
+    chosen = backend(call)
+    head_dim = call.q_head_dim or 0
+    if chosen == "math" or head_dim <= 0 or output_bytes <= 0:
+        return 0
+    rows = 4 * (query_numel // head_dim)  # fp32 row statistics
+    grouped = call.q_heads is not None and call.kv_heads is not None and call.q_heads != call.kv_heads
+    expanded = 2 * output_bytes if grouped else 0
+    if chosen == "cudnn":
+        return 2 * output_bytes + rows + expanded
+    if chosen == "flash":
+        rounded = -(-head_dim // FLASH_HEAD_DIM_ROUND) * FLASH_HEAD_DIM_ROUND
+        accumulator = (query_numel // head_dim) * rounded * 4
+        return 2 * output_bytes + rows + accumulator + expanded
+    if call.element_bytes >= 4:
+        return output_bytes + 2 * rows
+    return 2 * output_bytes + rows

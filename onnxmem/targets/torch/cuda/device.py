@@ -5,8 +5,10 @@ keeps (attention.py: cuDNN, flash, memory-efficient or math), dropout keeps a bo
 element), autocast's fp32 list is CUDA's (tables.py AUTOCAST_FP32) and the cross-entropy's log_softmax runs at the
 logits' width (tables.py LOSS_AT_INPUT_WIDTH), the optimizer update defaults to foreach (temporaries over all
 parameters at once), a recurrent op keeps cuDNN's reserve space (tables.py CUDA_RESERVE_VALUES), and the autograd
-graph is host memory, not the GPU's (not counted). No library keeps buffers in the step's count; convolutions carry a
-note that cuDNN's workspaces are not counted. Checked against the H100 rows: benchmarks/cuda/score.py.
+graph is host memory, not the GPU's (not counted). No library keeps buffers in the step's count. From the H100
+single-op rows (benchmarks/cuda/score_singleops.py): a convolution's cuDNN transposes and its 1x1 weight-gradient
+partials (convolution.py), and each fused attention backend's backward scratch (attention.py backward_scratch); the
+convolutions those rows do not cover carry a note. Checked against the H100 rows: benchmarks/cuda/score.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import onnxmem.targets.torch.cuda.attention as attention
+import onnxmem.targets.torch.cuda.convolution as convolution
 from onnxmem.targets.torch.base import DeviceOption, HeldPeaks, LibraryBuffer, NodeContext, NodeFacts
 from onnxmem.targets.torch.cuda.allocator import replay
 from onnxmem.targets.torch.cuda.tables import (
@@ -31,9 +34,12 @@ if TYPE_CHECKING:
 CAVEAT = ("the CUDA device model is checked against one GPU (H100 80GB, PyTorch 2.11, CUDA 13: "
           "benchmarks/cuda/score.py): it counts the tensors of the step, which scaled_dot_product_attention backend "
           "runs (cuDNN, flash, memory-efficient or math) and what each keeps, cuDNN's recurrent reserve space and the "
-          "foreach update; it does not count cuDNN's convolution workspaces or autocast's weight cache beyond one "
-          "16-bit copy per weight; held_bytes replays the caching allocator (memory_reserved) but the report does "
-          "not use it yet")
+          "foreach update, each fused attention backend's backward scratch, and cuDNN's NHWC copies in 2-D "
+          "convolutions (cudnn.benchmark off); it does not count the rest of cuDNN's convolution workspaces (the "
+          "backward's algorithm workspace: 2-10 MiB per 3x3 convolution, up to 220 MiB for a 7x7 one on the H100; "
+          "cudnn.benchmark's search), the convolutions the rows do not cover (grouped but not depthwise, "
+          "transposed, 1-D or 3-D), or autocast's weight cache beyond one 16-bit copy per weight; held_bytes "
+          "replays the caching allocator (memory_reserved) but the report does not use it yet")
 
 
 @dataclass(frozen=True)
@@ -51,16 +57,17 @@ class TorchCuda:
 
     def unmodelled(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
                    differentiable: list[bool], precision: str) -> tuple[str, ...]:
-        """Give a note where the step runs convolutions: cuDNN's workspaces are not counted (the H100 rows
-        training/tiny_cnn/*: the backward's peak is 26% above the tensors at batch 64; resnet18, mobilenet_v3_small
-        and convnext_atto 1-7%), nothing else."""
-        convolutions = sum(1 for n, node in enumerate(nodes)
-                           if differentiable[n] and node.op_type in CUDNN_CONVOLUTIONS)
-        if not convolutions:
+        """Give a note where the step runs convolutions whose cuDNN buffers the single-op rows do not cover
+        (convolution.py: grouped but not depthwise, transposed, not 2-D, shapes not known), nothing else."""
+        uncovered = sum(1 for n, node in enumerate(nodes)
+                        if node.op_type in CUDNN_CONVOLUTIONS and _convolution_scratch(node, values, needs_grad,
+                                                                                      precision) is None)
+        if not uncovered:
             return ()
-        return (f"[unmodelled-kernel] {convolutions} convolution(s) run in cuDNN, whose workspaces (taken through "
-                "PyTorch's caching allocator while a convolution runs) are not counted: measured on an H100, 1-7% of "
-                "a CNN's step on three models and 26% on a small-channel one; the estimate may be low by that much",)
+        return (f"[unmodelled-kernel] {uncovered} convolution(s) run in cuDNN with a shape the H100 rows do not cover "
+                "(grouped but not depthwise, transposed, 1-D or 3-D, or a shape not known): their workspaces (taken "
+                "through PyTorch's caching allocator while a convolution runs) are not counted; on 2-D ones they "
+                "were up to 3x the output's bytes; the estimate may be low by that much",)
 
     def autocast_fp32(self, key: str, appended_loss: bool) -> bool:
         """Say whether autocast on CUDA runs the op in fp32 (tables.py AUTOCAST_FP32), except the loss's ops that
@@ -77,9 +84,23 @@ class TorchCuda:
         return attention.rule_key(_attention_call(context))
 
     def node_facts(self, context: NodeContext) -> NodeFacts:
-        """Give cuDNN's reserve space for a recurrent op (tables.py CUDA_RESERVE_VALUES), the math attention's fp32
-        tensors from 16-bit inputs (PyTorch's math path upcasts them unless allow_fp16_bf16_reduction_math_sdp);
-        nothing for other ops."""
+        """Give a convolution's cuDNN transients (convolution.py), a fused attention backend's backward scratch
+        (attention.py backward_scratch), cuDNN's reserve space for a recurrent op (tables.py CUDA_RESERVE_VALUES),
+        the math attention's fp32 tensors from 16-bit inputs (PyTorch's math path upcasts them unless
+        allow_fp16_bf16_reduction_math_sdp); nothing for other ops."""
+        if context.key in CUDNN_CONVOLUTIONS:
+            scratch = _convolution_scratch(context.node, context.values, context.needs_grad, context.precision)
+            if scratch is None:
+                return NodeFacts()
+            return NodeFacts(forward_temporaries=scratch.forward, backward_temporaries=scratch.backward)
+        if context.key == attention.FUSED:
+            out0 = context.node.outputs[0] if context.node.outputs else -1
+            query = context.values[context.node.inputs[0]] if context.node.inputs and context.node.inputs[0] >= 0 \
+                else None
+            if out0 < 0 or query is None or not query.numel:
+                return NodeFacts()
+            return NodeFacts(backward_temporaries=attention.backward_scratch(
+                _attention_call(context), context.values[out0].nbytes, query.numel))
         if context.key in attention.MATH_RULES.values():
             query = context.values[context.node.inputs[0]] if context.node.inputs else None
             low = query is not None and bool(query.numel) and query.nbytes // (query.numel or 1) < 4
@@ -105,6 +126,23 @@ class TorchCuda:
         yet)."""
         peaks = replay(events)
         return HeldPeaks(peaks.allocated, peaks.reserved)
+
+
+def _convolution_scratch(node: StepNode, values: list[StepValue], needs_grad: list[bool],
+                         precision: str) -> convolution.ConvolutionScratch | None:
+    """Give a convolution's cuDNN transients (convolution.py) at the width it runs at (16 bits under autocast or in
+    bf16, else its input's), or None where the rows do not cover it."""
+    if node.op_type not in convolution.CONVOLUTIONS:
+        return None
+    inputs = node.inputs
+    if len(inputs) < 2 or inputs[0] < 0 or inputs[1] < 0 or not node.outputs or node.outputs[0] < 0:
+        return None
+    x, w, y = values[inputs[0]], values[inputs[1]], values[node.outputs[0]]
+    width = x.nbytes // x.numel if x.numel else 0
+    if width <= 0:
+        return None
+    element = min(width, 2) if precision != "fp32" else width
+    return convolution.convolution_scratch(x, w, y, element, needs_grad[inputs[1]])
 
 
 def _attention_call(context: NodeContext) -> attention.AttentionCall:

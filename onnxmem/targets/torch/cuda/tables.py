@@ -22,7 +22,8 @@ AUTOCAST_FP32: frozenset[str] = frozenset({
 # GRU's is not measured: taken as LSTM's)
 CUDA_RESERVE_VALUES: dict[str, int] = {"LSTM": 6, "GRU": 6}
 
-# ops that run in cuDNN's convolutions, whose workspaces the device model does not count (device.py unmodelled)
+# ops that run in cuDNN's convolutions: convolution.py counts the 2-D ones the H100 rows cover; device.py unmodelled
+# names the rest
 CUDNN_CONVOLUTIONS: frozenset[str] = frozenset({"Conv", "ConvTranspose", "aten::convolution", "aten::conv2d"})
 
 # the loss's ops (the ones onnxmem appends) that autocast on CUDA runs at their input's width: F.cross_entropy calls
