@@ -26,10 +26,18 @@ from benchmarks.cuda.common import ROOT, fmt_bytes, read_rows, table  # noqa: E4
 RESULTS = ROOT / "benchmarks" / "results" / "cuda"
 
 
+def by_time(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give the rows in the order they were measured (their "time", UTC ISO text; rows without one first, each set
+    in the order read): the row files sort by name, and the first window's file (no -partN) sorts after the later
+    windows' files."""
+    return sorted(rows, key=lambda row: str(row.get("time") or ""))
+
+
 def latest_by_key(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Give the last row of each key (a later window's row replaces an earlier one), errors included."""
+    """Give the latest row of each key by its "time" (a later window's row replaces an earlier one, whichever file
+    holds it), errors included; an error row does not replace a measured one."""
     latest: dict[str, dict[str, Any]] = {}
-    for row in rows:
+    for row in by_time(rows):
         key = row.get("key")
         if key and (row.get("error") is None or key not in latest or latest[key].get("error") is not None):
             latest[str(key)] = row

@@ -28,7 +28,7 @@ def latest(rows: list[dict[str, Any]], dry: bool) -> list[dict[str, Any]]:
     """Give the single-op rows, the last of each key (a later row replaces an earlier), in key order of first
     appearance."""
     found: dict[str, dict[str, Any]] = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda r: str(r.get("time") or "")):  # the latest by its time, whichever file
         if row.get("kind") == "singleop" and (dry or not row.get("dry_run")):
             found[str(row.get("key"))] = row
     return list(found.values())
