@@ -156,6 +156,135 @@ def allocator_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return lines
 
 
+MIB = 2**20
+TOLERANCE = 0.01  # a prediction within 1% (or EXACT_BYTES) of the measured bytes counts as exact
+EXACT_BYTES = 64 * 1024
+
+
+def _value(name: str, shape: tuple[int, ...], element: int) -> Any:
+    from onnxmem.training.values import StepValue
+
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    return StepValue(name, shape, numel, numel * element, True, "activation")
+
+
+def conv_prediction(row: dict[str, Any]) -> dict[str, int] | None:
+    """Give onnxmem's CUDA device's transients for a conv row (TorchCuda.node_facts on the row's shapes, at the
+    step's precision: fp32 tensors, autocast's 16-bit kernels), or None where its rules do not cover the shape."""
+    from onnxmem.targets.torch.base import NodeContext
+    from onnxmem.targets.torch.cuda import TorchCuda
+    from onnxmem.training.values import StepNode
+
+    s = row.get("sizes") or {}
+    if not s:
+        return None
+    batch, cin, cout, side, size, groups = (int(s[k]) for k in ("batch", "in", "out", "side", "size", "groups"))
+    values = [_value("x", (batch, cin, side, side), 4), _value("w", (cout, cin // groups, size, size), 4),
+              _value("y", (batch, cout, side, side), 4)]
+    node = StepNode("Conv", "", "conv", "", (0, 1), (2,), 0)
+    precision = "fp32" if (row.get("config") or {}).get("dtype") == "fp32" else "amp-bf16"
+    context = NodeContext(None, 0, node, values, [cin != 3, True, True], precision, "Conv")  # type: ignore[arg-type]
+    device = TorchCuda()
+    if device.unmodelled([node], values, [cin != 3, True, True], [True], precision):
+        return None
+    facts = device.node_facts(context)
+    return {"forward": facts.forward_temporaries, "backward": facts.backward_temporaries}
+
+
+def sdpa_prediction(row: dict[str, Any], backend_name: str) -> int | None:
+    """Give onnxmem's CUDA device's backward scratch for an attention row run on one backend (attention.py
+    backward_scratch), or None for math (its backward is the generic ops')."""
+    from onnxmem.targets.torch.cuda.attention import AttentionCall, backward_scratch
+
+    s, c = row.get("sizes") or {}, row.get("config") or {}
+    if backend_name == "math" or not s:
+        return None
+    element = 4 if c.get("dtype") == "fp32" else 2
+    heads, dim, seq, batch = int(s["heads"]), int(s["head_dim"]), int(s["seq"]), int(s["batch"])
+    kv_heads = int(s["kv_heads"]) if c.get("gqa") == "enable" else heads  # repeat_kv's copies reach q's heads
+    call = AttentionCall(element, heads, kv_heads, dim, dim, dim, seq, c.get("mask") is not None,
+                         bool(c.get("dropout_p")))
+    numel = batch * heads * seq * dim
+    return backward_scratch(call, numel * element, numel, backend_name)
+
+
+def _verdict(ours: int | None, measured: int | None) -> str:
+    if ours is None or measured is None:
+        return "-"
+    return "exact" if abs(ours - measured) <= max(EXACT_BYTES, TOLERANCE * abs(measured)) else "differs"
+
+
+def prediction_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """Give one line per measured phase of a conv or attention row that onnxmem predicts: group, config, run,
+    phase, measured and ours (bytes), and whether they agree. Conv: the forward's transient (peak minus end) and,
+    in fp32, the backward's (peak minus end: the gradients stay); autocast's backward peak mixes its fp32 casts,
+    so it is not compared. Attention: the backward's peak minus the gradients of q, k and v."""
+    lines: list[list[Any]] = []
+    for row in rows:
+        if row.get("error") is not None:
+            continue
+        group, runs = str(row.get("group")), row.get("runs") or {}
+        if group == "conv":
+            ours = conv_prediction(row)
+            run = runs.get("first") or {}
+            forward, backward = run.get("forward"), run.get("backward")
+            if not run.get("allowed") or not isinstance(forward, dict):
+                continue
+            measured_forward = forward["peak_allocated_above"] - forward["end_allocated_above"]
+            lines.append([group, _tail(row), "first", "forward", measured_forward,
+                          ours["forward"] if ours else None])
+            if (row.get("config") or {}).get("dtype") == "fp32" and isinstance(backward, dict):
+                measured_backward = backward["peak_allocated_above"] - backward["end_allocated_above"]
+                lines.append([group, _tail(row), "first", "backward", measured_backward,
+                              ours["backward"] if ours else None])
+        elif group in ("sdpa", "sdpa-variants"):
+            for label, run in runs.items():
+                backward = run.get("backward")
+                if label == "default" or not run.get("allowed") or not isinstance(backward, dict):
+                    continue
+                predicted = sdpa_prediction(row, label)
+                if predicted is None:
+                    continue
+                measured = backward["peak_allocated_above"] - int(run.get("grad_bytes") or 0)
+                lines.append([group, _tail(row), label, "backward", measured, predicted])
+    for line in lines:
+        line.append(_verdict(line[5], line[4]))
+    return lines
+
+
+def prediction_summary(lines: list[list[Any]]) -> list[list[Any]]:
+    """Give per group and phase: lines, lines onnxmem covers, exact ones, and the mean and worst miss in MiB."""
+    groups: dict[tuple[str, str], list[list[Any]]] = {}
+    for line in lines:
+        groups.setdefault((line[0], line[3]), []).append(line)
+    out = []
+    for (group, phase), members in sorted(groups.items()):
+        covered = [m for m in members if m[5] is not None]
+        misses = [(m[5] - m[4]) / MIB for m in covered]
+        out.append([group, phase, len(members), len(covered), sum(1 for m in covered if m[6] == "exact"),
+                    f"{sum(abs(x) for x in misses) / len(misses):.2f}" if misses else "-",
+                    f"{max(misses, key=abs):+.2f}" if misses else "-"])
+    return out
+
+
+def render_predictions(rows: list[dict[str, Any]], group: str | None = None, every: bool = False) -> str:
+    """Give the table of onnxmem's per-op predictions against the rows (only the lines that differ or are not
+    covered unless `every`) and its summary."""
+    lines = prediction_lines([r for r in rows if not group or r.get("group") == group])
+    if not lines:
+        return ""
+    shown = [[g, c, r, p, fmt_bytes(m), fmt_bytes(o) if o is not None else "-", v]
+             for g, c, r, p, m, o, v in lines if every or v != "exact"]
+    return ("ours vs measured: MiB a phase holds besides its tensors (conv: cuDNN's transients; attention: the "
+            "backward's scratch), onnxmem's CUDA device (onnxmem/targets/torch/cuda) against the row; "
+            f"exact = within {TOLERANCE:.0%} or {EXACT_BYTES // 1024} KiB; '-' = not covered (the device's note)\n"
+            + (table(("group", "config", "run", "phase", "measured", "ours", ""), shown) + "\n\n" if shown else "")
+            + "summary:\n" + table(("group", "phase", "lines", "covered", "exact", "mean |miss| MiB",
+                                     "worst MiB"), prediction_summary(lines)))
+
+
 def render(rows: list[dict[str, Any]], group: str | None = None) -> str:
     """Give the tables of the single-op rows (one group's with `group`)."""
     by_group: dict[str, list[dict[str, Any]]] = {}
@@ -197,8 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", nargs="*", default=[str(DEFAULT_ROWS)])
     parser.add_argument("--group", default=None, help="one group only (sdpa, allocator, conv, ...)")
     parser.add_argument("--dry", action="store_true", help="include the CPU dry run's rows")
+    parser.add_argument("--every", action="store_true", help="print every prediction line, the exact ones too")
     args = parser.parse_args(argv)
-    print(render(latest(read_rows(args.rows), args.dry), args.group))
+    rows = latest(read_rows(args.rows), args.dry)
+    print(render(rows, args.group))
+    predictions = render_predictions(rows, args.group, args.every)
+    if predictions:
+        print("\n" + predictions)
     return 0
 
 

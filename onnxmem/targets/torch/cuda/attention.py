@@ -109,10 +109,10 @@ def rule_key(call: AttentionCall) -> str:
 FLASH_HEAD_DIM_ROUND = 32
 
 
-def backward_scratch(call: AttentionCall, output_bytes: int, query_numel: int) -> int:
-    """Give the bytes the chosen fused backend's backward holds besides q's, k's and v's gradients (0 for math:
-    its backward is the generic ops')."""
-    chosen = backend(call)
+def backward_scratch(call: AttentionCall, output_bytes: int, query_numel: int, chosen: str | None = None) -> int:
+    """Give the bytes the fused backend's backward holds besides q's, k's and v's gradients: the one PyTorch picks
+    for the call, or `chosen` (0 for math: its backward is the generic ops')."""
+    chosen = chosen or backend(call)
     head_dim = call.q_head_dim or 0
     if chosen == "math" or head_dim <= 0 or output_bytes <= 0:
         return 0
