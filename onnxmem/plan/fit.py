@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -33,7 +31,9 @@ from onnxmem.passes.orders import DEFAULT_ORDER
 from onnxmem.passes.pipeline import Analysis, Schedules, Sizing, analysis
 from onnxmem.plan.family import ModelFamily
 from onnxmem.plan.gpus import find_gpu
+from onnxmem.plan.kv import kv_growth_note, kv_what_ifs
 from onnxmem.plan.sharding import SHARD_STAGES, check_sharding, sharded_step, smallest_gpus
+from onnxmem.plan.sizes import GiB, KiB, MiB, parse_size, size_source  # noqa: F401 - fit's names
 from onnxmem.shapes.dims import input_dims
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider
 from onnxmem.targets.ort.arena import session_held_bytes
@@ -53,71 +53,7 @@ from onnxmem.views.report import (
 if TYPE_CHECKING:
     from onnxmem.training.step import TrainingOptions
 
-KiB, MiB, GiB = 2**10, 2**20, 2**30
 SEARCH_LIMIT = 2**31  # a dim that still fits here barely moves memory: the search stops and says so
-
-# --- sizes --------------------------------------------------------------------------------------------------------
-
-SIZE_UNITS: dict[str, int] = {
-    "B": 1,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: str | int) -> int:
-    """Give the bytes of a size such as '24GiB', '16GB', '80000MB', '1.5TiB' or '1024B' (GB = 10^9, GiB = 2^30).
-
-    Decimal fractions are exact (1.5TiB is 3 x 2^39 bytes); a fraction of a byte is rounded down. A number without a
-    unit is refused (but 0): `--budget 24` means 24 GB to a person and 24 bytes to a parser, and a CI gate must not
-    guess; bytes are written with B, or given as an int.
-
-    Parameters
-    ----------
-    text
-        The size: a number and a unit (B, KB/KiB, MB/MiB, GB/GiB, TB/TiB, PB/PiB; any case), or bytes as an int.
-
-    Returns
-    -------
-    int
-        The bytes.
-
-    Raises
-    ------
-    TargetError
-        Not a size, an unknown unit, or a negative number.
-    """
-    if isinstance(text, int):
-        if text < 0:
-            raise TargetError(f"size {text}: must not be negative")
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise TargetError(f"size '{text}': expected a number and a unit, e.g. 24GiB, 16GB, 80000MB, 1.5TiB")
-    number, unit = match.group(1), match.group(2).upper()
-    if not unit:
-        if Fraction(number) == 0:
-            return 0
-        raise TargetError(f"size '{text.strip()}' has no unit: write {number}GiB (2^30 bytes), {number}GB (10^9 "
-                          f"bytes) or {number}B for bytes")
-    if unit not in SIZE_UNITS:
-        hint = " (say GB for 10^9 or GiB for 2^30)" if unit in ("K", "M", "G", "T", "P") else ""
-        raise TargetError(f"size '{text}': unknown unit '{match.group(2)}'{hint}; "
-                          "use B, KB, MB, GB, TB, PB (powers of 10) or KiB, MiB, GiB, TiB, PiB (powers of 2)")
-    return int(Fraction(number) * SIZE_UNITS[unit])
-
-
-def size_source(text: str | int) -> str:
-    """Give where a size given by a person comes from, in words: 'given: 24GiB'; a size in decimal units also
-    in GiB ('given: 24GB = 22.35 GiB'), since the catalogue's GPUs and most tools speak GiB."""
-    words = f"given: {text}"
-    if isinstance(text, str):
-        match = _SIZE.match(text)
-        unit = match.group(2).upper() if match else ""
-        if unit in SIZE_UNITS and SIZE_UNITS[unit] % 1000 == 0:
-            words += f" = {parse_size(text) / GiB:,.2f} GiB (GB, MB, TB: powers of 10)"
-    return words
 
 
 # --- targets: GPUs, runtimes, allocators ------------------------------------------------------------------------
@@ -483,6 +419,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     answer, answer_pow2, shown = best * step, largest_pow2 * step, max(best, 1) * step
     name, bound, warnings = family.header(shown)
     notes = _fit_notes(search, answer, answer_pow2, bounded, top * step, monotonic, linear, curve, step, training)
+    kv = kv_growth_note(search, shown, step, family.sizing) if training is None else None
+    notes = (*notes, kv) if kv is not None else notes
     if any(a.required_bytes > b.required_bytes for a, b in zip(curve, curve[1:], strict=False)):
         notes = (*notes, f"the bytes required are not monotonic in {search} (the arena's regions double as its "
                          f"requests grow, not with the peak): a {search} above the answer, not evaluated, may fit too")
@@ -681,6 +619,8 @@ def _what_ifs(at: Sizing, base: Report | None, need: _Need, search: str, value: 
         add_report("float32 -> float16 (weights and activations)",
                    report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims),
                    "every float32 tensor stored as float16 (the model converted, then analysed)")
+        for change, resized, detail in kv_what_ifs(at):  # a decoder's KV cache, its tensors re-sized
+            add_report(change, report_of(resized), detail)
         found.sort(key=lambda w: -w.saved_bytes)
         return tuple(found)
     changes: list[tuple[str, TrainingOptions, str]] = []

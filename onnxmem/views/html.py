@@ -176,8 +176,15 @@ def svg_timeline(series: TimelineSeries, budget_bytes: int | None = None) -> str
     base_box = None  # (left, right, baseline y) of its label, which the peak's label must not cover
     if base:  # what the whole run holds (weights and inputs), in grey under the bars
         text = f"weights + inputs {format_bytes(base)}" + (f" (axis from {format_bytes(floor)})" if floor else "")
+        if series.past_cache_bytes:
+            text += f", of which past KV cache {format_bytes(series.past_cache_bytes)}"
         base_y = min(y(floor) - 4, y(base) + 13)
         base_box = (_PAD_L + 6, _PAD_L + 6 + _CHAR * len(text), base_y)
+        past = min(series.past_cache_bytes, base - floor)
+        if past > 0:  # a decoder's past KV cache: the top of the inputs' band
+            parts.append(f'<rect x="{_PAD_L}" y="{y(base):.1f}" width="{_W - _PAD_R - _PAD_L}" '
+                         f'height="{y(base - past) - y(base):.1f}" fill="#8172b3" fill-opacity="0.45"><title>past KV '
+                         f"cache (inputs): {escape(format_bytes(series.past_cache_bytes))}</title></rect>")
         parts.append(f'<rect x="{_PAD_L}" y="{y(base):.1f}" width="{_W - _PAD_L - _PAD_R}" '
                      f'height="{y(floor) - y(base):.1f}" fill="#bbbbbb" fill-opacity="0.5"><title>weights and '
                      f"inputs: {escape(format_bytes(base))}</title></rect>"

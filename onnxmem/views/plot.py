@@ -91,6 +91,10 @@ def draw_timeline(ax: Any, series: TimelineSeries, budget_bytes: int | None = No
     if series.baseline_bytes:  # what the whole run holds (weights and inputs), in grey under the live tensors
         ax.axhspan(floor, series.baseline_bytes, color="#bbbbbb", alpha=0.5, linewidth=0,
                    label=f"weights + inputs {format_bytes(series.baseline_bytes)}")
+        past = min(series.past_cache_bytes, series.baseline_bytes - floor)
+        if past > 0:  # a decoder's past KV cache: the top of the inputs' band
+            ax.axhspan(series.baseline_bytes - past, series.baseline_bytes, color="#8172b3", alpha=0.45, linewidth=0,
+                       label=f"of which past KV cache {format_bytes(series.past_cache_bytes)}")
     ax.step(edges, [*values, values[-1]] if values else [0], where="post", color="#333333", linewidth=1)
     several = len(set(series.phases)) > 1
     labelled: set[str] = set() if several else set(series.phases)  # one phase: no legend entry, no names

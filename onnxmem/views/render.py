@@ -160,7 +160,21 @@ def _summary_rows(report: Report) -> list[tuple[str, str, str]]:
         ("peak activations", format_bytes(inf.peak_activation_bytes), f"{inf.peak_activation_bytes:,} B"),
         ("total peak", format_bytes(inf.peak_bytes), f"{inf.peak_bytes:,} B"),
     ]
+    if inf.kv_cache_bytes is not None:  # a decoder's: part of the inputs and activations above, not added again
+        rows.append(("KV cache (past + present)", format_bytes(inf.kv_cache_bytes), f"{inf.kv_cache_bytes:,} B"))
     return rows
+
+
+def kv_cache_line(report: Report) -> str | None:
+    """Give the KV cache's line (report.inference.kv_cache): its bytes, its past inputs and present outputs, where
+    each is counted; None where the model has no KV cache."""
+    kv = report.inference.kv_cache
+    if kv is None:
+        return None
+    unsized = f"; {kv.unsized_tensors} cache tensors of unknown size not counted" if kv.unsized_tensors else ""
+    return (f"KV cache {format_bytes(kv.bytes)} ({kv.dtype}) = past inputs {format_bytes(kv.past_bytes)} "
+            f"({kv.past_tensors} tensors, in the inputs) + present outputs {format_bytes(kv.present_bytes)} "
+            f"({kv.present_tensors} tensors, among the activations): both held when the step ends{unsized}")
 
 
 def report_answers(report: Report) -> list[Answer]:
@@ -207,6 +221,9 @@ def report_blocks(report: Report, top: int = 10) -> list[Block]:
                         Para(f"sum of all activations (what a hand count adds up): "
                              f"{format_bytes(inf.sum_activation_bytes)}; live at once at most: "
                              f"{format_bytes(inf.peak_activation_bytes)}")]
+    kv = kv_cache_line(report)
+    if kv is not None:
+        out.append(Para(kv))
     if inf.host_activation_bytes:
         out.append(Para(f"in host memory, not counted on the device (onnxruntime's CUDA provider): "
                         f"{format_bytes(inf.host_activation_bytes)} of activations"))
@@ -391,6 +408,9 @@ def check_blocks(result: CheckResult) -> list[Block]:
                         Para(""), Para(f"dims: {dims}   mode: {result.mode}" + _shard_words(result.sharding)),
                         *_target_blocks(result.target, result.budget_bytes),
                         *(Para(line) for line in sharding_lines(result.sharding))]
+    kv = kv_cache_line(result.report) if result.report is not None else None
+    if kv is not None and result.mode == "inference":
+        out.append(Para(kv))
     out += _what_if_blocks(result.what_ifs, "What would lower the peak")
     out += warning_blocks(result.warnings, training=result.mode == "training")
     return out

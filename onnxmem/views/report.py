@@ -60,6 +60,25 @@ _NOT_IN_JSON: dict[str, Any] = {"json": False}  # a field to_dict() leaves out (
 
 
 @dataclass(frozen=True)
+class KVCache:
+    """A decoder's KV cache as onnxruntime holds it in one step (shapes.kvcache): the past key/value inputs the
+    step reads (fed by the caller, held through the run) and the present outputs it writes in their place (the past
+    and the step's new positions, allocated by the step), both held when the step ends."""
+
+    past_bytes: int  # the past inputs (counted in the report's input_bytes)
+    present_bytes: int  # the present outputs (activations: live from the op that writes them to the run's end)
+    past_tensors: int  # a key and a value per layer, or one tensor per layer where the export packs them
+    present_tensors: int
+    dtype: str  # the cache's element type (FLOAT16, ...), "mixed" where its tensors differ
+    unsized_tensors: int = 0  # cache tensors of unknown size, not counted
+
+    @property
+    def bytes(self) -> int:
+        """The cache's bytes held when the step ends: past inputs + present outputs."""
+        return self.past_bytes + self.present_bytes
+
+
+@dataclass(frozen=True)
 class InferenceTimeline:
     """The inference run step by step: at step s, node nodes[s] runs with live_bytes[s] bytes held (weights +
     inputs + live activations): the series every picture of the run draws; its maximum is the report's peak."""
@@ -96,8 +115,15 @@ class InferenceReport:
     # activations onnxruntime keeps in host memory while the model runs on a device (the CUDA provider's CPU nodes,
     # Shape's outputs, MemcpyToHost copies), every one added up: not in the device figures above
     host_activation_bytes: int = 0
+    # a decoder's KV cache: past inputs + present outputs, both held when the step ends (part of input_bytes and of
+    # the activations, not added again to the peak); None where the model has no KV cache. Set from kv_cache.
+    kv_cache_bytes: int | None = dataclasses.field(init=False, default=None)
+    kv_cache: KVCache | None = None
     timeline: InferenceTimeline | None = dataclasses.field(default=None, compare=False, repr=False,
                                                            metadata=_NOT_IN_JSON)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_cache_bytes", None if self.kv_cache is None else self.kv_cache.bytes)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ class TimelineSeries:
     steps: tuple[int, ...] = ()  # per point: its first step in the run, where points aggregate several (else ())
     total_steps: int = 0  # the run's steps (events, for training)
     baseline_bytes: int = 0  # held through the whole run (inference: weights and inputs), drawn as a band apart
+    past_cache_bytes: int = 0  # of the baseline, a decoder's past KV cache inputs (drawn as a band of its own)
 
     @property
     def axis_floor(self) -> int:
@@ -53,7 +54,8 @@ def inference_series(report: Report) -> TimelineSeries:
     inference = report.inference
     return TimelineSeries(_title("inference", report), labels, ("forward",) * len(labels), timeline.live_bytes,
                           step, labels[step] if labels else "", total_steps=len(labels),
-                          baseline_bytes=inference.weights_bytes + inference.input_bytes)
+                          baseline_bytes=inference.weights_bytes + inference.input_bytes,
+                          past_cache_bytes=inference.kv_cache.past_bytes if inference.kv_cache is not None else 0)
 
 
 def training_series(report: Report) -> TimelineSeries:

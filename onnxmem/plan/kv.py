@@ -1,0 +1,76 @@
+"""The KV cache in plans: what-ifs for a smaller cache (int8, fp8, grouped-query heads) and how it grows with the
+searched dim.
+
+Each what-if is the same Sizing with the cache tensors re-sized (shapes.kvcache.resized_cache: the past inputs and
+present outputs at their new bytes, every other tensor as it is), analysed again by the passes after sizing: the
+peak it gives is the report's, not a formula on the cache's total.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from onnxmem.ir.dtypes import element_bits
+from onnxmem.passes.pipeline import Sizing
+from onnxmem.shapes.kvcache import (
+    FP8_SCALE_BYTES,
+    SCALE_BYTES,
+    cache_tensors,
+    fewer_heads,
+    fp8_bytes,
+    int8_bytes,
+    kv_cache_of,
+    kv_heads,
+    resized_cache,
+)
+
+MAX_GROUP = 8  # grouped-query: at most this many query heads share one KV head (Llama-2-70B's and Llama-3's 8)
+
+
+def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
+    """Give (change, the Sizing with its cache re-sized, detail) for each smaller KV cache that applies to the
+    model at `at`: int8 and fp8 where its elements take more than a byte, fewer KV heads where it has one per
+    query head (MHA); none where it has no KV cache."""
+    graph = at.graph
+    found = cache_tensors(graph)
+    if found is None:
+        return []
+    changes: list[tuple[str, Sizing, str]] = []
+    bits = {element_bits(graph.tensors[t].dtype) or 0 for t in (*found.past, *found.present)}
+    if min(bits) > 8:
+        for change, size, detail in (
+                ("KV cache in int8", int8_bytes,
+                 f"the past inputs and present outputs at 1 byte per element plus a float16 scale ({SCALE_BYTES} B) "
+                 "per token and KV head (symmetric per-token int8, one scale per head_dim row); the attention's own "
+                 "temporaries unchanged"),
+                ("KV cache in fp8", fp8_bytes,
+                 f"the past inputs and present outputs at 1 byte per element (e4m3) plus one float32 scale "
+                 f"({FP8_SCALE_BYTES} B) per cache tensor; the attention's own temporaries unchanged")):
+            resized = resized_cache(graph, found, size)
+            if resized is not None:
+                changes.append((change, dataclasses.replace(at, graph=resized), detail))
+    heads = kv_heads(found, graph)
+    if not found.shared and heads is not None and heads > 1:
+        group = max(g for g in range(1, MAX_GROUP + 1) if heads % g == 0)
+        size = fewer_heads(found, graph, group) if group > 1 else None
+        resized = resized_cache(graph, found, size) if size is not None else None
+        if resized is not None:
+            changes.append((f"grouped-query KV heads {heads} -> {heads // group}",
+                            dataclasses.replace(at, graph=resized),
+                            f"{group} query heads share each KV head (the model has one KV head per query head): the "
+                            "cache tensors re-sized, the K and V projections as they are"))
+    return changes
+
+
+def kv_growth_note(search: str, value: int, step: int, sizing_at: Callable[[int], Sizing]) -> str | None:
+    """Give the fit note on the KV cache at the answer `value` and what each `step` of the searched dim adds to it
+    (the cache sized at value and at value + step), or None where the model has no KV cache."""
+    here = kv_cache_of(sizing_at(value).graph)
+    if here is None:
+        return None
+    after = kv_cache_of(sizing_at(value + step).graph)
+    grows = (after.bytes - here.bytes) if after is not None else 0
+    per = f"{step} {search}" if step > 1 else f"unit of {search}"
+    return (f"KV cache at {search}={value}: {here.bytes:,} B (past inputs {here.past_bytes:,} B + present outputs "
+            f"{here.present_bytes:,} B); each {per} adds {grows:,} B to it")

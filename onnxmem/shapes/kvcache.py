@@ -1,0 +1,231 @@
+"""A decoder's KV cache, found once for every view: the past key/value inputs a step reads and the present outputs
+it writes in their place (names as optimum, onnxruntime-genai and torch.onnx write them, or the wiring: an input
+that reaches a graph output through the attention's Concat or an attention op's past input).
+
+kv_cache_of gives its bytes as onnxruntime holds them in one step: the past inputs the caller feeds (held through
+the run) and the present outputs the step allocates (past + the step's positions, held from their Concat to the end
+of the run), both held when the step ends. resized_cache gives the same graph with the cache tensors at another
+element size or head count: the what-ifs of a lower-precision or grouped-query cache (plan.kv).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from onnxmem.ir.dtypes import dtype_name, element_bits
+from onnxmem.ir.graph import INPUT, OUTPUT, ModelGraph, Tensor
+from onnxmem.views.report import KVCache
+
+# names as exporters write them: past_key_values.0.key, past.0.value, past_key_0, cache_key.3 (inputs);
+# present.0.key, present_key_values.1.value, cache_value.3 (outputs)
+_PAST_NAME = re.compile(r"(^|[._/])(past|cache)[._]?(key|value|k|v|\d)", re.IGNORECASE)
+_PRESENT_NAME = re.compile(r"(^|[._/])(present|cache)[._]?(key|value|k|v|\d)", re.IGNORECASE)
+# ops a cache passes through unchanged in content on its way to or from the attention (the CPU provider's Casts)
+_PASSES = frozenset({"Cast", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze"})
+# ops that read the past cache and write the present one themselves (onnxruntime's contrib attention ops): the
+# present outputs are their outputs after the first
+_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "DecoderMaskedMultiHeadAttention",
+                        "DecoderMaskedSelfAttention", "PackedMultiHeadAttention", "SparseAttention"})
+# ops that repeat a shared cache for the query heads that read it (grouped-query attention in plain ops)
+_REPEATS = frozenset({"Expand", "Tile"})
+_COMPUTES = frozenset({"MatMul", "Einsum", "Softmax", "Gemm"})
+_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class CacheTensors:
+    """The cache's tensors in one graph: past inputs and present outputs (tensor indices), and each pair's axes."""
+
+    past: tuple[int, ...]
+    present: tuple[int, ...]
+    # per (past, present) pair found by the wiring: the sequence axis (where their shapes differ) and the heads axis
+    # (the other of axes 1 and 2 of a rank-4 cache: [batch, heads, seq, head] or [batch, seq, heads, head])
+    heads_axes: dict[int, int]
+    shared: bool  # the attention repeats the cache for its query heads (grouped-query) or says it shares it
+
+
+def _float(t: Tensor) -> bool:
+    return t.dtype in (1, 10, 11, 16) and t.shape is not None and len(t.shape) >= 3
+
+
+def _forward(graph: ModelGraph, start: int, stop: Callable[[int], bool]) -> list[int]:
+    """Give the ops `stop` accepts that read `start` directly or through _PASSES ops (as their data input)."""
+    found, frontier, depth = [], [start], 0
+    while frontier and depth < _DEPTH:
+        following = []
+        for t in frontier:
+            for c in graph.tensors[t].consumers:
+                op = graph.ops[c]
+                if stop(c):
+                    found.append(c)
+                elif op.op_type in _PASSES and op.inputs and op.inputs[0] == t and op.outputs[0] >= 0:
+                    following.append(op.outputs[0])
+        frontier, depth = following, depth + 1
+    return found
+
+
+def _to_output(graph: ModelGraph, start: int, outputs: set[int]) -> int:
+    """Give the graph output `start` is, or reaches through _PASSES ops; -1 where none."""
+    frontier, depth = [start], 0
+    while frontier and depth < _DEPTH:
+        following = []
+        for t in frontier:
+            if t in outputs:
+                return t
+            for c in graph.tensors[t].consumers:
+                op = graph.ops[c]
+                if op.op_type in _PASSES and op.inputs and op.inputs[0] == t and op.outputs[0] >= 0:
+                    following.append(op.outputs[0])
+        frontier, depth = following, depth + 1
+    return -1
+
+
+def cache_tensors(graph: ModelGraph) -> CacheTensors | None:
+    """Give the KV cache's tensors of a graph (None: it has none). A past input is one that reaches a graph output
+    through a Concat (the present: past + the step's keys or values) or is an attention op's past input, or one
+    named as exporters name them (past_key_values.N.key, past.N.value, cache_*); a present output is the output
+    such a Concat or attention op writes, or one named present.N.key, present_*, cache_*. Only floating-point
+    tensors of rank 3 or more count (cache_position, past_sequence_length are no cache)."""
+    outputs = {t for t in graph.outputs if t >= 0}
+    past: list[int] = []
+    present: list[int] = []
+    taken: set[int] = set()
+    heads_axes: dict[int, int] = {}
+    shared = False
+    for i in graph.inputs:
+        t = graph.tensors[i]
+        if t.kind != INPUT or not _float(t):
+            continue
+        paired = False
+        for c in _forward(graph, i, lambda c: graph.ops[c].op_type in ("Concat", *_ATTENTION)):
+            op = graph.ops[c]
+            made = op.outputs[:1] if op.op_type == "Concat" else op.outputs[1:]
+            for out in made:
+                end = _to_output(graph, out, outputs) if out >= 0 else -1
+                if end < 0 or end in taken:
+                    continue
+                paired = True
+                present.append(end)
+                taken.add(end)
+                axis = _heads_axis(t, graph.tensors[end])
+                if axis is not None:
+                    heads_axes[end] = axis
+                    heads_axes.setdefault(i, axis)
+                shared = shared or op.op_type == "GroupQueryAttention" or _repeated(graph, end)
+        if paired or _PAST_NAME.search(t.name):
+            past.append(i)
+    for o in graph.outputs:
+        t = graph.tensors[o] if o >= 0 else None
+        if t is not None and o not in taken and t.kind == OUTPUT and _float(t) and _PRESENT_NAME.search(t.name):
+            present.append(o)
+    if not past and not present:
+        return None
+    return CacheTensors(tuple(past), tuple(present), heads_axes, shared)
+
+
+def _heads_axis(past: Tensor, present: Tensor) -> int | None:
+    """Give the heads axis of a rank-4 cache from its past and present shapes (the sequence axis is where they
+    differ; the heads axis is the other of axes 1 and 2), or None."""
+    a, b = past.shape, present.shape
+    if a is None or b is None or len(a) != 4 or len(b) != 4:
+        return None
+    differ = [k for k in range(4) if a[k] != b[k]]
+    if len(differ) != 1 or differ[0] not in (1, 2):
+        return None
+    return 3 - differ[0]
+
+
+def _repeated(graph: ModelGraph, present: int) -> bool:
+    """Say whether the attention repeats the present cache (Expand, Tile) before it computes with it: grouped-query
+    attention written in plain ops."""
+    return bool(_forward(graph, present, lambda c: graph.ops[c].op_type in _REPEATS)) and \
+        not _forward(graph, present, lambda c: graph.ops[c].op_type in _COMPUTES)
+
+
+def kv_cache_of(graph: ModelGraph) -> KVCache | None:
+    """Give the KV cache of a sized graph as onnxruntime holds it in one step (see the module's docstring), or
+    None where the graph has none."""
+    found = cache_tensors(graph)
+    if found is None:
+        return None
+    tensors = graph.tensors
+    past = [tensors[t] for t in found.past]
+    present = [tensors[t] for t in found.present]
+    types = {t.dtype for t in (*past, *present)}
+    unsized = sum(1 for t in (*past, *present) if t.nbytes is None)
+    return KVCache(past_bytes=sum(t.nbytes or 0 for t in past), present_bytes=sum(t.nbytes or 0 for t in present),
+                   past_tensors=len(past), present_tensors=len(present),
+                   dtype=dtype_name(types.pop()) if len(types) == 1 else "mixed", unsized_tensors=unsized)
+
+
+# --- what-ifs: the cache tensors re-sized --------------------------------------------------------------------------
+
+SCALE_BYTES = 2  # int8: one float16 scale per row of the last axis (per token and head)
+FP8_SCALE_BYTES = 4  # fp8: one float32 scale per cache tensor
+
+
+def int8_bytes(t: Tensor) -> int | None:
+    """Give a cache tensor's bytes in int8 with per-token, per-head float16 scales (one per row of its last axis,
+    head_dim elements: symmetric per-token quantization, as KIVI's and onnxruntime-genai's int8 caches keep them)."""
+    elements = _elements(t)
+    if elements is None or t.shape is None or not isinstance(t.shape[-1], int) or t.shape[-1] <= 0:
+        return None
+    return elements + elements // t.shape[-1] * SCALE_BYTES
+
+
+def fp8_bytes(t: Tensor) -> int | None:
+    """Give a cache tensor's bytes in fp8 (e4m3) with one float32 scale for the whole tensor (vLLM's fp8 cache)."""
+    elements = _elements(t)
+    return None if elements is None else elements + FP8_SCALE_BYTES
+
+
+def _elements(t: Tensor) -> int | None:
+    bits = element_bits(t.dtype)
+    return None if t.nbytes is None or not bits else t.nbytes * 8 // bits
+
+
+def resized_cache(graph: ModelGraph, found: CacheTensors, size: Callable[[Tensor], int | None],
+                  tensors: Sequence[int] | None = None) -> ModelGraph | None:
+    """Give the graph with each cache tensor (or each of `tensors`) at the bytes `size` gives it, every other
+    tensor as it is (None where a cache tensor cannot be re-sized)."""
+    chosen = set((*found.past, *found.present) if tensors is None else tensors)
+    sizes: list[int | None] = []
+    for t in graph.tensors:
+        if t.index in chosen:
+            nbytes = size(t)
+            if nbytes is None:
+                return None
+            sizes.append(nbytes)
+        else:
+            sizes.append(t.nbytes)
+    return graph.with_sizes([t.shape for t in graph.tensors], sizes)
+
+
+def fewer_heads(found: CacheTensors, graph: ModelGraph, factor: int) -> Callable[[Tensor], int | None] | None:
+    """Give the size of each cache tensor with its heads axis divided by `factor`, or None where a cache tensor's
+    heads axis is unknown or not a multiple of `factor`."""
+    for t in (*found.past, *found.present):
+        axis = found.heads_axes.get(t)
+        shape = graph.tensors[t].shape
+        if axis is None or shape is None or not isinstance(shape[axis], int) or shape[axis] % factor:
+            return None
+
+    def size(t: Tensor) -> int | None:
+        heads = t.shape[found.heads_axes[t.index]] if t.shape is not None else None
+        return None if t.nbytes is None or not isinstance(heads, int) or heads <= 0 else \
+            t.nbytes // heads * (heads // factor)
+
+    return size
+
+
+def kv_heads(found: CacheTensors, graph: ModelGraph) -> int | None:
+    """Give the cache's head count (its heads axis), where every cache tensor says the same; else None."""
+    counts = set()
+    for t in (*found.past, *found.present):
+        axis, shape = found.heads_axes.get(t), graph.tensors[t].shape
+        if axis is None or shape is None or not isinstance(shape[axis], int):
+            return None
+        counts.add(shape[axis])
+    return counts.pop() if len(counts) == 1 else None
