@@ -24,8 +24,10 @@ score_singleops.py --group conv) show, for NCHW tensors:
   on the shapes the rows measured (at most 256 channels, at least 14 x 14 positions): a split over the batch is an
   algorithm's choice, so other 1x1 shapes are left to the note. Its input gradient needs no transpose (a GEMM).
 - Depthwise (groups = input channels = output channels, the rows' dw7-*): PyTorch's own kernel, nothing.
-- Other grouped convolutions, ConvTranspose and 1-D/3-D convolutions have no rows: not counted (the device's
-  unmodelled note names them).
+- Strided (or dilated, or not same-padded) convolutions, other grouped ones, ConvTranspose and 1-D/3-D ones have
+  no rows (all rows are stride 1, same padding): not counted (the device's unmodelled note names them). The next
+  window should measure stride 2 (tiny_cnn's second conv, resnet's downsampling, convnext's stem and patch
+  merges).
 """
 
 from __future__ import annotations

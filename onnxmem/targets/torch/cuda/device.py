@@ -37,9 +37,9 @@ CAVEAT = ("the CUDA device model is checked against one GPU (H100 80GB, PyTorch 
           "foreach update, each fused attention backend's backward scratch, and cuDNN's NHWC copies in 2-D "
           "convolutions (cudnn.benchmark off); it does not count the rest of cuDNN's convolution workspaces (the "
           "backward's algorithm workspace: 2-10 MiB per 3x3 convolution, up to 220 MiB for a 7x7 one on the H100; "
-          "cudnn.benchmark's search), the convolutions the rows do not cover (grouped but not depthwise, "
-          "transposed, 1-D or 3-D), or autocast's weight cache beyond one 16-bit copy per weight; held_bytes "
-          "replays the caching allocator (memory_reserved) but the report does not use it yet")
+          "cudnn.benchmark's search), the convolutions the rows do not cover (strided, grouped but not "
+          "depthwise, transposed, 1-D or 3-D), or autocast's weight cache beyond one 16-bit copy per weight; "
+          "held_bytes replays the caching allocator (memory_reserved) but the report does not use it yet")
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,16 @@ class TorchCuda:
     def unmodelled(self, nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
                    differentiable: list[bool], precision: str) -> tuple[str, ...]:
         """Give a note where the step runs convolutions whose cuDNN buffers the single-op rows do not cover
-        (convolution.py: grouped but not depthwise, transposed, not 2-D, shapes not known), nothing else."""
+        (convolution.py: strided, grouped but not depthwise, transposed, not 2-D, 1x1 outside the measured
+        shapes, shapes not known), nothing else."""
         uncovered = sum(1 for n, node in enumerate(nodes)
                         if node.op_type in CUDNN_CONVOLUTIONS and _convolution_scratch(node, values, needs_grad,
                                                                                       precision) is None)
         if not uncovered:
             return ()
         return (f"[unmodelled-kernel] {uncovered} convolution(s) run in cuDNN with a shape the H100 rows do not cover "
-                "(grouped but not depthwise, transposed, 1-D or 3-D, or a shape not known): their workspaces (taken "
+                "(strided or not padded to the input's size, grouped but not depthwise, transposed, 1-D or 3-D, a 1x1 "
+                "one over 256 channels or under 14x14 positions, or a shape not known): their workspaces (taken "
                 "through PyTorch's caching allocator while a convolution runs) are not counted; on 2-D ones they "
                 "were up to 3x the output's bytes; the estimate may be low by that much",)
 
