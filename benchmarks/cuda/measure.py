@@ -41,6 +41,7 @@ CONFIGS: tuple[tuple[str, str, str], ...] = (
 MEMTRACKER_CONFIGS = (("full", "adamw", "fp32"), ("full", "sgd", "fp32"), ("full", "adamw", "amp-bf16"))
 STEPS = 3
 FIT_LIMIT = 16384  # the largest batch fit searches: a step at it stays short on a GPU
+MAX_BISECT_S = 60  # fit's measured-max bisection stops starting probes after this
 LIBRARIES = ("context", "cublas", "cublaslt", "cudnn", "all")
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 ORT_BATCHES = (1, 8)
@@ -722,19 +723,28 @@ def part_fit(ctx: Context) -> None:
                    curve=[_plain(p) for p in result.curve][-6:], allocator=result.target.allocator)
     if not answer.get("batch"):
         return
+    ran_at_answer: bool | None = None
     for label, batch in (("at-answer", answer["batch"]), ("above-answer", answer["batch"] + 1)):
         key = f"{base}/{label}"
         if ctx.wants(key):
-            ctx.row("fit", key, **_fit_attempt(ctx, meter, spec, batch, answer["batch"], free,
-                                               "runs" if label == "at-answer" else "oom"))
+            attempt = _fit_attempt(ctx, meter, spec, batch, answer["batch"], free,
+                                   "runs" if label == "at-answer" else "oom")
+            ctx.row("fit", key, **attempt)
+            if label == "at-answer":
+                ran_at_answer = attempt.get("ran")
     key = f"{base}/measured-max"
     if ctx.wants(key) and meter.cuda:
-        # the largest batch that runs STEPS steps, by bisection below the answer (the answer's step OOMed on
-        # the allocator's fragmentation in the first window): how far fit's answer is from the device's
+        # the largest batch that runs STEPS steps, by bisection: below the answer where the answer OOMed (the
+        # first windows: the allocator's fragmentation), above it up to 2% more where it ran (how much fit leaves)
         probes: list[dict[str, Any]] = []
-        low, high = max(1, int(answer["batch"] * 0.85)), answer["batch"] + 1  # high: known to fail
+        if ran_at_answer:
+            low, high = answer["batch"], answer["batch"] + max(2, answer["batch"] // 50)
+            assumed = "the answer ran; the bisection assumes 2% above it OOMs (a probe there that runs is kept)"
+        else:
+            low, high = max(1, int(answer["batch"] * 0.85)), answer["batch"] + 1  # high: known to fail
+            assumed = "the bisection starts at 85% of the answer, assumed to run"
         started = time.perf_counter()
-        while high - low > max(1, answer["batch"] // 400) and time.perf_counter() - started < 90:
+        while high - low > max(1, answer["batch"] // 400) and time.perf_counter() - started < MAX_BISECT_S:
             middle = (low + high) // 2
             attempt = _fit_attempt(ctx, meter, spec, middle, answer["batch"], free, "probe")
             probes.append({k: attempt.get(k) for k in ("batch", "ran", "oom", "error_message", "seconds")}
@@ -749,8 +759,8 @@ def part_fit(ctx: Context) -> None:
             else:
                 break
         ctx.row("fit", key, model=spec.name, fit_answer=answer["batch"], free_bytes=free, largest_run=low,
-                smallest_oom=high, probes=probes, note="largest_run is a lower bound: the bisection starts at "
-                "85% of the answer, assumed to run, and stops within 0.25% of the answer or after 90 s")
+                smallest_oom=high, probes=probes, note=f"largest_run is a lower bound: {assumed}; it stops "
+                f"within 0.25% of the answer or after {MAX_BISECT_S} s")
     key = f"{base}/defaults"
     if ctx.wants(key) and info is None:
         ctx.row("fit", key, model=spec.name, note="cpu dry run: no device memory total to fit against")

@@ -234,7 +234,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
          per_token=True),
 )}
 # the models of the fit part: small, with large activations (the batch is found quickly, a step is short)
-FIT_MODELS = ("resnet18", "gpt2")
+FIT_MODELS = ("resnet18", "gpt2", "llama_gqa", "vit_small")
 
 
 class LoRALinear(nn.Module):
