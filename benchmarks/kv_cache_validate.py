@@ -41,6 +41,29 @@ def tiny_decoder_with_weights(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def kv_cache_row(path: Path, dims: dict[str, int]) -> list[str]:
+    """Run one step of the decoder in onnxruntime (CPU) and add up the bytes of the past arrays it is fed and of
+    the present arrays it returns (every output but the logits, the first: llm_graphs.make_llama's outputs);
+    give the row that sets them beside the report's KV cache."""
+    import onnxruntime
+
+    import onnxmem
+    from onnxmem.measure.inputs import make_feeds
+
+    model = onnx.load(str(path))
+    feeds = make_feeds(model, {**dims, "past + seq": dims["past"] + dims["seq"]})
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    returned = dict(zip(names, session.run(names, feeds), strict=True))
+    past = sum(a.nbytes for name, a in feeds.items() if name.startswith("past_key_values."))
+    present = sum(returned[name].nbytes for name in names[1:])
+    kv = onnxmem.analyze(str(path), dims, provider="cpu").inference.kv_cache
+    estimated = (kv.past_bytes, kv.present_bytes) if kv is not None else (0, 0)
+    return [f"past={dims['past']}, seq={dims['seq']}", f"{estimated[0]:,}", f"{estimated[1]:,}",
+            f"{sum(estimated):,}", f"{past + present:,}",
+            "yes" if estimated == (past, present) else "no"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
@@ -52,6 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "llama_tiny_weights.onnx"
         tiny_decoder_with_weights(path)
+        kv_rows = [kv_cache_row(path, {"batch": args.batch, "seq": seq, "past": past})
+                   for past, seq in ((0, args.seq), (16, 1), (64, 1))]
         for past, seq in ((0, args.seq), (16, 1), (64, 1)):
             dims = {"batch": args.batch, "seq": seq, "past": past}
             result = onnxmem.validate(str(path), dims, provider="cpu")
@@ -81,6 +106,10 @@ def main() -> None:
           f"past={answer}; validate at the answer and one past it:\n")
     print(markdown_table(["context", "estimated peak (B)", "budget (B)", "fits", "validate exact (every run)"],
                          fit_rows))
+    print("\nThe KV cache line (report.inference.kv_cache_bytes: past inputs + present outputs) against the arrays "
+          "onnxruntime (CPU) is fed and returns in one step:\n")
+    print(markdown_table(["context", "estimated past (B)", "estimated present (B)", "kv_cache_bytes",
+                          "onnxruntime past + present (B)", "exact"], kv_rows))
 
 
 if __name__ == "__main__":

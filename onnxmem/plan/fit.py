@@ -419,7 +419,7 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
     answer, answer_pow2, shown = best * step, largest_pow2 * step, max(best, 1) * step
     name, bound, warnings = family.header(shown)
     notes = _fit_notes(search, answer, answer_pow2, bounded, top * step, monotonic, linear, curve, step, training)
-    kv = kv_growth_note(search, shown, step, family.sizing) if training is None else None
+    kv = kv_growth_note(search, shown, step, family) if training is None else None
     notes = (*notes, kv) if kv is not None else notes
     if any(a.required_bytes > b.required_bytes for a, b in zip(curve, curve[1:], strict=False)):
         notes = (*notes, f"the bytes required are not monotonic in {search} (the arena's regions double as its "

@@ -9,10 +9,10 @@ peak it gives is the report's, not a formula on the cache's total.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from onnxmem.ir.dtypes import element_bits
 from onnxmem.passes.pipeline import Sizing
+from onnxmem.plan.family import ModelFamily
 from onnxmem.shapes.kvcache import (
     FP8_SCALE_BYTES,
     SCALE_BYTES,
@@ -24,6 +24,7 @@ from onnxmem.shapes.kvcache import (
     kv_heads,
     resized_cache,
 )
+from onnxmem.views.report import KVCache
 
 MAX_GROUP = 8  # grouped-query: at most this many query heads share one KV head (Llama-2-70B's and Llama-3's 8)
 
@@ -53,8 +54,8 @@ def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
     heads = kv_heads(found, graph)
     if not found.shared and heads is not None and heads > 1:
         group = max(g for g in range(1, MAX_GROUP + 1) if heads % g == 0)
-        size = fewer_heads(found, graph, group) if group > 1 else None
-        resized = resized_cache(graph, found, size) if size is not None else None
+        fewer = fewer_heads(found, graph, group) if group > 1 else None
+        resized = resized_cache(graph, found, fewer) if fewer is not None else None
         if resized is not None:
             changes.append((f"grouped-query KV heads {heads} -> {heads // group}",
                             dataclasses.replace(at, graph=resized),
@@ -63,14 +64,19 @@ def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
     return changes
 
 
-def kv_growth_note(search: str, value: int, step: int, sizing_at: Callable[[int], Sizing]) -> str | None:
+def kv_growth_note(search: str, value: int, step: int, family: ModelFamily) -> str | None:
     """Give the fit note on the KV cache at the answer `value` and what each `step` of the searched dim adds to it
-    (the cache sized at value and at value + step), or None where the model has no KV cache."""
-    here = kv_cache_of(sizing_at(value).graph)
+    (the cache at value and at value + step), or None where the model has no KV cache."""
+    here, after = _cache_at(family, value), _cache_at(family, value + step)
     if here is None:
         return None
-    after = kv_cache_of(sizing_at(value + step).graph)
     grows = (after.bytes - here.bytes) if after is not None else 0
     per = f"{step} {search}" if step > 1 else f"unit of {search}"
     return (f"KV cache at {search}={value}: {here.bytes:,} B (past inputs {here.past_bytes:,} B + present outputs "
             f"{here.present_bytes:,} B); each {per} adds {grows:,} B to it")
+
+
+def _cache_at(family: ModelFamily, value: int) -> KVCache | None:
+    # an affine family's Sizing is made from its template with no inference; another's report is the one its search
+    # already made at that value
+    return kv_cache_of(family.sizing(value).graph) if family.affine else family.report(value).inference.kv_cache

@@ -117,8 +117,9 @@ def cache_tensors(graph: ModelGraph) -> CacheTensors | None:
         if paired or _PAST_NAME.search(t.name):
             past.append(i)
     for o in graph.outputs:
-        t = graph.tensors[o] if o >= 0 else None
-        if t is not None and o not in taken and t.kind == OUTPUT and _float(t) and _PRESENT_NAME.search(t.name):
+        written = graph.tensors[o] if o >= 0 else None
+        if written is not None and o not in taken and written.kind == OUTPUT and _float(written) and \
+                _PRESENT_NAME.search(written.name):
             present.append(o)
     if not past and not present:
         return None
@@ -204,28 +205,27 @@ def resized_cache(graph: ModelGraph, found: CacheTensors, size: Callable[[Tensor
 
 
 def fewer_heads(found: CacheTensors, graph: ModelGraph, factor: int) -> Callable[[Tensor], int | None] | None:
-    """Give the size of each cache tensor with its heads axis divided by `factor`, or None where a cache tensor's
-    heads axis is unknown or not a multiple of `factor`."""
-    for t in (*found.past, *found.present):
-        axis = found.heads_axes.get(t)
-        shape = graph.tensors[t].shape
-        if axis is None or shape is None or not isinstance(shape[axis], int) or shape[axis] % factor:
-            return None
+    """Give the size of each cache tensor with its heads axis divided by `factor`, or None where the cache's head
+    count is unknown (kv_heads) or not a multiple of `factor`."""
+    heads = kv_heads(found, graph)
+    if heads is None or heads % factor:
+        return None
+    kept = heads // factor
 
     def size(t: Tensor) -> int | None:
-        heads = t.shape[found.heads_axes[t.index]] if t.shape is not None else None
-        return None if t.nbytes is None or not isinstance(heads, int) or heads <= 0 else \
-            t.nbytes // heads * (heads // factor)
+        return None if t.nbytes is None else t.nbytes // heads * kept
 
     return size
 
 
 def kv_heads(found: CacheTensors, graph: ModelGraph) -> int | None:
-    """Give the cache's head count (its heads axis), where every cache tensor says the same; else None."""
-    counts = set()
+    """Give the cache's head count (its heads axis), where every cache tensor has one and says the same; else
+    None."""
+    counts: set[int] = set()
     for t in (*found.past, *found.present):
         axis, shape = found.heads_axes.get(t), graph.tensors[t].shape
-        if axis is None or shape is None or not isinstance(shape[axis], int):
+        heads = shape[axis] if axis is not None and shape is not None else None
+        if not isinstance(heads, int) or heads <= 0:
             return None
-        counts.add(shape[axis])
+        counts.add(heads)
     return counts.pop() if len(counts) == 1 else None

@@ -172,7 +172,7 @@ def kv_cache_line(report: Report) -> str | None:
     if kv is None:
         return None
     unsized = f"; {kv.unsized_tensors} cache tensors of unknown size not counted" if kv.unsized_tensors else ""
-    return (f"KV cache {format_bytes(kv.bytes)} ({kv.dtype}) = past inputs {format_bytes(kv.past_bytes)} "
+    return (f"KV cache {format_bytes(kv.bytes)} ({kv.bytes:,} B, {kv.dtype}) = past inputs {format_bytes(kv.past_bytes)} "
             f"({kv.past_tensors} tensors, in the inputs) + present outputs {format_bytes(kv.present_bytes)} "
             f"({kv.present_tensors} tensors, among the activations): both held when the step ends{unsized}")
 
