@@ -66,13 +66,30 @@ def test_a_large_embedded_tensor_is_parsed_as_a_header_pointing_into_the_file(tm
     assert from_file.inference.peak_bytes == from_proto.inference.peak_bytes
 
 
-def test_an_integer_constant_stays_whole_for_the_passes_that_read_its_values(tmp_path: Path) -> None:
-    values = numpy.ones(ELIDED_BYTES, dtype=numpy.int64)
-    model = _model("constant", numpy_helper.from_array(values, "w"))
-    data = model.SerializeToString()
-    assert headers_only(data, "model.onnx") is None
-    initializer = _model("initializer", numpy_helper.from_array(values, "w")).SerializeToString()
-    assert headers_only(initializer, "model.onnx") is not None  # an initializer's values are read when small only
+def test_an_integer_constant_is_a_header_too_and_answers_as_the_model_given_whole(tmp_path: Path) -> None:
+    # a large INT64 Constant is no shape value (shapes.values decodes one of at most 4096 values): its data stays in
+    # the file, as a float one's does; a small one beside it (a Reshape's target) is parsed whole and still read
+    values = numpy.arange(_ROWS * _COLUMNS, dtype=numpy.int64).reshape(_ROWS, _COLUMNS)
+    target = numpy_helper.from_array(numpy.array([_COLUMNS, _ROWS], numpy.int64), "target")
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(values, "w")),
+             helper.make_node("Add", ["x", "w"], ["sum"]),
+             helper.make_node("Constant", [], ["target"], value=target),
+             helper.make_node("Reshape", ["sum", "target"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_value("x", dtype=TensorProto.INT64)],
+                              [_value("y", [], TensorProto.INT64)])
+    graph.output[0].type.tensor_type.ClearField("shape")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    loaded = load_model(path)
+    large, small = (n.attribute[0].t for n in loaded.proto.graph.node if n.op_type == "Constant")
+    assert large.data_location == TensorProto.EXTERNAL and not large.HasField("raw_data")
+    assert numpy.array_equal(numpy_helper.to_array(large, base_dir=str(tmp_path)), values)
+    assert small.data_location == TensorProto.DEFAULT and small.dims[:] == [2]
+    from_file, from_proto = onnxmem.analyze(path), onnxmem.analyze(model)
+    assert from_file.inference.weights_bytes == from_proto.inference.weights_bytes == values.nbytes + 16
+    assert from_file.inference.peak_bytes == from_proto.inference.peak_bytes
+    assert from_file.inference.unsized_tensors == from_proto.inference.unsized_tensors == 0  # y: [1024, 64]
 
 
 @pytest.mark.parametrize("problem", ["short", "negative-dim"])

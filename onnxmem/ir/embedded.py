@@ -57,7 +57,7 @@ _FIELDS: dict[str, tuple[type, dict[str, str]]] = {
     "function": (FunctionProto, {"node": "node"}),
     "graph": (GraphProto, {"node": "node", "initializer": "tensor", "sparse_initializer": "sparse"}),
     "node": (NodeProto, {"attribute": "attribute"}),
-    "attribute": (AttributeProto, {"t": "value", "g": "graph", "tensors": "value", "graphs": "graph",
+    "attribute": (AttributeProto, {"t": "tensor", "g": "graph", "tensors": "tensor", "graphs": "graph",
                                    "sparse_tensor": "sparse", "sparse_tensors": "sparse"}),
     "sparse": (SparseTensorProto, {"values": "tensor", "indices": "tensor"}),
 }
@@ -73,10 +73,6 @@ _PACKED_AS_RAW = {_TENSOR["float_data"]: (TensorProto.FLOAT, TensorProto.COMPLEX
 # Fields whose presence leaves a tensor as it is: other data, a segment, data already external.
 _KEPT_AS_IS = frozenset({_TENSOR[name] for name in (
     "segment", "int32_data", "string_data", "int64_data", "uint64_data", "external_data", "data_location")})
-# The element types of a Constant's value that passes decode whatever its size (shapes.values._shape_values and
-# targets.ort.planner.ort_shape_values read every INT64 or INT32 Constant's values, as the file holds them): such a
-# value stays in the parsed model.
-_DECODED = frozenset({TensorProto.INT64, TensorProto.INT32})
 _EXTERNAL_DATA, _DATA_LOCATION = _TENSOR["external_data"], _TENSOR["data_location"]
 
 
@@ -164,7 +160,7 @@ class _Rewrite:
             number = _varint(raw, tag_start, payload)[0] >> 3
             if seen.get(number, 0) > 1:
                 continue
-            inner = self.tensor(payload, field_end, child == "value") if child in ("tensor", "value") else \
+            inner = self.tensor(payload, field_end) if child == "tensor" else \
                 self.message(child, payload, field_end, depth + 1)
             if inner is None:
                 continue
@@ -178,10 +174,9 @@ class _Rewrite:
         pieces.append(data[copied:end])
         return pieces
 
-    def tensor(self, start: int, end: int, in_attribute: bool) -> list[bytes | memoryview] | None:
+    def tensor(self, start: int, end: int) -> list[bytes | memoryview] | None:
         """Give the pieces of the TensorProto data[start:end] as a header whose data lies in the file, or None
-        where it stays as it is (its data small, not fitting its dims, or not the values' own bytes; or an
-        attribute's value (`in_attribute`: a Constant's) of an integer type that passes decode, see _DECODED)."""
+        where it stays as it is (its data small, not fitting its dims, or not the values' own bytes)."""
         data, raw = self.data, self.raw
         dims: list[int] = []
         dtype: int | None = None
@@ -227,7 +222,7 @@ class _Rewrite:
         if held is None or dtype is None or position != end:
             return None
         field_start, payload, field_end, number = held
-        if (number != _RAW and dtype not in _PACKED_AS_RAW[number]) or (in_attribute and dtype in _DECODED):
+        if number != _RAW and dtype not in _PACKED_AS_RAW[number]:
             return None
         bits = element_bits(dtype)
         if bits is None or any(d >= 1 << 63 for d in dims):

@@ -11,6 +11,7 @@ from google.protobuf.message import Message
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
 
 from onnxmem.errors import quoted
+from onnxmem.ir.dtypes import dtype_name
 from onnxmem.ir.graph import body_graphs
 from onnxmem.ir.load import initializer_type
 from onnxmem.ir.tensor_types import Dim, TensorType, TypeDecoder, decode_type
@@ -113,32 +114,53 @@ def inferred_declared_types(data: bytes, decode: TypeDecoder) -> dict[str, Tenso
     return types
 
 
-# The longest integer vector ONNX's data propagation may build (a shape value is a few numbers; a Range of a bound
-# sequence length, or of a constant 2^40, is not one, and propagating it takes memory without bound).
+# The longest vector ONNX's data propagation may build (a shape value is a few numbers; a Range of a bound sequence
+# length, or of a constant 2^40, is not one, and propagating it takes memory without bound). ONNX 1.23 expands a
+# rank-1 tensor of any element type, not only an integer one: Add, Mul, Cast or Concat of a float vector input of 2^25
+# values built 4.6-7.3 GB (benchmarks/hostile_corpus.py, data propagation).
 LONGEST_PROPAGATED_VECTOR = 1 << 20
 
 
 def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warning]) -> tuple[ModelProto, bool]:
     """Give ONNX's inference of `light`, with data propagation where asked and bounded: inferred first without it,
-    and where an integer vector of more than LONGEST_PROPAGATED_VECTOR values shows, without it (a named warning);
-    and whether data propagation ran (or was not needed: the first inference sized every output of a graph of
-    standard operators, its subgraphs' too, which is what it would find: _sized_everywhere)."""
+    and where a vector (a rank-1 tensor of any element type: a value, an initializer, a folded Constant, in any
+    graph at any depth) of more than LONGEST_PROPAGATED_VECTOR values shows, without it (a named warning); and
+    whether data propagation ran (or was not needed: the first inference sized every output of a graph of standard
+    operators, its subgraphs' too, which is what it would find: _sized_everywhere)."""
     if not data_prop:
         return _inferred(light, False), False
     plain = _inferred(light, False)
-    for value in _value_infos(plain.graph):
-        tensor = value.type.tensor_type
-        if tensor.elem_type not in (TensorProto.INT64, TensorProto.INT32) or len(tensor.shape.dim) != 1:
-            continue
-        length = tensor.shape.dim[0].dim_value
-        if length > LONGEST_PROPAGATED_VECTOR:
-            warnings.append(Warning(
-                "long-shape-value", f"integer tensor {quoted(value.name)} holds {length:,} values: shape values "
-                "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
-            return plain, False
+    long = _long_vector(plain.graph)
+    if long is not None:
+        name, length, dtype = long
+        kind = "integer" if dtype in (TensorProto.INT64, TensorProto.INT32) else dtype_name(dtype)
+        warnings.append(Warning(
+            "long-shape-value", f"{kind} tensor {quoted(name)} holds {length:,} values: shape values "
+            "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
+        return plain, False
     if _sized_everywhere(plain.graph):
         return plain, True  # every output sized without the values: propagating them would find the same
     return _inferred(light, True), True
+
+
+def _long_vector(graph: GraphProto) -> tuple[str, int, int] | None:
+    """Give the first vector of more than LONGEST_PROPAGATED_VECTOR values the graph declares or holds (its
+    values, then its initializers, then its subgraphs' at every depth) as (name, length, element type), or None.
+    Its dims only are read, never its data."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for value in _value_infos(current):
+            tensor = value.type.tensor_type
+            if len(tensor.shape.dim) == 1 and tensor.shape.dim[0].dim_value > LONGEST_PROPAGATED_VECTOR:
+                return value.name, tensor.shape.dim[0].dim_value, tensor.elem_type
+        for initializer in current.initializer:
+            if len(initializer.dims) == 1 and initializer.dims[0] > LONGEST_PROPAGATED_VECTOR:
+                return initializer.name, initializer.dims[0], initializer.data_type
+        for node in current.node:
+            if node.op_type in CONTROL_FLOW:
+                stack.extend(body_graphs(node))
+    return None
 
 
 def _sized_everywhere(graph: GraphProto) -> bool:

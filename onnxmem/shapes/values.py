@@ -39,11 +39,11 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             continue
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or node.op_type not in SHAPE_VALUE_OPS:
             continue
-        constant = _constant_value(node)
-        if constant is not None:
-            if constant.data_type in _INT_TYPES:
+        if node.op_type == "Constant":
+            constant = _constant_value(node) if _is_small_constant(node) else None
+            if constant is not None and constant.data_type in _INT_TYPES:
                 values[node.output[0]] = onnx.numpy_helper.to_array(constant)
-            continue
+            continue  # (a larger one is no shape value: unknown here, as a large initializer is; never decoded)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("Shape", "Size"):
             computed = values.get(node.input[0])  # a shape value's own shape, else the tensor's known one
@@ -311,6 +311,17 @@ def _constant_value(node: onnx.NodeProto) -> TensorProto | None:
     if attr.name == "value_floats":
         return onnx.helper.make_tensor(name, TensorProto.FLOAT, [len(attr.floats)], list(attr.floats))
     return None
+
+
+def _is_small_constant(node: onnx.NodeProto) -> bool:
+    """Say whether a Constant node's value has few enough elements to be a shape value, from its header (a value
+    tensor's dims, a list's length) before any of its data is read or copied."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return _is_shape_constant(attr.t)
+        if attr.name in ("value_ints", "value_floats"):
+            return len(attr.ints) + len(attr.floats) <= _KEEP_INT_VALUES_UP_TO
+    return True  # a single number, or a value that is no tensor of numbers (_constant_value gives None)
 
 
 def _is_shape_constant(tensor: TensorProto) -> bool:

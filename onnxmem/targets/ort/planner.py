@@ -177,16 +177,16 @@ def ort_shape_values(model: ModelProto, types: Mapping[str, TensorType]) -> dict
     onnxruntime's own rules made is unknown past a Cast (measured: BEiT's relative position index, TorchScript,
     sized a ConstantOfShape through Div, Cast and Add that the planner leaves unsized: its Slices reused each
     other's buffers here, not there, +21% at batch 1)."""
+    # Gather's index, the one constant these rules read (a single value): the small integer initializers and
+    # Constant values, each sized from its header before its data is decoded (a larger one is never an index here)
     constants: dict[str, list[int]] = {}
-    for tensor in model.graph.initializer:
+    tensors = [(t.name, t) for t in model.graph.initializer]
+    tensors += [(n.output[0], n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant" and n.output
+                and n.attribute and n.attribute[0].name == "value"]
+    for name, tensor in tensors:
         if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(tensor.dims) <= 1 and \
                 tensor.data_location != onnx.TensorProto.EXTERNAL and (not tensor.dims or tensor.dims[0] <= 64):
-            constants[tensor.name] = [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
-            tensor = node.attribute[0].t
-            if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(tensor.dims) <= 1:
-                constants[node.output[0]] = [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+            constants[name] = [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
     values: dict[str, tuple[list[int | None], bool]] = {}
 
     def scalar(name: str) -> int | None:  # onnxruntime's own rules: a propagated single value, never a constant
