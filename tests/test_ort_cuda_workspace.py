@@ -14,10 +14,6 @@ from onnxmem.targets.ort.cpu.provider import CPU
 from onnxmem.targets.ort.cuda.provider import CUDA
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 
-# The report counts the workspace once pipeline._liveness passes the provider's op_scratch to liveness (the stage
-# is not in this change's files: see the change's report); until then these are expected to fail.
-_NEEDS_PIPELINE = pytest.mark.xfail(strict=True, reason="pipeline._liveness does not pass op_scratch yet")
-
 BATCH = 2
 # tiny_cnn's second conv (tables.CUDNN_CONV_WORKSPACE: x + w + 16 bytes), float32:
 X_BYTES = BATCH * 64 * 64 * 64 * 4  # 2,097,152
@@ -64,7 +60,6 @@ def test_liveness_counts_scratch_at_the_op_step() -> None:
     assert counted.subgraph_bytes == (WORKSPACE,)
 
 
-@_NEEDS_PIPELINE
 def test_cuda_report_counts_the_workspace_and_cpu_report_does_not() -> None:
     cuda = analysis(measured_conv(), {"n": BATCH}, provider="cuda").report.inference
     cpu = analysis(measured_conv(), {"n": BATCH}, provider="cpu").report.inference
@@ -92,7 +87,6 @@ def test_hostile_conv_gets_the_warning_without_a_traceback(model: onnx.ModelProt
     assert [w.code for w in scratch.warnings] == ["cuda-conv-workspace"]
 
 
-@_NEEDS_PIPELINE
 def test_report_carries_the_warning_for_an_unknown_shape() -> None:
     report = analysis(conv_model(shape=None), provider="cuda").report
     assert "cuda-conv-workspace" in [w.code for w in report.warnings]

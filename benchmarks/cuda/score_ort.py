@@ -7,12 +7,14 @@ is onnxmem.validate(provider="cuda") run on the GPU (onnxmem/measure/ort_cuda.py
 through gpu_external_alloc): per run, the peak of live device bytes above the session's (the graph inputs copied
 in, activations, kernel scratch) and the session's bytes (the weights). Ours, from the model as given (the eval
 export benchmarks/cuda/measure.export_eval makes, rebuilt here with the CPU torch into --graphs, or taken from it):
-- first run: the liveness peak (`onnxmem report --provider cuda`'s activations) with the graph inputs and, at each
-  Conv, cuDNN's workspace (targets/ort/cuda: tables.CUDNN_CONV_WORKSPACE, provider.scratch_peaks);
-- later run: the memory pattern's block held all run, graph outputs from their producer on, the workspace on top;
+- first run: the liveness peak (`onnxmem report --provider cuda`'s activations), which counts each Conv's cuDNN
+  workspace while it runs (the CUDA provider's op_scratch, from targets/ort/cuda/tables.CUDNN_CONV_WORKSPACE), with
+  the graph inputs;
+- later run: validate's figure, the memory pattern's block held all run, graph outputs from their producer on and
+  the workspace on top;
 - weights: the initializers read in device memory (provider.host_weights).
 Printed per row: measured, ours and the difference (bytes), both runs, weights; then the Conv ops whose workspace
-is not measured (they are counted as none: below every peak of these rows, bounds only).
+is not measured (the report's cuda-conv-workspace warning: counted as none, below every peak of these rows).
 
 The single-op measurement the next GPU window needs, to turn the workspace table into a rule: for each Conv shape
 of a model (x per sample, weight, strides, pads, dilations, group, dtype) at batch 1 and 8, one session of a
@@ -70,19 +72,24 @@ def eval_graph(model: str, folder: Path) -> tuple[Path, str]:
 
 
 def ours(path: Path, dims: dict[str, int]) -> dict[str, Any]:
-    """Give our first-run and later-run peaks, weights and the Conv ops without a measured workspace."""
+    """Give the product's first-run and later-run peaks (as validate's estimate: the report's timeline, which counts
+    each Conv's cuDNN workspace while it runs, ExecutionProvider.op_scratch), weights and the cuda-conv-workspace
+    warning's convolutions."""
+    from onnxmem.measure.validate import _outside_pattern_peak
     from onnxmem.passes.liveness import pattern_block_bytes
     from onnxmem.passes.pipeline import analysis
-    from onnxmem.targets.ort.cuda.provider import CUDA, conv_workspaces, scratch_peaks
+    from onnxmem.targets.ort.cuda.provider import CUDA
 
     run = analysis(str(path), dims, provider="cuda")
     graph, timeline, model = run.graph, run.timeline, run.loaded.proto
-    workspaces, unknown = conv_workspaces(graph, model)
     session = CUDA.session_weights(graph, model, model)
     inputs = sum(session.inputs_per_run)
-    return {"first": scratch_peaks(graph, timeline, workspaces) + inputs,
-            "later": scratch_peaks(graph, timeline, workspaces, pattern_block_bytes(graph, timeline)) + inputs,
-            "report": timeline.peak_bytes, "weights": session.reserved, "unknown": unknown}
+    # validate's steady figure (measure/validate.py): the pattern's block, graph outputs and each step's transient
+    # bytes (bodies, kernel scratch) outside it
+    later = pattern_block_bytes(graph, timeline) + _outside_pattern_peak(graph, timeline)
+    unknown = [w.message for w in run.report.warnings if w.code == "cuda-conv-workspace"]
+    return {"first": timeline.peak_bytes + inputs, "later": later + inputs, "weights": session.reserved,
+            "unknown": unknown}
 
 
 def score(paths: list[Path], folder: Path) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]]]:
@@ -126,10 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                  "diff", "validate then"), lines))
     exact = sum(1 for line in lines if line[5] == 0 and line[8] == 0 and line[11] == 0)
     print(f"\n{exact}/{len(lines)} rows exact (both runs and weights)")
-    for model, names in unknown.items():
-        if names:
-            print(f"{model}: {len(names)} Conv ops without a measured cuDNN workspace (counted as none): "
-                  f"{', '.join(names[:6])}{' ...' if len(names) > 6 else ''}")
+    for model, warned in unknown.items():
+        for message in warned:
+            print(f"{model}: [cuda-conv-workspace] {message}")
     return 0
 
 

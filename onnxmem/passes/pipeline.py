@@ -37,6 +37,7 @@ from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.views.report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
 
 if TYPE_CHECKING:
+    from onnxmem.targets.ort.base import OpScratch
     from onnxmem.training.step import TrainingOptions
 
 _TOP_LIVE = 50  # tensors listed at the peak; the rest are summed in the totals
@@ -192,6 +193,7 @@ class PipelineRun:
     steps: Sequence[int] | None = None  # order
     prepared: Lifetimes | None = None  # order: the size-free part of liveness, where the order is size-free
     timeline: Timeline | None = None  # liveness
+    scratch: OpScratch | None = None  # liveness: what the provider's kernels hold while they run (op_scratch)
     trips: dict[int, int] | None = None  # liveness: the Loops' trip counts
     report: Report | None = None  # summarize (and training)
 
@@ -265,14 +267,16 @@ def _liveness(run: PipelineRun) -> None:
     graph = sized.graph
     run.trips = loop_trip_counts(graph, sized.loaded.proto)
     peaks = loop_peaks(graph, run.trips, run.buffer_rules, run.mem_pattern) if run.trips else None
+    run.scratch = sized.provider.op_scratch(graph, sized.loaded.proto)
     run.timeline = liveness(graph, run.steps, run.buffer_rules, plan_shapes=sized.plan_shapes, prepared=run.prepared,
-                            loop_peaks=peaks)
+                            loop_peaks=peaks, scratch=run.scratch.bytes_by_op)
 
 
 def _summarize(run: PipelineRun) -> None:
     sized, timeline = run.sized, run.timeline
     assert sized is not None and timeline is not None and run.trips is not None
-    run.report = summarize(sized.loaded, sized.graph, sized.dims, [*sized.warnings,
+    scratch = run.scratch.warnings if run.scratch is not None else ()
+    run.report = summarize(sized.loaded, sized.graph, sized.dims, [*sized.warnings, *scratch,
                                                                    *loop_warnings(sized.graph, run.trips)],
                            timeline, run.order, sized.provider.name)
 

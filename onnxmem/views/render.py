@@ -172,8 +172,8 @@ def kv_cache_line(report: Report) -> str | None:
     if kv is None:
         return None
     unsized = f"; {kv.unsized_tensors} cache tensors of unknown size not counted" if kv.unsized_tensors else ""
-    return (f"KV cache {format_bytes(kv.bytes)} ({kv.bytes:,} B, {kv.dtype}) = past inputs {format_bytes(kv.past_bytes)} "
-            f"({kv.past_tensors} tensors, in the inputs) + present outputs {format_bytes(kv.present_bytes)} "
+    return (f"KV cache {format_bytes(kv.bytes)} ({kv.bytes:,} B, {kv.dtype}) = past inputs "
+            f"{format_bytes(kv.past_bytes)} ({kv.past_tensors} tensors, in the inputs) + present outputs {format_bytes(kv.present_bytes)} "
             f"({kv.present_tensors} tensors, among the activations): both held when the step ends{unsized}")
 
 
@@ -205,7 +205,7 @@ def report_headline(report: Report) -> list[str]:
 _STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
 # Warnings about onnxruntime's inference provider: said of the inference figures, not of a training step's (which
 # PyTorch runs). (unknown-shape is not here: the step reads the same graph, so it may be a lower bound too.)
-INFERENCE_ONLY_WARNINGS = frozenset({"cuda-host-nodes", "cpu-float16-casts"})
+INFERENCE_ONLY_WARNINGS = frozenset({"cuda-host-nodes", "cuda-conv-workspace", "cpu-float16-casts"})
 
 
 def report_blocks(report: Report, top: int = 10) -> list[Block]:

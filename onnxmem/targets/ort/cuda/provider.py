@@ -5,7 +5,7 @@ gpu_external_alloc hooks (measure.ort_cuda)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -203,27 +203,6 @@ def conv_workspace_warning(unknown: Sequence[str]) -> Warning:
                    "counted as 0 bytes while each runs; cuDNN allocates its plan's workspace from the provider's "
                    "memory above the live tensors (the measured ones, targets/ort/cuda/tables.py, reach the conv's "
                    "input, weight and output reordered, or 9.6 MB, on an H100), so the peak may be low by that much")
-
-
-def scratch_peaks(graph: ModelGraph, timeline: Any, scratch: Mapping[int, int], block: int | None = None) -> int:
-    """Give a run's peak of live bytes with each op's scratch (`scratch`: op index -> bytes, live while the op
-    runs) above what is live at its step. `block`: a later run, where the memory pattern's block (its bytes) is
-    held for the whole run and graph outputs (from their producer on) and control-flow bodies are allocated
-    outside it; None: a first run, the timeline's live bytes per step."""
-    order = timeline.order
-    if block is None:
-        return max((live + scratch.get(op, 0) for op, live in zip(order, timeline.live_bytes, strict=True)),
-                   default=0)
-    produced: dict[int, int] = {}  # op -> bytes of the graph outputs it makes
-    for t in graph.outputs:
-        producer = graph.tensors[t].producer
-        if producer is not None:
-            produced[producer] = produced.get(producer, 0) + (graph.tensors[t].nbytes or 0)
-    peak = outputs = 0
-    for op, body in zip(order, timeline.subgraph_bytes, strict=True):
-        outputs += produced.get(op, 0)
-        peak = max(peak, block + outputs + body + scratch.get(op, 0))
-    return peak
 
 
 def host_weights(graph: ModelGraph) -> frozenset[int]:
