@@ -173,8 +173,9 @@ def kv_cache_line(report: Report) -> str | None:
         return None
     unsized = f"; {kv.unsized_tensors} cache tensors of unknown size not counted" if kv.unsized_tensors else ""
     return (f"KV cache {format_bytes(kv.bytes)} ({kv.bytes:,} B, {kv.dtype}) = past inputs "
-            f"{format_bytes(kv.past_bytes)} ({kv.past_tensors} tensors, in the inputs) + present outputs {format_bytes(kv.present_bytes)} "
-            f"({kv.present_tensors} tensors, among the activations): both held when the step ends{unsized}")
+            f"{format_bytes(kv.past_bytes)} ({kv.past_tensors} tensors, in the inputs) + present outputs "
+            f"{format_bytes(kv.present_bytes)} ({kv.present_tensors} tensors, among the activations): both held "
+            f"when the step ends{unsized}")
 
 
 def report_answers(report: Report) -> list[Answer]:
