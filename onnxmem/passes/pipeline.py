@@ -23,6 +23,7 @@ from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
 from onnxmem.passes.loops import loop_peaks, loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from onnxmem.shapes.dims import InputDim, input_dims
+from onnxmem.shapes.kvcache import kv_cache_of
 from onnxmem.shapes.sizing import SizedModel, bind_and_infer
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
 from onnxmem.targets.ort.planner import (
@@ -576,6 +577,7 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
         by_layer=by_layer,
         unsized_tensors=len(timeline.unsized),
         host_activation_bytes=host_bytes,
+        kv_cache=kv_cache_of(graph),
         timeline=InferenceTimeline(tuple([op.name for op in ordered_ops]), tuple([op.op_type for op in ordered_ops]),
                                    tuple([base + live for live in timeline.live_bytes])),
     )
