@@ -12,8 +12,9 @@ from onnx import TensorProto, helper
 from onnxmem.ir.graph import build_graph
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.torch.cpu.convolution import cpu_convolution_scratch
-from onnxmem.targets.torch.cpu.layout import channels_last
+from onnxmem.targets.torch.cpu.layout import channels_last, channels_last_values
 from onnxmem.targets.torch.cpu.tables import CPU_CONVOLUTION, CPU_ISAS
+from onnxmem.training.values import StepNode, StepValue, aten_op
 
 AVX2 = CPU_ISAS["avx2"]
 
@@ -35,19 +36,26 @@ def _graph() -> onnx.ModelProto:
         helper.make_node("Reshape", ["square_channels", "square_shape"], ["square_viewed"]),
         helper.make_node("Identity", ["x"], ["x_contiguous"]),
         helper.make_node("Conv", ["x_contiguous", "w"], ["after_contiguous"], pads=[1, 1, 1, 1]),
+        helper.make_node("Identity", ["x"], ["x_dropped"]),
     ]
     # x.contiguous(): the exporter writes aten.clone as an Identity node that keeps the clone's fx node
-    clone = nodes[-2].metadata_props.add()
+    clone = nodes[-3].metadata_props.add()
     clone.key, clone.value = "pkg.torch.onnx.fx_node", (
         "%clone : [num_users=1] = call_function[target=torch.ops.aten.clone.default](args = (%permute,), "
         "kwargs = {memory_format: torch.contiguous_format})")
+    # nn.Dropout(p=0) traced in train mode: a plain clone (preserve_format) in the Dropout's scope
+    for key, value in (("namespace", ": M/drop: torch.nn.modules.dropout.Dropout/clone_1: aten.clone.default"),
+                       ("pkg.torch.onnx.fx_node", "%clone_1 : [num_users=1] = call_function[target=torch.ops.aten."
+                                                  "clone.default](args = (%permute,), kwargs = {})")):
+        prop = nodes[-1].metadata_props.add()
+        prop.key, prop.value = key, value
     graph = helper.make_graph(nodes, "layouts", [
         helper.make_tensor_value_info("nhwc", f, [2, 8, 8, 16]),
         helper.make_tensor_value_info("image", f, [2, 16, 8, 8]),
         helper.make_tensor_value_info("tokens", f, [2, 64, 16]),
         helper.make_tensor_value_info("square_tokens", f, [2, 64, 64]),
     ], [helper.make_tensor_value_info(n, f, None) for n in ("cl_first", "contiguous_first", "z", "plain",
-                                                                  "after_contiguous", "square_viewed")], [
+                                                                  "after_contiguous", "square_viewed", "x_dropped")], [
         helper.make_tensor("dw", f, [16, 1, 7, 7], [0.0] * 16 * 49),
         helper.make_tensor("w", f, [16, 16, 3, 3], [0.0] * 16 * 16 * 9),
         helper.make_tensor("image_shape", TensorProto.INT64, [4], [2, 16, 8, 8]),
@@ -69,6 +77,21 @@ def test_channels_last_is_followed_from_a_permute_and_a_token_view() -> None:
     assert layout("square_viewed")  # 64 tokens of 64 channels: the same shape transposed
     assert not layout("image") and not layout("plain")
     assert not layout("x_contiguous") and not layout("after_contiguous")  # .contiguous() after the permute
+    assert layout("x_dropped")  # a Dropout's clone keeps the layout
+
+
+def test_the_step_and_the_graph_read_the_same_layouts() -> None:
+    # one rule behind both: the convolutions' scratch asks the graph, slow_conv2d's GEMMs and the GELU primitives
+    # ask the step's nodes and values (whose ATen mark of the clone is StepNode.aten)
+    model = _graph()
+    graph = build_graph(model, bind_and_infer(model, {}).types)
+    nodes = [StepNode(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, i, aten=aten_op(op.origin))
+             for i, op in enumerate(graph.ops)]
+    values = [StepValue(t.name, t.shape, None, t.nbytes or 0, True, t.kind, producer=t.producer)
+              for t in graph.tensors]
+    found = {graph.tensors[t].name for t in channels_last_values(nodes, values)}
+    assert found == {t.name for i, t in enumerate(graph.tensors) if channels_last(graph, i)}
+    assert found == {"x", "y", "cl_first", "viewed", "z", "square_viewed", "x_dropped"}
 
 
 def _nbytes(shape: tuple[int, ...]) -> int:

@@ -23,7 +23,7 @@ from onnxmem.training.rules import (
     Decomposed,
     Folded,
 )
-from onnxmem.training.values import StepNode, StepValue, aten_op, is_tensor, saves_rule
+from onnxmem.training.values import StepNode, StepValue, aten_op, is_tensor, module_classes, saves_rule
 
 # Warnings a training report carries about its export: each is stated in the report's assumptions as
 # '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
@@ -43,13 +43,6 @@ class Restored:
     p0_copies: dict[str, int] = field(default_factory=dict)  # op -> its p=0 copies in a train-mode export (aliases)
 
 
-def _module_classes(layer: str) -> list[str]:
-    """Give the module classes of a dynamo export's scope, outermost first (': pkg.M/drop: torch...Dropout/...')."""
-    if ":" not in layer:
-        return []
-    return [part.split(":", 1)[1].strip() for part in layer.split("/")[:-1] if ":" in part]
-
-
 def restore_folded(nodes: list[StepNode], values: list[StepValue], graph: ModelGraph) \
         -> tuple[list[StepNode], Restored]:
     """Give the nodes with the ops an export folded away simulated again (a BatchNorm after the node it was folded
@@ -66,7 +59,7 @@ def restore_folded(nodes: list[StepNode], values: list[StepValue], graph: ModelG
             restored.eval_marks |= FOLDED_ATEN[name].eval
             groups.setdefault(op.origin.split(" ", 2)[1] if op is not None else "", []).append(n)
         if node.op_type == "Identity":
-            classes = _module_classes(node.layer)
+            classes = module_classes(node.layer)
             if classes and classes[-1] in EVAL_MODULES:
                 made = EVAL_MODULES[classes[-1]]
                 copies = restored.p0_copies if trained else restored.eval_copies

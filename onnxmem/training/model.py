@@ -19,7 +19,6 @@ from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
 from onnxmem.targets.torch.base import DeviceModel, NodeContext, NodeFacts
 from onnxmem.training.export import (
     Restored,
-    _module_classes,
     fuse_aten_groups,
     fuse_decomposed,
     read_recurrent_weights,
@@ -44,6 +43,7 @@ from onnxmem.training.values import (
     StepValue,
     aten_op,
     is_tensor,
+    module_classes,
     module_path,
     node_recurrent_dims,
     numel_of,
@@ -217,7 +217,8 @@ def _forward(graph: ModelGraph, order: Sequence[int]) -> \
     nodes = []
     for op_index in order:
         op = graph.ops[op_index]
-        nodes.append(StepNode(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index))
+        nodes.append(StepNode(op.op_type, op.domain, op.name, op.layer, op.inputs, op.outputs, op_index,
+                              aten=aten_op(op.origin)))
     nodes, restored = restore_folded(nodes, values, graph)
     nodes, grouped = fuse_aten_groups(nodes, values, graph)
     nodes, hidden, assumed = fuse_decomposed(nodes, values, graph)
@@ -479,7 +480,7 @@ def _reenabled_inputs(values: list[StepValue], nodes: list[StepNode]) -> tuple[l
     seeds: list[int] = []
     classes: set[str] = set()
     for node in nodes:
-        found = [c.rsplit(".", 1)[-1] for c in _module_classes(node.layer)]
+        found = [c.rsplit(".", 1)[-1] for c in module_classes(node.layer)]
         hit = next((c for c in found if c in GRAD_REENABLING_MODULES), None)
         if hit is None:
             continue

@@ -31,6 +31,7 @@ class StepNode:
     outputs: tuple[int, ...]
     graph_op: int | None  # index into graph.ops, or None for a loss op
     restored: bool = False  # an op the export folded away, simulated after the node it was folded into
+    aten: str = ""  # the ATen op a graph op was exported from ('clone'; aten_op of its origin), "" where not known
 
 
 @dataclass
@@ -90,6 +91,13 @@ def module_path(layer: str) -> str:
             return names[-1] if names else ""  # each level already a full path ('layer4/layer4.0'): the innermost
         return ".".join(names)
     return ".".join(p for p in layer.split("/") if p)
+
+
+def module_classes(layer: str) -> list[str]:
+    """Give the module classes of a dynamo export's scope, outermost first (': pkg.M/drop: torch...Dropout/...')."""
+    if ":" not in layer:
+        return []
+    return [part.split(":", 1)[1].strip() for part in layer.split("/")[:-1] if ":" in part]
 
 
 def is_tensor(value: StepValue) -> bool:

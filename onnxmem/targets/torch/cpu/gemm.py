@@ -12,6 +12,7 @@ from typing import NamedTuple
 from onnxmem.ir.graph import WEIGHT
 from onnxmem.targets.torch.cpu.convolution import CpuRun, runs_onednn
 from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
+from onnxmem.targets.torch.cpu.layout import channels_last_values
 from onnxmem.targets.torch.cpu.tables import CPU_ISAS, CpuIsa
 from onnxmem.training.rules import AUTOCAST_LOW_PRECISION, EXPORTER_WEIGHT_NAME
 from onnxmem.training.values import StepNode, StepValue, known_shape
@@ -37,7 +38,7 @@ def node_gemms(nodes: list[StepNode], values: list[StepValue], needs_grad: list[
     slow_conv2d_gemms, flash attention's in flash_attention_gemms), for the packing buffers MKL keeps
     (tables.py MklGemmBuffers)."""
     made = {}
-    laid_out = channels_last(nodes, values)
+    laid_out = channels_last_values(nodes, values)
     for n, node in enumerate(nodes):
         inputs = node.inputs
         if len(inputs) < 2 or min(inputs[:2]) < 0 or not node.outputs or node.outputs[0] < 0:
@@ -170,36 +171,6 @@ def flash_attention_gemms(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, 
         names = flash.backward_low_precision if low else flash.backward_fp32
         made += [of(name, qb, kb, True) for qb, kb in pairs for name in names]
     return tuple(dict.fromkeys(made))
-
-
-# ops whose output takes the memory format of their input (TensorIterator's elementwise ops, a convolution)
-LAYOUT_PRESERVING = frozenset({"Relu", "Gelu", "Sigmoid", "Tanh", "Erf", "Mul", "Add", "Sub", "Div", "Identity",
-                               "Dropout", "Conv", "HardSigmoid", "HardSwish", "Clip", "LeakyRelu", "Elu", "Neg",
-                               "Sqrt", "Pow", "Softplus", "Mish"})
-
-
-def channels_last(nodes: list[StepNode], values: list[StepValue]) -> set[int]:
-    """Give the 4-D values PyTorch holds in the channels-last layout: a Transpose back from NHWC (x.permute(0, 3, 1,
-    2), as timm's LayerNorm2d makes) and what elementwise ops and convolutions make from it (the first 4-D input
-    of the output's shape decides, as TensorIterator's first operand does)."""
-    found: set[int] = set()
-    for node in nodes:
-        if not node.outputs or node.outputs[0] < 0 or not node.inputs or node.inputs[0] < 0:
-            continue
-        y = values[node.outputs[0]].shape
-        if y is None or len(y) != 4:
-            continue
-        if node.op_type == "Transpose":
-            x = values[node.inputs[0]].shape
-            if x is not None and len(x) == 4 and tuple(y) == (x[0], x[3], x[1], x[2]) and tuple(x) != tuple(y):
-                found.add(node.outputs[0])
-        elif node.op_type in LAYOUT_PRESERVING:
-            first = next((t for t in node.inputs if t >= 0 and values[t].shape is not None
-                          and len(values[t].shape or ()) == 4
-                          and (node.op_type == "Conv" or values[t].shape == y)), -1)
-            if first in found:
-                found.add(node.outputs[0])
-    return found
 
 
 def mkl_gemm_block(m: int, n: int, k: int, element_bytes: int = 4, isa: CpuIsa | None = None) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from onnxmem.targets.torch.cpu.convolution import CpuRun, Primitive, convolution_shapes, cpu_convolution_primitives
-from onnxmem.targets.torch.cpu.gemm import channels_last
 from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
+from onnxmem.targets.torch.cpu.layout import channels_last_values
 from onnxmem.targets.torch.cpu.tables import CPU_ISAS, CPU_KERNELS, CpuIsa
 from onnxmem.training.rules import AUTOCAST_LOW_PRECISION
 from onnxmem.training.values import StepNode, StepValue, known_shape, node_recurrent_dims, rule_key, saves_rule
@@ -20,7 +20,7 @@ def node_primitives(nodes: list[StepNode], values: list[StepValue], needs_grad: 
     cpu_convolution_primitives; an exact GELU's: _gelu_primitives; an LSTM's: _lstm_primitives): cached by oneDNN,
     they are counted once per distinct key (_primitive_buffers)."""
     made = {}
-    laid_out = channels_last(nodes, values)
+    laid_out = channels_last_values(nodes, values)
     for n, node in enumerate(nodes):
         gelu = _gelu_primitives(node, nodes, values, needs_grad, differentiable[n], laid_out, cpu)
         if gelu:
