@@ -37,7 +37,8 @@ ELIDED_BYTES = 64 * 1024
 # parsed as they are, as before this module).
 WALKED_FIELDS = 4_000_000
 MAX_DEPTH = 90
-# The most fields of one tensor read (its dims unpacked, one field each, are a handful on any real model).
+# The most fields of one tensor (its dims unpacked, one field each, are a handful on any real model), or of one
+# attribute, read.
 _TENSOR_FIELDS = 4096
 
 
@@ -118,11 +119,16 @@ class _Rewrite:
         seen: dict[int, int] = {}
         position = start
         budget = WALKED_FIELDS - self.fields
+        # an attribute holds one value: one with more fields is a list of numbers written one field each (proto2's
+        # repeated ints and floats are not packed; 2^23 of them took the walk 8 s), whose tensors stay as they are
+        own_limit = _TENSOR_FIELDS if kind == "attribute" else budget
         fields = 0
         while position < end:
             fields += 1
             if fields > budget:
                 raise _GiveUp
+            if fields > own_limit:
+                return None
             tag = raw[position]
             if tag < 0x80:
                 after = position + 1

@@ -17,7 +17,7 @@ from onnxmem.ir.load import initializer_type
 from onnxmem.ir.tensor_types import Dim, TensorType, TypeDecoder, decode_type
 from onnxmem.shapes.dims import InputDim
 from onnxmem.shapes.rules import SHAPE_RULES, rule_key
-from onnxmem.shapes.values import _constant_value, _is_shape_constant, _shape_values
+from onnxmem.shapes.values import _constant_value, _is_shape_constant, _is_small_constant, _shape_values
 from onnxmem.targets.ort.tables import ALL_ATTRIBUTES, CONTROL_FLOW, SHAPE_AS
 from onnxmem.views.report import Warning
 
@@ -33,22 +33,41 @@ def declared_types(model: ModelProto) -> dict[str, TensorType]:
 
 
 def _fold_constant_nodes(graph: GraphProto) -> None:
-    """Turn the graph's Constant nodes into initializers, in place (the copy given to inference only)."""
-    values = [(i, _constant_value(n)) for i, n in enumerate(graph.node) if n.op_type == "Constant"]
-    folded = {i: tensor for i, tensor in values if tensor is not None}
-    if not folded:
+    """Turn the graph's Constant nodes into initializers, in place (the copy given to inference only); a value too
+    large to be a shape value whose data the model holds (not a header: ir.embedded keeps numbers written one by one
+    whole) into a typed graph input, as _slim_graph does to such an initializer: its data is not copied."""
+    values = [(i, _constant_value(n) if _is_small_constant(n) else _constant_input(n))
+              for i, n in enumerate(graph.node) if n.op_type == "Constant"]
+    folded = {i: tensor for i, tensor in values if isinstance(tensor, TensorProto)}
+    typed = {i: value for i, value in values if isinstance(value, ValueInfoProto)}
+    if not folded and not typed:
         return
-    kept = [n for i, n in enumerate(graph.node) if i not in folded]
+    kept = [n for i, n in enumerate(graph.node) if i not in folded and i not in typed]
     graph.initializer.extend(folded.values())
+    graph.input.extend(typed.values())
     del graph.node[:]
     graph.node.extend(kept)
     # an initializer's own type is exact; a declaration of the same name (exporters declare Constant outputs,
     # often with no shape) would override it in inference
-    names = {tensor.name for tensor in folded.values()}
+    names = {tensor.name for tensor in folded.values()} | {value.name for value in typed.values()}
     if any(v.name in names for v in graph.value_info):
         declared = [v for v in graph.value_info if v.name not in names]
         del graph.value_info[:]
         graph.value_info.extend(declared)
+
+
+def _constant_input(node: onnx.NodeProto) -> TensorProto | ValueInfoProto | None:
+    """Give a large Constant's value as what inference reads of it: the value itself where it is a header (its
+    data in a file), else a graph input of its type (its data, held in the model, is not copied)."""
+    attr = node.attribute[0] if len(node.attribute) == 1 else None
+    if attr is None or node.domain not in ("", "ai.onnx") or not node.output:
+        return _constant_value(node)
+    if attr.name == "value" and attr.t.data_location != TensorProto.EXTERNAL:
+        return onnx.helper.make_tensor_value_info(node.output[0], attr.t.data_type, list(attr.t.dims))
+    if attr.name in ("value_ints", "value_floats"):
+        dtype = TensorProto.INT64 if attr.name == "value_ints" else TensorProto.FLOAT
+        return onnx.helper.make_tensor_value_info(node.output[0], dtype, [len(attr.ints) + len(attr.floats)])
+    return _constant_value(node)
 
 
 def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int]) -> ModelProto:
