@@ -96,7 +96,8 @@ def _keys(part: str, model: str) -> tuple[str, ...]:
         return tuple(f"fit/{model}/{label}" for label in ("answer", "at-answer", "above-answer", "defaults",
                                                                  "measured-max"))
     if part == "ort":
-        return tuple(f"ort/{model}/{level}/b{batch}" for level in OPT_LEVELS for batch in ORT_BATCHES)
+        return tuple(f"ort/{model}/{level}/{run}" for level in OPT_LEVELS
+                     for run in (*(f"b{batch}" for batch in ORT_BATCHES), "optimized"))
     if part == "selftest":
         return (f"selftest/{model}",)
     if part == "singleop":

@@ -857,6 +857,43 @@ def part_ort(ctx: Context) -> None:
                            nodes_run=result.get("nodes_run"), notes=list(result.get("notes", ()))[:6],
                            warnings=sorted({w.get("code") for w in result.get("warnings", ())
                                             if isinstance(w, dict)}))
+        key = f"ort/{spec.name}/{level}/optimized"
+        if ctx.wants(key):
+            with ctx.guarded("ort", key, model=spec.name, opt_level=level, provider=provider) as row:
+                if path is None:
+                    path, dim = export_eval(spec, ctx.small, ctx.work / "graphs")
+                row["optimized_graph"] = save_optimized(path, provider, level, ctx.work / "exports",
+                                                        f"{spec.name}.ort-{level}.onnx")
+
+
+def save_optimized(path: Path, provider: str, level: str, folder: Path, name: str) -> str | None:
+    """Save the graph onnxruntime runs at an optimization level on the provider (optimized_model_filepath), its
+    weights moved out and deleted as export_graph does, under the campaign's exports (zipped with the rows): the
+    optimized graphs a CPU scorer needs to compare the later runs at basic and above; give its name, or None where
+    onnxruntime could not write it."""
+    import onnx
+    import onnxruntime
+
+    levels = {"disable": onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = levels[level]
+    options.optimized_model_filepath = str(target)
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    try:
+        onnxruntime.InferenceSession(str(path), options, providers=providers)
+        proto = onnx.load(str(target))
+    except Exception:  # noqa: BLE001 - a graph not saved is a field left empty, never a failed row
+        return None
+    data = name + ".data"
+    onnx.save(proto, str(target), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+              size_threshold=0)
+    (folder / data).unlink(missing_ok=True)
+    return name
 
 
 def part_ort_check(ctx: Context) -> None:

@@ -45,7 +45,8 @@ class Group:
 
 # ordered by value; the seconds add up to 250 s of measuring plus about 5 s of process start each: under 6 minutes
 GROUPS = (Group("sdpa", 45), Group("allocator", 10, fresh=True), Group("sdpa-variants", 50), Group("lm", 25),
-          Group("conv", 40), Group("linear", 15, fresh=True), Group("adamw", 15), Group("conv-bench", 50))
+          Group("conv", 40), Group("linear", 15, fresh=True), Group("adamw", 15), Group("conv-bench", 50),
+          Group("conv-more", 30))
 GROUP_NAMES = tuple(g.name for g in GROUPS)
 START_S = 5.0  # a case's process start on the GPU machine (torch import and CUDA context: the context rows)
 BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
@@ -68,6 +69,13 @@ SDPA_VARIANTS = ("causal", "mask-float", "mask-bool", "gqa", "gqa-repeat", "drop
 CONV_SHAPES = ((64, 64, 56), (256, 256, 14), (3, 64, 224), (64, 64, 224), (256, 256, 56), (64, 64, 14),
                (3, 64, 56), (256, 256, 224), (3, 64, 14))  # (in channels, out channels, side)
 CONV_KERNELS = ("k3", "k1", "k7", "dw7")
+# what the conv group leaves out and real CNNs run (the first window's rules cover stride 1 and depthwise only):
+# strided stems and downsamples, grouped 3x3 (ResNeXt), wide 1x1 on small maps (ResNet-50's bottlenecks), a small
+# strided 3x3 (tiny_cnn's); (in, out, side, kernel, stride, groups)
+CONV_MORE = ((3, 64, 224, "k7", 2, 1), (64, 128, 56, "k3", 2, 1), (64, 128, 56, "k1", 2, 1), (128, 256, 28, "k3", 2, 1),
+             (256, 512, 14, "k1", 2, 1), (512, 2048, 7, "k1", 1, 1), (1024, 256, 14, "k1", 1, 1),
+             (2048, 512, 7, "k1", 1, 1), (128, 128, 28, "k3", 1, 32), (256, 256, 14, "k3", 1, 32),
+             (16, 32, 32, "k3", 2, 1), (3, 16, 64, "k3", 1, 1))
 ALLOCATOR_SEQUENCES = ("boundaries", "small-many", "mid", "large", "fragment", "random", "random-round4",
                        "random-split64")
 # allocator settings applied (torch.cuda.memory._set_allocator_settings) before a sequence, in this order; the
@@ -129,6 +137,11 @@ def configs(group: str, small: bool = False) -> list[dict[str, Any]]:
                         found.append({"op": "conv2d", "dtype": dtype, "batch": batch, "in": cin, "out": cout,
                                       "side": side, "kernel": kernel, "benchmark": group == "conv-bench"})
         return found
+    if group == "conv-more":
+        return [{"op": "conv2d", "dtype": dtype, "batch": batch, "in": cin, "out": cout, "side": side,
+                 "kernel": kernel, "benchmark": False, "stride": stride, "groups": groups}
+                for batch in ((32,) if small else (32, 64)) for dtype in ("fp32", "autocast-bf16")
+                for cin, cout, side, kernel, stride, groups in (CONV_MORE[:3] if small else CONV_MORE)]
     if group == "lm":
         return [dict(c) for c in LM_OPS]
     if group == "linear":
@@ -148,6 +161,8 @@ def key_of(group: str, config: dict[str, Any]) -> str:
         tail = f"{c['dtype']}-b{c['batch']}-q{c['seq']}-d{c['head_dim']}-{c['variant']}"
     elif c["op"] == "conv2d":
         tail = f"{c['kernel']}-{c['in']}x{c['out']}-s{c['side']}-b{c['batch']}-{c['dtype']}"
+        tail += f"-st{c['stride']}" if c.get("stride", 1) != 1 else ""
+        tail += f"-g{c['groups']}" if c.get("groups", 1) != 1 else ""
     elif c["op"] == "adamw":
         tail = c["impl"]
     elif c["op"] == "allocator":
@@ -404,11 +419,13 @@ def measure_conv(probe: Probe, config: dict[str, Any], small: bool) -> dict[str,
     """Give one convolution's first and second run (cuDNN's algorithm search, then its cached choice)."""
     torch = probe.torch
     c = config
-    tiny = {3: 3, 64: 8, 256: 16}
-    batch, cin, cout, side = (min(c["batch"], 2), tiny[c["in"]], tiny[c["out"]], _small(c["side"], 14, 4)) \
+    declared = c.get("groups", 1)
+    batch, cin, cout, side = (min(c["batch"], 2), _tiny_channels(c["in"], declared),
+                              _tiny_channels(c["out"], declared), _small(c["side"], 14, 4)) \
         if small else (c["batch"], c["in"], c["out"], c["side"])
     size = {"k1": 1, "k3": 3, "k7": 7, "dw7": 7}[c["kernel"]]
-    groups = cin if c["kernel"] == "dw7" else 1
+    groups = cin if c["kernel"] == "dw7" else min(declared, cin)
+    stride = c.get("stride", 1)
     torch.backends.cudnn.benchmark = bool(c["benchmark"])
     generator = torch.Generator(device=probe.device).manual_seed(0)
     inputs = {"x": torch.randn(batch, cin, side, side, device=probe.device, generator=generator,
@@ -417,13 +434,19 @@ def measure_conv(probe: Probe, config: dict[str, Any], small: bool) -> dict[str,
                                     requires_grad=True)}
 
     def forward(t: dict[str, Any]) -> Any:
-        return torch.nn.functional.conv2d(t["x"], t["weight"], padding=size // 2, groups=groups)
+        return torch.nn.functional.conv2d(t["x"], t["weight"], stride=stride, padding=size // 2, groups=groups)
 
     runs = {label: probe.run(inputs, forward, lambda: probe.autocast(c["dtype"])) for label in ("first", "second")}
-    return {"sizes": {"batch": batch, "in": cin, "out": cout, "side": side, "size": size, "groups": groups},
+    return {"sizes": {"batch": batch, "in": cin, "out": cout, "side": side, "size": size, "groups": groups,
+                      "stride": stride},
             "input_bytes": probe.storage_bytes(inputs.values()), "flops": _conv_flops(batch, cin, cout, side,
                                                                                        c["kernel"]),
             "cudnn": torch.backends.cudnn.version() if probe.cuda else None, "runs": runs}
+
+
+def _tiny_channels(channels: int, groups: int) -> int:
+    """Give the dry run's channel count for a nominal one: 3 stays 3, the others a small multiple of the groups."""
+    return 3 if channels == 3 else max(8, groups) if groups > 1 else min(channels, 16) if channels > 64 else 8
 
 
 def measure_lm(probe: Probe, config: dict[str, Any], small: bool) -> dict[str, Any]:
