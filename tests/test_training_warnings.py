@@ -44,3 +44,27 @@ def test_a_frozen_lstm_on_cpu_is_warned_about() -> None:
 def test_a_trained_lstm_or_one_on_cuda_is_not() -> None:
     assert "unmodelled-kernel" not in codes(device="cpu")
     assert "unmodelled-kernel" not in codes(device="cuda", train=("fc.*",))
+
+
+def wide_frozen_front() -> onnx.ModelProto:
+    """x [64, 8] -> MatMul 'front' [8, 1024] -> Relu -> MatMul 'head' [1024, 2]: the front's two 256 KiB tensors
+    are the largest of the step; frozen, they are made without autograd and nothing keeps them."""
+    return graphs.model(
+        [oh.make_node("MatMul", ["x", "front.weight"], ["h"], name="/front/MatMul"),
+         oh.make_node("Relu", ["h"], ["r"], name="/front/Relu"),
+         oh.make_node("MatMul", ["r", "head.weight"], ["y"], name="/head/MatMul")],
+        [graphs.value("x", [64, 8])], [graphs.value("y", [64, 2])],
+        [graphs.external_header("front.weight", TensorProto.FLOAT, [8, 1024]),
+         graphs.external_header("head.weight", TensorProto.FLOAT, [1024, 2])])
+
+
+def test_a_peak_in_a_frozen_forward_is_warned_about_and_a_trained_one_is_not() -> None:
+    def codes_of(**options: object) -> set[str]:
+        report = onnxmem.analyze(wide_frozen_front(), None, training=TrainingOptions(
+            optimizer="sgd", device="cpu", **options))  # type: ignore[arg-type]
+        assert report.training is not None
+        return {w.code for w in report.warnings} | {report.training.first_step.peak_phase}
+
+    frozen = codes_of(train=("head.*",))
+    assert "eager-lifetimes" in frozen and "forward" in frozen
+    assert "eager-lifetimes" not in codes_of()

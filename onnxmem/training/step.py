@@ -100,7 +100,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         recompute_peak_bytes=max(first.peak, later.peak) if recompute_peak is None else recompute_peak,
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
-        assumptions=_assumptions(graph, model, options, rule),
+        assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later)),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
                                   tuple(later.live), _state_series(first), _state_series(later),
@@ -179,6 +179,24 @@ def _parameter_groups(model: StepModel) -> tuple[TrainingParameterGroup, ...]:
             row[1 if trainable else 2] += model.values[t].nbytes
     return tuple(TrainingParameterGroup(k, v[0], v[1], v[2]) for k, v in groups.items())
 
+
+
+def _eager_lifetimes(model: StepModel, *runs: Run) -> tuple[str, ...]:
+    """Give the '[eager-lifetimes] message' note where a step's peak is at a forward op that runs without autograd
+    (a frozen part: nothing is kept there, so the peak is what is live at that moment): the step counts each tensor
+    freed after its last reader, while eager model code frees it when its Python variable is rebound or the
+    forward that holds it returns, which the graph does not show (benchmarks/training_zoo_single_ops.py)."""
+    for run in runs:
+        node = run.peak_event - 1  # (event 0 is the data; each node's forward follows in order)
+        if run.peak_phase == "forward" and 0 <= node < len(model.nodes) and not model.differentiable[node]:
+            op = model.nodes[node]
+            return (f"[eager-lifetimes] the step's peak is at {op.op_type} {op.name}, which runs without autograd "
+                    "(nothing is kept for backward there): each tensor is counted as freed after its last reader, "
+                    "but eager model code frees it only when its variable is rebound or the forward holding it "
+                    "returns (a module's arguments are counted held until it returns; other locals are not: "
+                    "Qwen2-MoE's batched_mm experts hold one gathered copy of the expert weights while gathering "
+                    "the next), so the peak may be higher than estimated",)
+    return ()
 
 
 def _assumptions(graph: ModelGraph, model: StepModel, options: TrainingOptions, rule: OptimizerRule) -> \
