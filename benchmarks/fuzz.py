@@ -1,7 +1,7 @@
 """A fuzz run of the CLI over mutated fixtures: every run must exit 0 or 2, with no traceback, within a time and an
-address-space limit. Prints a table by mutation kind.
+address-space limit, its own peak RSS under a limit. Prints a table by mutation kind.
 
-    python benchmarks/fuzz.py [--mutations 3000] [--seed 0] [--timeout 30] [--memory-gib 4] [--jobs 2]
+    python benchmarks/fuzz.py [--mutations 3000] [--seed 0] [--timeout 30] [--memory-gib 4] [--rss-gib 2] [--jobs 2]
 
 Each mutation is a pure function of (fixture, kind, seed), so a row of the table can be replayed
 (`mutate(name, kind, seed)`); tests/test_fuzz.py draws the same mutations with hypothesis.
@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +27,14 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.measured_run import run_measured  # noqa: E402
+
 FIXTURES = ROOT / "fixtures"
+# A run's peak RSS past this is a finding ("over memory"), whatever its exit: the fixtures are a few MB, and a run
+# that reaches the address-space limit may still answer (ONNX's inference fails inside, and its warning is a line).
+RSS_LIMIT = 2 * 2**30
 NAMES = sorted(p.name for p in FIXTURES.glob("*.onnx"))
 SPECIAL = [2**62, 2**40, 2**31, 2**31 - 1, 4097, -1, -(2**63), 0, 1]  # values a field mutation sets
 
@@ -233,12 +237,15 @@ class Outcome:
     max_rss_bytes: int
     stderr: str
     timed_out: bool
+    over_memory: bool = False  # its peak RSS over the run's RSS limit (see run_cli)
 
     @property
     def verdict(self) -> str:
         """answer (0, or check's 1), clean error (2, one line, no traceback), or what went wrong."""
         if self.timed_out:
             return "timeout"
+        if self.over_memory:
+            return "over memory"
         if self.code < 0:
             return "signal"
         if "Traceback" in self.stderr:
@@ -253,37 +260,19 @@ class Outcome:
         return "internal error"
 
 
-def run_cli(model: Path, arguments: list[str], kind: str, timeout: float, memory_bytes: int) -> Outcome:
-    """Run `python -m onnxmem` on a model in a subprocess, under a time and an address-space limit."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
+def run_cli(model: Path, arguments: list[str], kind: str, timeout: float, memory_bytes: int,
+            rss_bytes: int = RSS_LIMIT) -> Outcome:
+    """Run `python -m onnxmem` on a model in a subprocess, under a time and an address-space limit, measuring the
+    run's own peak RSS (benchmarks.measured_run); a run whose peak is over `rss_bytes` is "over memory"."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        process = subprocess.Popen([sys.executable, "-m", "onnxmem", arguments[0], str(model), *arguments[1:]],
-                                   stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limit, env=env, cwd=model.parent)
-        deadline = start + timeout
-        timed_out = False
-        while True:  # os.wait4 gives this child's own peak RSS (Popen.wait would reap it without)
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                timed_out = True
-                process.send_signal(signal.SIGKILL)
-                pid, status, usage = os.wait4(process.pid, 0)
-                break
-            time.sleep(0.01)
-        code = os.waitstatus_to_exitcode(status)
-        process.returncode = code
-        err.seek(0)
-        stderr = err.read().decode("utf-8", "replace")
-    return Outcome(kind, code, time.perf_counter() - start, usage.ru_maxrss * 1024, stderr, timed_out)
+    run = run_measured([sys.executable, "-m", "onnxmem", arguments[0], str(model), *arguments[1:]], timeout,
+                       memory_bytes, env, model.parent)
+    return Outcome(kind, run.code, run.seconds, run.max_rss_bytes, run.stderr, run.timed_out,
+                   run.max_rss_bytes > rss_bytes)
 
 
-def fuzz_one(name: str, kind: str, seed: int, folder: Path, timeout: float, memory_bytes: int) -> Outcome:
+def fuzz_one(name: str, kind: str, seed: int, folder: Path, timeout: float, memory_bytes: int,
+             rss_bytes: int = RSS_LIMIT) -> Outcome:
     """Mutate, write (next to a copy of the fixture's external data, where it has some) and run one case."""
     case = folder
     case.mkdir(parents=True)
@@ -292,7 +281,7 @@ def fuzz_one(name: str, kind: str, seed: int, folder: Path, timeout: float, memo
         (case / data_file.name).write_bytes(data_file.read_bytes())
     model = case / name
     model.write_bytes(mutate(name, kind, seed))
-    return run_cli(model, command(name, kind, seed), kind, timeout, memory_bytes)
+    return run_cli(model, command(name, kind, seed), kind, timeout, memory_bytes, rss_bytes)
 
 
 def main() -> None:
@@ -301,24 +290,28 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--memory-gib", type=float, default=4.0)
+    parser.add_argument("--rss-gib", type=float, default=RSS_LIMIT / 2**30, help="a run's peak RSS past this is a "
+                        "finding (over memory)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--show", type=int, default=5, help="failures to print with their stderr")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     cases = [(rng.choice(NAMES), rng.choice(list(MUTATIONS)), rng.randrange(2**32)) for _ in range(args.mutations)]
-    memory = int(args.memory_gib * 2**30)
+    memory, rss = int(args.memory_gib * 2**30), int(args.rss_gib * 2**30)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="onnxmem-fuzz-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(lambda case: (case, fuzz_one(*case, Path(tmp) / f"{case[0]}-{case[1]}-{case[2]}",
-                                                                 args.timeout, memory)),
+                                                                 args.timeout, memory, rss)),
                                  cases))
     elapsed = time.perf_counter() - started
     by_kind: dict[str, list[Outcome]] = defaultdict(list)
     for _, outcome in outcomes:
         by_kind[outcome.kind].append(outcome)
-    columns = ["answer", "clean error", "internal error", "traceback", "out of memory", "timeout", "signal"]
+    columns = ["answer", "clean error", "internal error", "traceback", "out of memory", "over memory", "timeout",
+               "signal"]
     print(f"{len(outcomes)} mutations of the {len(NAMES)} fixtures, seed {args.seed}, {args.jobs} at a time; limits "
-          f"{args.timeout:g} s and {args.memory_gib:g} GiB of address space per run; {elapsed / 60:.1f} min in all\n")
+          f"{args.timeout:g} s, {args.memory_gib:g} GiB of address space and {args.rss_gib:g} GiB of peak RSS per "
+          f"run (each run's own peak: benchmarks/measured_run.py); {elapsed / 60:.1f} min in all\n")
     print("| mutation | runs | " + " | ".join(columns) + " | median s | max s | max RSS MiB |")
     print("|---|" + "---|" * (len(columns) + 4))
     rows = [*sorted(by_kind.items()), ("all", [o for _, o in outcomes])]

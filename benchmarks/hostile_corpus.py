@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,10 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.measured_run import run_measured  # noqa: E402
+
 OPSET = 17
 
 # --- building blocks ------------------------------------------------------------------------------------------
@@ -309,7 +311,8 @@ def loops(folder: Path) -> list[Path]:
 
 def data_propagation(folder: Path) -> list[Path]:
     """Vectors that ONNX's data propagation would expand value by value: a float vector input of 2^25, a Range of
-    2^40, a ConstantOfShape of 2^40 values."""
+    2^40, a ConstantOfShape of 2^40 values, a float ConstantOfShape of 10^8 beside a shape value, a float Constant
+    declaring 10^8 values, an INT64 Constant of 2^23 values a Gather reads (as int64_data, as value_ints)."""
     vector = _model([helper.make_node("Add", ["x", "x"], ["y"])], [_value("x", [2**25])], [_value("y", [2**25])])
     start = helper.make_tensor("s", TensorProto.INT64, [], [0])
     limit = helper.make_tensor("l", TensorProto.INT64, [], [2**40])
@@ -323,8 +326,40 @@ def data_propagation(folder: Path) -> list[Path]:
     shaped = _model([helper.make_node("Add", ["x", "x"], ["y"]), helper.make_node("Shape", ["x"], ["s"]),
                      helper.make_node("Reshape", ["x", "s"], ["z"])], [_value("x", [2**25])],
                     [_value("y", [2**25]), _value("z", None)])
+    # a float vector of 10^8 values from a 162-byte file (ConstantOfShape), beside a shape value: data propagation
+    # expanded it (5.7 GB before shapes.infer bounded vectors of every element type)
+    ones = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    count = helper.make_tensor("count", TensorProto.INT64, [1], [10**8])
+    spread = _model([helper.make_node("ConstantOfShape", ["count"], ["w"], value=ones),
+                     helper.make_node("Add", ["w", "w"], ["y"]), helper.make_node("Shape", ["w"], ["s"]),
+                     helper.make_node("Reshape", ["w", "s"], ["z"])], [], [_value("y", None), _value("z", None)],
+                    [count])
+    # a float Constant declaring 10^8 values that holds one (4 bytes): refused, its data read from no header
+    declared = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[10**8], raw_data=b"\0\0\x80?")
+    tiny = _model([helper.make_node("Constant", [], ["w"], value=declared), helper.make_node("Add", ["w", "w"], ["y"]),
+                   helper.make_node("Shape", ["w"], ["s"]), helper.make_node("Reshape", ["w", "s"], ["z"])], [],
+                  [_value("y", None), _value("z", None)])
+    # an INT64 Constant vector of 2^23 zeros written as int64_data (one byte each on disk: kept whole by ir.embedded,
+    # 64 MiB parsed) whose one value a Gather reads into a Reshape's target: ONNX's data propagation would parse all
+    # of it into a shape of 2^23 dims, and shapes.values decoded it whole
+    zeros = TensorProto(name="w", data_type=TensorProto.INT64, dims=[2**23])
+    zeros.int64_data.extend([0] * 2**23)
+    index = helper.make_tensor("i", TensorProto.INT64, [1], [0])
+    gathered = _model([helper.make_node("Constant", [], ["w"], value=zeros),
+                       helper.make_node("Gather", ["w", "i"], ["g"]),
+                       helper.make_node("Add", ["g", "four"], ["target"]),
+                       helper.make_node("Reshape", ["x", "target"], ["y"])],
+                      [_value("x", [2, 2])], [_value("y", None)],
+                      [index, helper.make_tensor("four", TensorProto.INT64, [1], [4])])
+    # the same as value_ints: proto2 writes each one as its own field (2 bytes each), which ir.embedded's walk read
+    # one by one (8 s) before it gave up
+    listed = onnx.ModelProto()
+    listed.CopyFrom(gathered)
+    listed.graph.node[0].CopyFrom(helper.make_node("Constant", [], ["w"], value_ints=[0] * 2**23))
     return _save(folder, {"float_vector_2e25": vector, "float_vector_beside_a_shape_value": shaped,
-                          "range_2e40": ranged, "constant_of_shape_2e40": filled})
+                          "range_2e40": ranged, "constant_of_shape_2e40": filled,
+                          "float_constant_of_shape_1e8": spread, "float_constant_1e8_declared_tiny": tiny,
+                          "int64_constant_2e23_gathered": gathered, "int64_value_ints_2e23_gathered": listed})
 
 
 EMBEDDED_BYTES = 64 * 2**20
@@ -423,53 +458,19 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
             for entry in os.scandir(folder)}
 
 
-# The run's parent: a small process that sets the limit, forks the run, and writes its peak RSS (a child forked
-# from the corpus's process itself would start from that process's memory, and its peak would count it).
-_PARENT = """import os, resource, signal, sys
-limit, report, *command = sys.argv[1:]
-pid = os.fork()
-if pid == 0:
-    resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
-    os.execv(command[0], command)
-_, status, usage = os.wait4(pid, 0)
-with open(report, "w") as out:
-    out.write(str(usage.ru_maxrss * 1024))
-code = os.waitstatus_to_exitcode(status)
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
-
-
 def run(model: Path, mode: str, timeout: float, memory_bytes: int, checkout: Path = ROOT) -> Outcome:
     """Run the CLI's report or onnxmem.analyze on `model` in a subprocess (its folder the working directory),
-    under `timeout` seconds and `memory_bytes` of address space, with onnxmem from `checkout`."""
+    under `timeout` seconds and `memory_bytes` of address space, with onnxmem from `checkout`; its peak RSS is the
+    run's own (benchmarks.measured_run)."""
     command = [sys.executable, "-m", "onnxmem", "report", str(model)] if mode == "cli" else \
         [sys.executable, "-c", _ANALYZE, str(model)]
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     before = _snapshot(model.parent)
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
-        report = Path(scratch) / "rss"
-        process = subprocess.Popen([sys.executable, "-S", "-c", _PARENT, str(memory_bytes), str(report), *command],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                   cwd=model.parent, start_new_session=True)
-        try:
-            process.wait(timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the run and its parent: their own session
-            process.wait()
-            timed_out = True
-        code = process.returncode
-        rss = int(report.read_text()) if report.exists() and report.read_text() else 0
-        err.seek(0)
-        stderr = err.read().decode("utf-8", "replace")
-    seconds = time.perf_counter() - start
+    measured = run_measured(command, timeout, memory_bytes, env, model.parent)
     after = _snapshot(model.parent)
     written = tuple(sorted(name for name, stamp in after.items() if before.get(name) != stamp))
-    return Outcome(model.name, mode, code, seconds, rss, stderr, timed_out, written, model.stat().st_size)
+    return Outcome(model.name, mode, measured.code, measured.seconds, measured.max_rss_bytes, measured.stderr,
+                   measured.timed_out, written, model.stat().st_size)
 
 
 def main() -> None:
