@@ -189,8 +189,11 @@ def validate(model: str | os.PathLike[str] | onnx.ModelProto, dims: Mapping[str,
         dims=dict(sized.dims), settings=dict(measured.settings), runs=tuple(results),
         raw_estimate=Figures(raw.peak_activation_bytes, raw.weights_bytes), nodes_run=len(graph.ops),
         notes=(*notes, *_control_flow_notes(graph, taken)),
-        warnings=(*loaded.warnings, *sized.warnings, *ran_sized.warnings, *size_warnings(graph, timeline),
-                  *loop_warnings(graph, trips)))
+        # (the estimate's own: the provider's scratch, e.g. a convolution whose cuDNN workspace is not measured;
+        # each warning once)
+        warnings=tuple(dict.fromkeys((*loaded.warnings, *sized.warnings, *ran_sized.warnings,
+                                      *size_warnings(graph, timeline), *loop_warnings(graph, trips),
+                                      *analysed.report.warnings))))
 
 
 def ran_order(graph: ModelGraph, names: Sequence[str], unnamed: Collection[int] = ()) -> list[int]:
