@@ -324,3 +324,23 @@ def test_a_wrong_argument_is_an_error_that_names_it(tmp_path: Path, name: str, a
     with pytest.raises(error, match=rf"^{name}\({argument}=\.\.\.\)") as raised:
         call(arguments.pop("model"), arguments.pop("dims"), **arguments)  # type: ignore[operator]
     assert isinstance(raised.value, onnxmem.OnnxMemError)
+
+
+def test_dims_that_make_a_peak_beyond_any_memory_are_refused_in_one_line(tmp_path: Path) -> None:
+    # thousands of symbolic dims, each given --default-dim 2: a tensor of 2^3000 elements, which no figure of a
+    # report can carry (str() refuses ints over 4300 digits, float() over 1e308); a DimError, never an internal one
+    import json
+
+    dims = [f"d{i}" for i in range(3000)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    path = tmp_path / "wide.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(onnxmem.DimError, match="beyond any memory"):
+        onnxmem.analyze(path, default_dim=2)
+    code, out, err = run("report", str(path), "--default-dim", "2", "--format", "json")
+    assert code == 2 and json.loads(out)["code"] == "dim"
+    assert len(err.strip().splitlines()) == 1 and "internal" not in err
+    code, out, err = run("report", str(path), "--default-dim", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "beyond any memory" in err

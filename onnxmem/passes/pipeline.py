@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnxmem.arguments import check_arguments
+from onnxmem.errors import DimError
 from onnxmem.ir.dtypes import dtype_name
 from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph, layer_name
 from onnxmem.ir.load import LoadedModel, load_model
@@ -271,6 +272,21 @@ def _liveness(run: PipelineRun) -> None:
     run.scratch = sized.provider.op_scratch(graph, sized.loaded.proto)
     run.timeline = liveness(graph, run.steps, run.buffer_rules, plan_shapes=sized.plan_shapes, prepared=run.prepared,
                             loop_peaks=peaks, scratch=run.scratch.bytes_by_op)
+    if run.timeline.peak_bytes >= BEYOND_ANY_MEMORY:
+        _refuse_beyond_memory(graph)
+
+
+# A peak of 2^64 bytes or more is no device's: dims bound that large (a tensor with thousands of symbolic dims,
+# each given --default-dim) are refused in one line rather than carried into figures no view can print.
+BEYOND_ANY_MEMORY = 2**64
+
+
+def _refuse_beyond_memory(graph: ModelGraph) -> None:
+    largest = max(graph.tensors, key=lambda t: t.nbytes or 0)
+    power = max(0, (largest.nbytes or 0).bit_length() - 1)  # (str() refuses ints over 4300 digits: say 2^n)
+    raise DimError(f"at the bound dims the peak is beyond any memory (2^64 bytes or more): tensor "
+                   f"'{largest.name[:80]}' alone holds 2^{power} bytes or more ({len(largest.shape or ())} dims); "
+                   "bind its dims (--dim NAME=VALUE) or give a smaller --default-dim")
 
 
 def _summarize(run: PipelineRun) -> None:
