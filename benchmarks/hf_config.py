@@ -1,11 +1,16 @@
-"""--hf at scale: wall time and peak memory of `onnxmem report/fit --hf CONFIG` on full-size configs, and the
-weights it counts against the model's own parameters.
+"""--hf at scale: wall time and peak memory of `onnxmem report/fit --hf CONFIG` on full-size configs, the first
+call (an empty export cache) and the next one (the export from the cache), and the weights it counts against the
+model's own parameters.
 
-    python benchmarks/hf_config.py [--configs llama3-70b,mixtral-8x7b,whisper-large-v3] [--out DIR]
+    python benchmarks/hf_config.py [--configs llama3-70b,mixtral-8x7b,whisper-large-v3] [--out DIR] [--no-cache]
 
 The configs are written by this script (the published shapes of Llama-3-70B, Mixtral-8x7B and Whisper-large-v3;
-nothing is downloaded: HF_HUB_OFFLINE=1). Each command runs in its own process (the CLI, after
-shared/tools/tvshim.py), timed from start to exit; its peak RSS is the process's own (os.wait4's ru_maxrss).
+nothing is downloaded: HF_HUB_OFFLINE=1). Each command runs in its own process (the CLI; shared/tools/tvshim.py is
+imported just before torchvision, which transformers imports, so a process that never imports transformers never
+imports torch for it), timed from start to exit; its peak RSS is the process's own (os.wait4's ru_maxrss). Each row
+runs twice with ONNXMEM_HF_CACHE set to a new empty folder of its own: "first" exports, "cached" reads the export the
+first one kept; "same" says whether the two answers are equal (the JSON but for the model's path). --no-cache
+(ONNXMEM_HF_CACHE=off) runs each row once, exporting, as onnxmem did before the cache.
 Rows: report (inference), report --training --precision amp-bf16, fit --gpu H100-80GB (inference, the batch).
 Weights: the model built on the meta device in this process gives its parameter count and their bytes at the
 config's dtype; the report's training.parameters must equal the count, and inference.weights_bytes less the
@@ -56,18 +61,31 @@ COMMANDS = (
     ("report --training amp-bf16", ["report", "--format", "json", "--training", "--precision", "amp-bf16"]),
     ("fit H100-80GB", ["fit", "--gpu", "H100-80GB", "--format", "json", "--no-what-if"]),
 )
-# The CLI in a process of its own, after the shim that lets torchvision (imported by transformers) load.
-RUNNER = ("import sys; sys.path.insert(0, {shim!r}); import tvshim; sys.path.insert(0, {root!r}); "
-          "from onnxmem.cli.commands import main; main(sys.argv[1:])")
+# The CLI in a process of its own; the shim that lets torchvision (imported by transformers) load is imported when
+# torchvision is first looked for (a command that reads its export from the cache imports neither).
+RUNNER = """import importlib.abc, sys
+class Shim(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            sys.meta_path.remove(self)
+            sys.path.insert(0, {shim!r})
+            import tvshim
+        return None
+sys.meta_path.insert(0, Shim())
+sys.path.insert(0, {root!r})
+from onnxmem.cli.commands import main
+main(sys.argv[1:])
+"""
 
 
-def run_cli(arguments: list[str]) -> tuple[float, int, int, str]:
-    """Give the wall time, the peak RSS in bytes, the exit code and the stdout of one CLI process."""
+def run_cli(arguments: list[str], cache: str) -> tuple[float, int, int, str]:
+    """Give the wall time, the peak RSS in bytes, the exit code and the stdout of one CLI process, its export cache
+    at `cache` (ONNXMEM_HF_CACHE)."""
     code = RUNNER.format(shim=str(SHIM_DIR), root=str(ROOT))
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out:
         process = subprocess.Popen([sys.executable, "-c", code, *arguments], stdout=out,
-                                   stderr=subprocess.PIPE)
+                                   stderr=subprocess.PIPE, env={**os.environ, "ONNXMEM_HF_CACHE": cache})
         assert process.stderr is not None
         errors = [line for line in process.stderr.read().decode().splitlines() if line.startswith("onnxmem")]
         _, status, usage = os.wait4(process.pid, 0)
@@ -88,18 +106,32 @@ def parameters_of(config: Path) -> tuple[int, int]:
             sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
+def _without_path(text: str) -> str:
+    """Give a JSON answer without the model's path (a temporary folder, or the cache's)."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(document, dict):
+        document.pop("model", None)
+    return json.dumps(document, sort_keys=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--commands", default=",".join(label for label, _ in COMMANDS),
                         help="which rows, by label (comma-separated)")
     parser.add_argument("--out", default=None, help="where to write the configs (default: a temporary folder)")
+    parser.add_argument("--no-cache", action="store_true", help="each row once, with the export cache off")
     args = parser.parse_args()
     sys.path.insert(0, str(SHIM_DIR))
     __import__("tvshim")
     folder = Path(args.out or tempfile.mkdtemp(prefix="onnxmem-hf-bench-"))
-    print("| config | command | wall s | peak RSS MiB | exit | answer |")
-    print("|---|---|---:|---:|---:|---|")
+    calls = ("off",) if args.no_cache else ("first", "cached")
+    print("| config | command | " + " | ".join(f"{c}: wall s | {c}: peak RSS MiB" for c in calls) +
+          " | exit | answer |" + (" same |" if len(calls) > 1 else ""))
+    print("|---|---|" + "---:|---:|" * len(calls) + "---:|---|" + ("---|" if len(calls) > 1 else ""))
     checks = []
     for name in args.configs.split(","):
         values, dims = CONFIGS[name]
@@ -113,7 +145,10 @@ def main() -> None:
                 continue
             searched = bound if command[0] != "fit" else \
                 [a for d, v in dims.items() if d != "batch" for a in ("--dim", f"{d}={v}")]  # fit searches batch
-            wall, rss, code, text = run_cli([*command, "--hf", str(config.parent), *searched])
+            cache = "off" if args.no_cache else \
+                tempfile.mkdtemp(prefix=f"cache-{name}-{command[0]}-", dir=folder)
+            runs = [run_cli([*command, "--hf", str(config.parent), *searched], cache) for _ in calls]
+            _, _, code, text = runs[0]
             answer = text.strip()[:200] or "-"
             if code in (0, 1) and text.strip():
                 document = json.loads(text)
@@ -127,7 +162,10 @@ def main() -> None:
                         checks.append((name, count, None, nbytes, inference["weights_bytes"]))
                 else:
                     answer = f"{document.get('dim')} max {document.get('max_value')}"
-            print(f"| {name} | {label} | {wall:.1f} | {rss / 2**20:,.0f} | {code} | {answer} |", flush=True)
+            measured = " | ".join(f"{wall:.1f} | {rss / 2**20:,.0f}" for wall, rss, _, _ in runs)
+            same = "" if len(runs) < 2 else \
+                f" {'yes' if len({(c, _without_path(t)) for _, _, c, t in runs}) == 1 else 'NO'} |"
+            print(f"| {name} | {label} | {measured} | {code} | {answer} |{same}", flush=True)
     print()
     print("| config | parameters (model) | parameters (report) | equal | parameter bytes (count x dtype) | "
           "weights_bytes (report) | other weights |")

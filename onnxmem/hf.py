@@ -17,14 +17,17 @@ config.json (or the folder that holds one).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
 import os
 import re
+import sys
 import tempfile
+import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,17 +109,22 @@ def _transformers() -> Any:
     return transformers
 
 
-def load_config(config: str | os.PathLike[str]) -> Any:
-    """Give the transformers config a config.json holds (read locally; no hub)."""
-    path = config_path(config)
-    tf = _transformers()
+def _config_data(path: Path) -> dict[str, Any]:
+    """Give the JSON object a config.json holds; raises ModelFileError where it is no transformers config."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelFileError(f"{path}: not a JSON config ({error})") from None
-    model_type = data.get("model_type") if isinstance(data, dict) else None
-    if not model_type:
+    if not isinstance(data, dict) or not data.get("model_type"):
         raise ModelFileError(f"{path}: no model_type: not a transformers config")
+    return data
+
+
+def load_config(config: str | os.PathLike[str]) -> Any:
+    """Give the transformers config a config.json holds (read locally; no hub)."""
+    path = config_path(config)
+    tf = _transformers()
+    data = _config_data(path)
     try:
         return tf.AutoConfig.for_model(**data)
     except (ValueError, KeyError, TypeError) as error:
@@ -456,13 +464,81 @@ def _store_weights_outside(proto: Any, target: Path) -> None:
         data.truncate(offset)
 
 
+def _stderr_line(line: str) -> None:
+    sys.stderr.write(f"onnxmem: {line}\n")
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def exported(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
-             lora: int | None = None) -> Iterator[HfModel]:
-    """Give the export of a config in a temporary folder (export_config), removed when the block ends."""
+             lora: int | None = None, progress: Callable[[str], None] | None = _stderr_line) -> Iterator[HfModel]:
+    """Give the export of a config (export_config): from the per-user cache where an earlier command made it
+    (frontends/hfcache.py), else made there; with the cache off (ONNXMEM_HF_CACHE=off) or unwritable, made in a
+    temporary folder removed when the block ends. `progress` is told, in one line, where the export came from
+    (default: a line on stderr; None: nothing)."""
+    say = progress or (lambda line: None)
+    path = config_path(config)
+    made = cached_export(path, training=training, task=task, lora=lora, progress=say)
+    if made is not None:
+        yield made
+        return
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
-        yield export_config(config, Path(folder) / f"{config_path(config).parent.name or 'model'}.onnx",
-                            training=training, task=task, lora=lora)
+        made = export_config(path, Path(folder) / f"{path.parent.name or 'model'}.onnx", training=training,
+                             task=task, lora=lora)
+        say(f"{path}: exported in {time.perf_counter() - start:.1f} s (not cached)")
+        yield made
+
+
+def cached_export(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
+                  lora: int | None = None, progress: Callable[[str], None] | None = None) -> HfModel | None:
+    """Give the export of a config kept in the per-user cache (frontends/hfcache.py), made and kept there on a
+    miss; None where the cache is off or cannot be written. An entry that does not read back whole is made again.
+    `progress` is told whether the export came from the cache."""
+    from onnxmem.frontends import hfcache
+
+    say = progress or (lambda line: None)
+    if task is not None and task not in TASKS:
+        raise OnnxMemError(f"unknown task '{task}': choose one of {', '.join(TASKS)}")
+    folder = hfcache.cache_folder()
+    if folder is None:
+        return None
+    path = config_path(config)
+    key = hfcache.export_key(_config_data(path), task=task, training=training, lora=lora)
+    hit = hfcache.read_entry(folder, key)
+    made = _hf_model(*hit) if hit is not None else None
+    if made is not None:
+        say(f"{path}: the export from the cache ({made.path.parent})")
+        return made
+    if hit is not None:
+        with contextlib.suppress(OSError):
+            hfcache.remove_entry(folder, key)  # (it read back, but not as an export: made again)
+    start = time.perf_counter()
+
+    def make(staging: Path) -> tuple[Path, dict[str, Any]]:
+        loaded = load_config(path)
+        name, _ = model_class(loaded, task)
+        done = export_config(path, staging / f"{name}{'-training' if training else ''}.onnx", training=training,
+                             task=task, lora=lora)
+        fields = {f.name: getattr(done, f.name) for f in dataclasses.fields(done) if f.name != "path"}
+        return done.path, {**fields, "dims": list(done.dims)}
+
+    placed = hfcache.write_entry(folder, key, make)
+    made = _hf_model(*placed) if placed is not None else None
+    if made is not None:
+        say(f"{path}: exported in {time.perf_counter() - start:.1f} s, kept in the cache ({made.path.parent})")
+    return made
+
+
+def _hf_model(path: Path, made: Mapping[str, Any]) -> HfModel | None:
+    """Give the HfModel an entry's record describes, None where it does not describe one."""
+    names = [f.name for f in dataclasses.fields(HfModel) if f.name != "path"]
+    if set(made) != set(names) or not isinstance(made["dims"], list):
+        return None
+    try:
+        return HfModel(path=path, **{**made, "dims": tuple(made["dims"])})
+    except TypeError:
+        return None
 
 
 def analyze(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None, *, task: str | None = None,
@@ -471,7 +547,8 @@ def analyze(config: str | os.PathLike[str], dims: Mapping[str, int] | None = Non
     training estimate (training=TrainingOptions(...)) reads the train-mode export."""
     from onnxmem.passes.pipeline import analyze as analyze_file
 
-    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora,
+                  progress=None) as made:
         return analyze_file(made.path, dims, **options)
 
 
@@ -480,7 +557,8 @@ def fit(config: str | os.PathLike[str], *, task: str | None = None, lora: int | 
     describes."""
     from onnxmem.plan.fit import fit as fit_file
 
-    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora,
+                  progress=None) as made:
         return fit_file(made.path, **options)
 
 
@@ -489,5 +567,6 @@ def check(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None,
     """Give onnxmem.check's verdict (does it fit the budget at these dims) for the model a config.json describes."""
     from onnxmem.plan.fit import check as check_file
 
-    with exported(config, training=options.get("training") is not None, task=task, lora=lora) as made:
+    with exported(config, training=options.get("training") is not None, task=task, lora=lora,
+                  progress=None) as made:
         return check_file(made.path, dims, **options)

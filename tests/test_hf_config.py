@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import onnx  # noqa: E402
 
 import onnxmem  # noqa: E402
 import onnxmem.hf as hf  # noqa: E402
+from onnxmem.frontends import hfcache  # noqa: E402
 from onnxmem.training.step import TrainingOptions  # noqa: E402
 
 from .cli import run  # noqa: E402
@@ -33,6 +35,15 @@ from .cli import run  # noqa: E402
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
          "max_position_embeddings": 128, "dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _export_cache(tmp_path_factory: Any) -> Any:
+    """Every --hf export of this module kept in a cache folder of its own (never the user's ~/.cache)."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("hf-cache")
+        patch.setenv(hfcache.CACHE_ENV, str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +181,125 @@ def test_moe_experts_are_sized_as_grouped_mm_runs_them(tmp_path: Path) -> None:
     gathered_copy = pairs * 2 * MIXTRAL["intermediate_size"] * MIXTRAL["hidden_size"] * 4
     assert max(t.bytes for t in report.inference.live_at_peak) < gathered_copy // 8
     assert report.inference.peak_activation_bytes < gathered_copy
+
+
+# --- the export cache: a second command on a config reads the export the first one kept -------------------------
+
+TRAINING_REPORT = ("report", "--training", "--dim", "batch=2", "--dim", "seq=32", "--format", "json")
+
+
+def _answer(out: str) -> dict[str, Any]:
+    """Give a JSON report without the model's path (a temporary folder, or the cache's)."""
+    document = json.loads(out)
+    document.pop("model")
+    return document
+
+
+def _counting_exports(monkeypatch: Any) -> list[int]:
+    calls: list[int] = []
+    real = torch.onnx.export
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", counted)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def cached_once(config: Path, tmp_path_factory: Any) -> tuple[Path, dict[str, Any], str]:
+    """A cache folder holding the training export of `config`, made by one CLI command; its answer and stderr."""
+    folder = tmp_path_factory.mktemp("cached-once")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(hfcache.CACHE_ENV, str(folder))
+        calls = _counting_exports(patch)
+        before = sorted(config.iterdir())
+        code, out, err = run(*TRAINING_REPORT, "--hf", str(config))
+    assert code == 0, err
+    assert len(calls) == 1
+    assert sorted(config.iterdir()) == before  # nothing written beside the user's config
+    return folder, _answer(out), err
+
+
+def test_a_second_call_answers_from_the_cache_without_exporting(config: Path, cached_once: Any,
+                                                                monkeypatch: Any) -> None:
+    folder, first, first_err = cached_once
+    assert "kept in the cache" in first_err
+    monkeypatch.setenv(hfcache.CACHE_ENV, str(folder))
+
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("exported again although the cache holds the export")
+
+    monkeypatch.setattr(torch.onnx, "export", fails)
+    code, out, err = run(*TRAINING_REPORT, "--hf", str(config))
+    assert code == 0, err
+    assert "the export from the cache" in err
+    assert _answer(out) == first
+    assert json.loads(out)["model"].startswith(str(folder))
+
+
+def test_answers_with_and_without_the_cache_are_identical(config: Path, cached_once: Any, made: hf.HfModel,
+                                                          tmp_path: Path) -> None:
+    # `made` is export_config's file, written where it was told, not cached: the answer on it is the uncached one
+    _, cached, _ = cached_once
+    code, out, err = run(*TRAINING_REPORT, str(made.path))
+    assert code == 0, err
+    assert _answer(out) == cached
+
+
+def test_a_corrupt_cache_entry_is_made_again(config: Path, cached_once: Any, tmp_path: Path,
+                                             monkeypatch: Any) -> None:
+    folder, first, _ = cached_once
+    copy = tmp_path / "cache"
+    shutil.copytree(folder, copy)
+    [entry] = [p for p in copy.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    [onnx_file] = entry.glob("*.onnx")
+    onnx_file.write_bytes(onnx_file.read_bytes()[: onnx_file.stat().st_size // 2])  # a torn write
+    monkeypatch.setenv(hfcache.CACHE_ENV, str(copy))
+    calls = _counting_exports(monkeypatch)
+    code, out, err = run(*TRAINING_REPORT, "--hf", str(config))
+    assert code == 0, err
+    assert len(calls) == 1 and "kept in the cache" in err
+    assert _answer(out) == first
+    assert hfcache.read_entry(copy, entry.name) is not None  # whole again
+    assert [p for p in copy.iterdir() if p.name.startswith(".")] == []  # no staging or stale folder left
+
+
+def test_a_cache_folder_that_cannot_be_written_still_answers(config: Path, tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv(hfcache.CACHE_ENV, str(blocked / "cache"))  # (a folder under a file: mkdir fails)
+    calls = _counting_exports(monkeypatch)
+    code, out, err = run(*TRAINING_REPORT, "--hf", str(config))
+    assert code == 0, err
+    assert len(calls) == 1 and "not cached" in err
+    assert json.loads(out)["training"]["parameters"] == sum(p.numel() for p in _meta_model().parameters())
+
+
+def test_the_cache_key_changes_with_the_config_and_the_options_only() -> None:
+    key = hfcache.export_key(LLAMA, task=None, training=True, lora=None)
+    assert hfcache.export_key(dict(reversed(LLAMA.items())), task=None, training=True, lora=None) == key
+    assert hfcache.export_key({**LLAMA, "hidden_size": 128}, task=None, training=True, lora=None) != key
+    assert hfcache.export_key({**LLAMA, "num_hidden_layers": 5}, task=None, training=True, lora=None) != key
+    assert hfcache.export_key(LLAMA, task=None, training=False, lora=None) != key
+    assert hfcache.export_key(LLAMA, task=None, training=True, lora=8) != key
+    assert hfcache.export_key(LLAMA, task="causal-lm", training=True, lora=None) != key
+
+
+def test_the_cache_folder_is_per_user_and_can_be_turned_off(tmp_path: Path) -> None:
+    home = Path.home()
+    assert hfcache.cache_folder({}) == home / ".cache" / "onnxmem" / "hf"
+    assert hfcache.cache_folder({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "onnxmem" / "hf"
+    assert hfcache.cache_folder({"XDG_CACHE_HOME": "relative"}) == home / ".cache" / "onnxmem" / "hf"
+    assert hfcache.cache_folder({hfcache.CACHE_ENV: str(tmp_path / "x")}) == tmp_path / "x"
+    for off in ("off", "0", "no", "false", "OFF"):
+        assert hfcache.cache_folder({hfcache.CACHE_ENV: off, "XDG_CACHE_HOME": str(tmp_path)}) is None
+
+
+def test_with_the_cache_off_nothing_is_kept(config: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv(hfcache.CACHE_ENV, "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert hf.cached_export(config, training=True) is None
+    assert list(tmp_path.iterdir()) == []
