@@ -337,3 +337,47 @@ def test_fit_rows_are_measured_again_when_onnxmem_changed() -> None:
     training = make_row("training", "training/m/full/sgd/fp32")
     assert "estimator" not in training
     assert done_keys([now, older, training]) == {"fit/m/answer", "training/m/full/sgd/fp32"}
+
+
+def test_the_new_architectures_are_held_out_and_trained_after_the_measured_ones() -> None:
+    pytest.importorskip("torch")
+    from benchmarks.cuda import models
+
+    new = [s.name for s in models.NEW_SPECS]
+    assert new and not set(new) & score.RULES_WRITTEN_ON
+    assert list(campaign.TRAINING_MODELS[-len(new):]) == new  # after every measured model, in their order
+    assert all(models.SPECS[name] is spec for name, spec in zip(new, models.NEW_SPECS, strict=True))
+
+    def line(model: str, family: str) -> tuple:
+        return (model, "full", "adamw", "fp32", 8, "-", "-", "-", "+4.0%", "-", "-", "-", "-", "now", family)
+
+    sets = {key[0]: key[1] for key in score.summary_lines([line("qwen2", "decoder-gqa"),
+                                                           line("resnet18", "cnn")])}
+    assert sets == {"held out": "transformer", "rules written on": "CNN"}
+
+
+def test_whisper_trains_with_its_layerdrop_stacks_out_of_train_mode_and_lora_on_every_linear() -> None:
+    pytest.importorskip("transformers")
+    from benchmarks.cuda import models
+
+    spec = models.SPECS["whisper"]
+    model = models.build(spec, small=True, variant="lora")
+    stacks = [m for m in model.modules() if type(m).__name__ in ("WhisperEncoder", "WhisperDecoder")]
+    assert len(stacks) == 2 and not any(m.training for m in stacks)
+    assert any(type(m).__name__ == "WhisperEncoderLayer" and m.training for m in model.modules())
+    features, decoder_ids = spec.inputs(2, True)
+    output = model(features, decoder_ids)
+    assert output.shape == (*decoder_ids.shape, models.DRY_VOCAB)
+    models.loss_of(output, models.targets_for(spec, output.shape, 2, True)).backward()
+    trained = [n for n, p in model.named_parameters() if p.grad is not None]
+    assert trained and all("lora_" in n for n in trained)
+
+
+def test_a_timm_model_takes_its_own_dry_run_arguments() -> None:
+    pytest.importorskip("timm")
+    from benchmarks.cuda import models
+
+    small = models.build(models.SPECS["swin_tiny"], small=True)
+    assert small.patch_embed.img_size == (32, 32) and len(small.layers) == 2
+    output = small(*models.SPECS["swin_tiny"].inputs(2, True))
+    assert output.shape == (2, 10)
