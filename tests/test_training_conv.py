@@ -178,14 +178,15 @@ def test_the_scratch_is_live_at_the_convolutions_backward_on_cpu_only() -> None:
     # peaks with its two reorders (2 x 524288) over its gradients; Conv a (image input) with grad_out's reorder
     # and the input's (64 channels, not 3): the same 2 x 524288, less than b's moment (a has no grad_in).
     model = conv_chain()
-    act = nbytes((8, 64, 16, 16))
     cpu = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device=TorchCpu(isa="avx2"),
                                                           loss="mean")).training
     cuda = onnxmem.analyze(model, training=TrainingOptions(optimizer="sgd", device="cuda", loss="mean")).training
     assert cpu is not None and cuda is not None
-    assert cpu.peak_event == "backward of Conv b"
-    # and oneDNN's primitives of the two convolutions, which share one descriptor (see the tests below)
-    assert cpu.peak_bytes - cuda.peak_bytes == 2 * act + 6 * CPU_AUTOGRAD_BYTES_PER_NODE + SAME_SHAPE_3X3_PRIMITIVES
+    assert cpu.peak_event == "backward of Conv b" == cuda.peak_event
+    # and oneDNN's primitives of the two convolutions, which share one descriptor (see the tests below); on CUDA,
+    # cuDNN's backward holds NHWC copies of the input and the output gradient (targets/torch/cuda/convolution.py,
+    # from the H100's conv rows): the same 2 x 524288 at that moment, so the devices differ by the CPU's heap
+    assert cpu.peak_bytes - cuda.peak_bytes == 6 * CPU_AUTOGRAD_BYTES_PER_NODE + SAME_SHAPE_3X3_PRIMITIVES
 
 
 # oneDNN's cached primitives (targets/torch/cpu/tables.py OnednnPrimitives) of a 3x3 convolution whose input and output

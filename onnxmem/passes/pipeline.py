@@ -276,15 +276,16 @@ def _liveness(run: PipelineRun) -> None:
         _refuse_beyond_memory(graph)
 
 
-# A peak of 2^64 bytes or more is no device's: dims bound that large (a tensor with thousands of symbolic dims,
-# each given --default-dim) are refused in one line rather than carried into figures no view can print.
-BEYOND_ANY_MEMORY = 2**64
+# A peak of 2^1000 bytes or more (a tensor with thousands of symbolic dims, each given --default-dim) is refused in
+# one line: no view can print it (float() overflows past 2^1024, str() refuses ints of over 4300 digits). Smaller
+# absurd peaks (a Loop of 2^62 trips, an Expand to 2^64 elements) are answered: the figure says it all.
+BEYOND_ANY_MEMORY = 2**1000
 
 
 def _refuse_beyond_memory(graph: ModelGraph) -> None:
     largest = max(graph.tensors, key=lambda t: t.nbytes or 0)
     power = max(0, (largest.nbytes or 0).bit_length() - 1)  # (str() refuses ints over 4300 digits: say 2^n)
-    raise DimError(f"at the bound dims the peak is beyond any memory (2^64 bytes or more): tensor "
+    raise DimError(f"at the bound dims the peak is beyond any memory (2^1000 bytes or more): tensor "
                    f"'{largest.name[:80]}' alone holds 2^{power} bytes or more ({len(largest.shape or ())} dims); "
                    "bind its dims (--dim NAME=VALUE) or give a smaller --default-dim")
 
