@@ -68,3 +68,30 @@ def test_a_peak_in_a_frozen_forward_is_warned_about_and_a_trained_one_is_not() -
     frozen = codes_of(train=("head.*",))
     assert "eager-lifetimes" in frozen and "forward" in frozen
     assert "eager-lifetimes" not in codes_of()
+
+
+def test_a_training_answer_names_its_own_unsized_tensors_not_the_providers() -> None:
+    # a custom op whose output shape nothing can infer, on the default CUDA provider (which places the op on the
+    # host and names its copies '..._CUDAExecutionProvider'): the inference side warns unknown-shape with the
+    # provider's names; the training step warns training-unknown-shape with the model's own, and a training answer
+    # shows only its own
+    import numpy as np
+
+    from onnxmem.views.render import shown_warnings
+
+    weight = onnx.numpy_helper.from_array(np.zeros((64, 64), np.float32), "W")
+    nodes = [oh.make_node("MatMul", ["x", "W"], ["a"]), oh.make_node("Foo", ["a"], ["b"], domain="custom"),
+             oh.make_node("MatMul", ["b", "W"], ["y"])]
+    model = oh.make_model(oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                                        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight]),
+                          opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("custom", 1)])
+    report = onnxmem.analyze(model, {"batch": 8}, training=TrainingOptions(device="cpu"))
+    by_code = {w.code: w.message for w in report.warnings}
+    assert "ExecutionProvider" in by_code["unknown-shape"]
+    own = by_code["training-unknown-shape"]
+    assert "'y'" in own and "ExecutionProvider" not in own and "lower bound" in own
+    about, inference = shown_warnings(report.warnings, training=True, inference_shown=True)
+    assert "training-unknown-shape" in {w.code for w in about} and "unknown-shape" not in {w.code for w in about}
+    assert "unknown-shape" in {w.code for w in inference}
+    sized = onnxmem.analyze(graphs.symbolic_mlp(), {"batch": 8}, training=TrainingOptions(device="cpu"))
+    assert "training-unknown-shape" not in {w.code for w in sized.warnings}

@@ -27,8 +27,8 @@ from onnxmem.training.values import StepNode, StepValue, aten_op, is_tensor, mod
 
 # Warnings a training report carries about its export: each is stated in the report's assumptions as
 # '[code] message' (TrainingReport has no warnings of its own), and training_warnings gives them back.
-EXPORT_WARNINGS = ("folded-normalization", "eval-export", "export-mode-unknown", "unmatched-pattern",
-                   "tied-weight-pattern", "unmodelled-kernel", "grad-reenabled", "eager-lifetimes")
+EXPORT_WARNINGS = ("training-unknown-shape", "folded-normalization", "eval-export", "export-mode-unknown",
+                   "unmatched-pattern", "tied-weight-pattern", "unmodelled-kernel", "grad-reenabled", "eager-lifetimes")
 
 
 @dataclass

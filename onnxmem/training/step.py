@@ -100,7 +100,8 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         recompute_peak_bytes=max(first.peak, later.peak) if recompute_peak is None else recompute_peak,
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
-        assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later)),
+        assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later),
+                     *_unsized(model)),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
                                   tuple(later.live), _state_series(first), _state_series(later),
@@ -179,6 +180,20 @@ def _parameter_groups(model: StepModel) -> tuple[TrainingParameterGroup, ...]:
             row[1 if trainable else 2] += model.values[t].nbytes
     return tuple(TrainingParameterGroup(k, v[0], v[1], v[2]) for k, v in groups.items())
 
+
+
+def _unsized(model: StepModel) -> tuple[str, ...]:
+    """Give the '[training-unknown-shape] message' note where float tensors of the step have no known size (counted
+    as 0 bytes): named as the model names them (the step reads the model as given, not as a provider placed it)."""
+    names = [v.name for v in model.values if v.is_float and v.numel is None and v.kind != WEIGHT]
+    if not names:
+        return ()
+    shown = ", ".join(f"'{n}'" for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    count = f"{len(names)} tensors of the training step have" if len(names) > 1 else \
+        "1 tensor of the training step has"
+    return (f"[training-unknown-shape] {count} no known size, counted as 0 bytes "
+            f"(with its gradient and what backward keeps of it), so the step's peak is a "
+            f"lower bound: {shown}; bind their dims (--dim) or give the operators that make them shapes",)
 
 
 def _eager_lifetimes(model: StepModel, *runs: Run) -> tuple[str, ...]:

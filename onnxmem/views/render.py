@@ -204,9 +204,10 @@ def report_headline(report: Report) -> list[str]:
 
 
 _STATE_CATEGORIES = ("weights", "parameter gradients", "optimizer state")
-# Warnings about onnxruntime's inference provider: said of the inference figures, not of a training step's (which
-# PyTorch runs). (unknown-shape is not here: the step reads the same graph, so it may be a lower bound too.)
-INFERENCE_ONLY_WARNINGS = frozenset({"cuda-host-nodes", "cuda-conv-workspace", "cpu-float16-casts"})
+# Warnings about onnxruntime's inference figures, not about a training step's (which PyTorch runs on the model as
+# given): the provider's notes, and unknown-shape, which names the inference graph's tensors (a provider's copies
+# among them); the step says its own (training-unknown-shape, training/step.py).
+INFERENCE_ONLY_WARNINGS = frozenset({"cuda-host-nodes", "cuda-conv-workspace", "cpu-float16-casts", "unknown-shape"})
 
 
 def report_blocks(report: Report, top: int = 10) -> list[Block]:
