@@ -29,7 +29,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
         if name in values:
             return values[name]
         tensor = initializers.get(name)
-        if tensor is None or tensor.data_type not in _INT_TYPES or not _is_shape_constant(tensor):
+        if tensor is None or tensor.data_type not in _VALUE_TYPES or not _is_shape_constant(tensor):
             return None  # sized from its header before any data is decoded
         return onnx.numpy_helper.to_array(tensor)
 
@@ -41,7 +41,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             continue
         if node.op_type == "Constant":
             constant = _constant_value(node) if _is_small_constant(node) else None
-            if constant is not None and constant.data_type in _INT_TYPES:
+            if constant is not None and constant.data_type in _VALUE_TYPES:
                 values[node.output[0]] = onnx.numpy_helper.to_array(constant)
             continue  # (a larger one is no shape value: unknown here, as a large initializer is; never decoded)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -60,13 +60,19 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
         compute = SHAPE_VALUE_OPS[node.op_type]
         if not arguments or arguments[0] is None or compute is None:
             continue
+        if node.op_type not in FLOAT_VALUE_OPS and any(x is not None and x.dtype.kind == "f" for x in arguments):
+            continue  # (a float value reaches a shape only through these: a float Range or Expand is no shape)
         try:
-            result = compute(arguments, attrs)
+            with numpy.errstate(all="ignore"):
+                result = compute(arguments, attrs)
         except Exception:  # noqa: BLE001 - an unexpected form: leave the node to inference
             continue
-        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and result.dtype.kind in "iub":
+        if result is not None and result.size <= _KEEP_INT_VALUES_UP_TO and (
+                result.dtype.kind in "iub" or (result.dtype.kind == "f" and bool(numpy.isfinite(result).all()))):
             values[node.output[0]] = result
-    return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()}
+    # (a float value is a step of the arithmetic, never a shape: only the integers are given back)
+    return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()
+            if array.dtype.kind in "iub"}
 
 
 Values = list["numpy.ndarray | None"]
@@ -139,6 +145,8 @@ def _arithmetic(function: Callable[[numpy.ndarray, numpy.ndarray], numpy.ndarray
 
 
 def _divide(x: numpy.ndarray, y: numpy.ndarray) -> numpy.ndarray:
+    if numpy.result_type(x, y).kind == "f":
+        return numpy.divide(x, y)  # in the values' own float type, as onnxruntime divides
     return numpy.trunc(x / y).astype(numpy.result_type(x, y))  # ONNX integer division truncates
 
 
@@ -152,11 +160,37 @@ def _expand(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
 
 
 def _cast(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+    """Cast as onnxruntime casts: an integer to float rounded to the nearest, a float to an integer truncated
+    toward zero (C++'s static_cast; a float past int64's range is no shape value)."""
     if a[0] is None:
         return None
-    if k.get("to") == TensorProto.BOOL:
+    to = k.get("to")
+    if to == TensorProto.BOOL:
         return a[0].astype(numpy.bool_)
-    return None if k.get("to") not in _INT_TYPES else a[0].astype(numpy.int64)
+    if to in _FLOAT_TYPES:
+        return a[0].astype(_FLOAT_TYPES[to])
+    if to not in _INT_TYPES:
+        return None
+    if a[0].dtype.kind == "f" and not bool((numpy.abs(a[0]) < 2.0 ** 62).all()):
+        return None
+    return numpy.trunc(a[0]).astype(numpy.int64) if a[0].dtype.kind == "f" else a[0].astype(numpy.int64)
+
+
+def _reduce(function: Callable[..., numpy.ndarray]) -> Callable[[Values, Mapping[str, Any]], numpy.ndarray | None]:
+    """ReduceMax, ReduceMin, ...: over the axes of the attribute (opset < 18) or of the second input, all of them
+    where none is given (noop_with_empty_axes 0); keepdims as given (1 by default)."""
+    def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
+        data = a[0]
+        if data is None or data.size == 0:
+            return None
+        axes = _axes(a, k)
+        if not axes:
+            if k.get("noop_with_empty_axes", 0):
+                return data
+            axes = None
+        keep = bool(k.get("keepdims", 1))
+        return numpy.asarray(function(data, axis=axes, keepdims=keep)).astype(data.dtype)
+    return apply
 
 
 def _split(node: onnx.NodeProto, values: dict[str, numpy.ndarray], a: Values) -> None:
@@ -229,7 +263,7 @@ def _tile(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
     return numpy.tile(a[0], tuple(int(r) for r in a[1].reshape(-1)))
 
 
-def _unary(function: Callable[[numpy.ndarray], numpy.ndarray]) -> Callable[[Values, Mapping[str, Any]],
+def _unary(function: Callable[[numpy.ndarray], numpy.ndarray | None]) -> Callable[[Values, Mapping[str, Any]],
                                                                          numpy.ndarray | None]:
     def apply(a: Values, k: Mapping[str, Any]) -> numpy.ndarray | None:
         return None if a[0] is None else function(a[0])
@@ -277,7 +311,21 @@ SHAPE_VALUE_OPS: dict[str, Callable[[Values, Mapping[str, Any]], numpy.ndarray |
     "Expand": _expand,
     "OneHot": _one_hot,
     "Tile": _tile,
+    "Floor": _unary(numpy.floor),
+    "Ceil": _unary(numpy.ceil),
+    "Round": _unary(numpy.round),  # half to even, as ONNX's Round
+    "Reciprocal": _unary(lambda x: numpy.reciprocal(x) if x.dtype.kind == "f" else None),  # (float types only)
+    "ReduceMax": _reduce(numpy.max),
+    "ReduceMin": _reduce(numpy.min),
 }
+
+# The operators that compute on float values too: torchvision's transform pads an image to a multiple of 32 as
+# ceil(float(size) / 32.0) * 32, cast back to an integer (float arithmetic on sizes, as onnxruntime runs it in
+# float32). Any other operator given a float value leaves it to inference.
+FLOAT_VALUE_OPS = frozenset({"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Concat", "Gather", "Slice",
+                             "Transpose", "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Abs", "Equal", "Less",
+                             "LessOrEqual", "Greater", "GreaterOrEqual", "Floor", "Ceil", "Round", "Reciprocal",
+                             "ReduceMax", "ReduceMin"})
 
 
 # Initializers up to this many elements stay in the copy given to shape inference: the shape, axes and index
@@ -286,6 +334,8 @@ _KEEP_INT_VALUES_UP_TO = 4096
 
 
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
+_FLOAT_TYPES = {TensorProto.FLOAT: numpy.float32, TensorProto.DOUBLE: numpy.float64}
+_VALUE_TYPES = (*_INT_TYPES, *_FLOAT_TYPES)
 
 
 def _constant_value(node: onnx.NodeProto) -> TensorProto | None:

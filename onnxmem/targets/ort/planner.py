@@ -30,6 +30,7 @@ from onnxmem.shapes.infer import (
     rule_value_infos,
 )
 from onnxmem.shapes.rules import ONNX_DOMAIN_RULE_OPS
+from onnxmem.shapes.values import FLOAT_VALUE_OPS
 from onnxmem.targets.ort.tables import ORT_DATA_PROPAGATION_OPS, PLANNER_MERGES_DIMS, SHAPE_AS, SHAPE_INPUT_SLOTS
 from onnxmem.views.report import Warning
 
@@ -241,6 +242,33 @@ def ort_shape_values(model: ModelProto, types: Mapping[str, TensorType]) -> dict
                     values[out] = ([arithmetic[op](a, b) if a is not None and b is not None else None
                                     for a, b in pairs], False)
     return values
+
+
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+
+
+def sizes_from_float_arithmetic(model: ModelProto) -> bool:
+    """Say whether a size in the model's main graph may follow from float arithmetic on sizes: a Cast to an integer
+    type of what a Floor, Ceil or Round gave, through the shape-value operators (torchvision's transform resizes to
+    floor(size * scale) and pads to ceil(size / 32.0) * 32, in float, then concatenated and cast). Sizing computes
+    such values (shapes.values.FLOAT_VALUE_OPS) and onnxruntime's graph resolution never does (ONNX's data
+    propagation and its own rules carry integers only), so its planner knows fewer shapes than sizing even where
+    every input dim is fixed, and the planner's types must be inferred (infer_symbolic) there too (measured,
+    onnxruntime 1.32: a Relu after such a Pad is not done in place)."""
+    nodes = model.graph.node
+    rounded = {n.output[0] for n in nodes if n.op_type in ("Floor", "Ceil", "Round") and n.output
+               and n.domain in ("", "ai.onnx")}
+    if not rounded:
+        return False
+    for node in nodes:  # (in the file's order: a graph's nodes are sorted)
+        if node.domain not in ("", "ai.onnx") or not any(name in rounded for name in node.input):
+            continue
+        if node.op_type == "Cast":
+            if any(a.name == "to" and a.i in _INTEGER_TYPES for a in node.attribute):
+                return True
+        elif node.op_type in FLOAT_VALUE_OPS:
+            rounded.update(name for name in node.output if name)
+    return False
 
 
 def _is_scalar(types: Mapping[str, TensorType], name: str) -> bool:
