@@ -285,8 +285,9 @@ def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | Non
     del changed.graph.node[:]
     changed.graph.node.extend(out_nodes)
     changed.metadata_props.add(key=_PLACED_KEY, value="placed")  # (already_placed: the transform runs once)
+    declarations = _declarations(graph)
     for name in (*to_device, *to_host):  # the copies' types, where the model declares the source's
-        declared = _declared(graph, name)
+        declared = declarations.get(name)
         if declared is not None:
             info = changed.graph.value_info.add()
             info.CopyFrom(declared)
@@ -294,12 +295,13 @@ def placed_model(loaded: LoadedModel, placement: Placement) -> LoadedModel | Non
     return dataclasses.replace(loaded, proto=changed, data=None, nodes=None, facts=NodeFacts(provenance, where))
 
 
-def _declared(graph: onnx.GraphProto, name: str) -> onnx.ValueInfoProto | None:
+def _declarations(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """Give each declared value's ValueInfo by name (value_info first, then inputs, then outputs: the first wins)."""
+    declared: dict[str, onnx.ValueInfoProto] = {}
     for values in (graph.value_info, graph.input, graph.output):
         for v in values:
-            if v.name == name:
-                return v
-    return None
+            declared.setdefault(v.name, v)
+    return declared
 
 
 def on_cuda(loaded: LoadedModel) -> tuple[LoadedModel, list[Warning]]:
