@@ -35,7 +35,7 @@ free blocks of equal size).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: "all sizes are rounded to at least 512 bytes"
@@ -105,6 +105,8 @@ class CachingAllocator:
     peak_allocated: int = 0
     peak_reserved: int = 0
     segments: int = 0
+    small_reserved: int = 0  # the small pool's segments (reserved_bytes.small_pool), and their count
+    small_segments: int = 0
     _pools: dict[bool, list[tuple[int, int, Block]]] = field(default_factory=lambda: {True: [], False: []})
     _next_address: int = 0
 
@@ -119,6 +121,9 @@ class CachingAllocator:
             self._next_address += segment
             self.reserved += segment
             self.segments += 1
+            if small:
+                self.small_reserved += segment
+                self.small_segments += 1
             self.peak_reserved = max(self.peak_reserved, self.reserved)
         if self._should_split(block, size):  # alloc_found_block: the request takes the front
             rest = Block(block.address + size, block.size - size, small, prev=None, next=block.next)
@@ -132,6 +137,10 @@ class CachingAllocator:
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block
+
+    def reset_peaks(self) -> None:
+        """Start the peaks again from the current figures (torch.cuda.reset_peak_memory_stats)."""
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
     def free(self, block: Block) -> None:
         """Give `block` back to its pool, merged with its free neighbours (free, free_block, try_merge_blocks)."""
@@ -189,6 +198,8 @@ class AllocatorPeaks:
     allocated: int
     reserved: int
     segments: int  # segments held at the end (none is returned)
+    small_reserved: int = 0  # the small pool's part of reserved at the end, and its segments
+    small_segments: int = 0
 
 
 def replay(events: Iterable[tuple[int, bool]], max_split_size: int | None = None,
@@ -205,4 +216,63 @@ def replay(events: Iterable[tuple[int, bool]], max_split_size: int | None = None
             allocator.free(blocks.pop())
         else:
             live.setdefault(nbytes, []).append(allocator.malloc(nbytes))
-    return AllocatorPeaks(allocator.peak_allocated, allocator.peak_reserved, allocator.segments)
+    return AllocatorPeaks(allocator.peak_allocated, allocator.peak_reserved, allocator.segments,
+                          allocator.small_reserved, allocator.small_segments)
+
+
+def replay_named(events: Iterable[tuple[Hashable, int, bool]], held: Iterable[int] = (),
+                 max_split_size: int | None = None, roundup_power2_divisions: int = 0) -> AllocatorPeaks:
+    """Give the allocator's peaks over events (name, bytes, is a free), in order: an allocation of `bytes` named
+    `name`, or the free of the live allocation of that name. `held`: requests made before the events and never
+    freed (what a process allocated before: a library's workspaces, whose segments' spare room serves the events);
+    the figures given are above them (memory_allocated and memory_reserved minus what they were before the
+    events).
+
+    A free names its block: freeing "the latest live allocation of that size" instead picks another block of the
+    same size whenever several are live (a step's activations are), and which block goes back to the pool decides
+    what later requests split and which segments they make."""
+    phases = replay_phases((("", name, nbytes, is_free) for name, nbytes, is_free in events), held, max_split_size,
+                           roundup_power2_divisions)
+    return phases.get("", AllocatorPeaks(0, 0, 0))
+
+
+def replay_phases(events: Iterable[tuple[str, Hashable, int, bool]], held: Iterable[int] = (),
+                  max_split_size: int | None = None, roundup_power2_divisions: int = 0) -> dict[str, AllocatorPeaks]:
+    """Give each phase's peaks over events (phase, name, bytes, is a free), as replay_named does, the peaks started
+    again where a new phase begins (torch.cuda.reset_peak_memory_stats between phases) and the segment figures
+    those held at the phase's end; the phases in the order they begin. A phase's peak reserved includes what the
+    phases before it reserved (a segment is never returned)."""
+    allocator = CachingAllocator(max_split_size, roundup_power2_divisions)
+    for nbytes in held:
+        allocator.malloc(nbytes)
+    base = (allocator.allocated, allocator.reserved, allocator.segments, allocator.small_reserved,
+            allocator.small_segments)
+    live: dict[Hashable, Block] = {}
+    peaks: dict[str, AllocatorPeaks] = {}
+    phase: str | None = None
+
+    def close() -> None:
+        if phase is None:
+            return
+        earlier = peaks.get(phase)  # a phase that begins again: the larger peaks of its parts
+        peaks[phase] = AllocatorPeaks(
+            max(allocator.peak_allocated - base[0], earlier.allocated if earlier else 0),
+            max(allocator.peak_reserved - base[1], earlier.reserved if earlier else 0),
+            allocator.segments - base[2], allocator.small_reserved - base[3], allocator.small_segments - base[4])
+
+    for event_phase, name, nbytes, is_free in events:
+        if event_phase != phase:
+            close()
+            phase = event_phase
+            allocator.reset_peaks()
+        if is_free:
+            block = live.pop(name, None)
+            if block is None:
+                raise ValueError(f"a free of {name!r} ({nbytes} bytes) with no live allocation of that name")
+            allocator.free(block)
+        elif name in live:
+            raise ValueError(f"an allocation of {name!r} ({nbytes} bytes) while one of that name is live")
+        else:
+            live[name] = allocator.malloc(nbytes)
+    close()
+    return peaks
