@@ -127,8 +127,6 @@ def test_validate_is_exact_on_the_float_padding(tmp_path) -> None:
     assert [run.activation_difference_bytes for run in result.runs] == [0, 0]
 
 
-@pytest.mark.xfail(strict=True, reason="needs passes/pipeline.planner_types to infer the planner's types where "
-                                       "sizes_from_float_arithmetic(model), not only where an input dim is free")
 def test_the_plain_report_is_exact_on_the_float_padding(tmp_path) -> None:
     pytest.importorskip("onnxruntime")
     from onnxmem.measure.validate import validate

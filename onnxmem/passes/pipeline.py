@@ -34,6 +34,7 @@ from onnxmem.targets.ort.planner import (
     placed_types,
     run_types,
     runtime_view,
+    sizes_from_float_arithmetic,
 )
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES, InferenceRules
 from onnxmem.views.report import InferenceReport, InferenceTimeline, LayerRow, LiveTensor, OpTypeRow, Report, Warning
@@ -447,7 +448,9 @@ def planner_types(loaded: LoadedModel, rules: InferenceRules, free: list[InputDi
     if not _compares_shapes(rules):
         return None
     free = input_dims(loaded.proto) if free is None else free
-    return infer_symbolic(loaded.proto, loaded, free, wiring) if free else None
+    if not free and not sizes_from_float_arithmetic(loaded.proto):
+        return None
+    return infer_symbolic(loaded.proto, loaded, free, wiring)
 
 
 def _compares_shapes(rules: InferenceRules) -> bool:
