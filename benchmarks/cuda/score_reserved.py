@@ -147,14 +147,16 @@ def measured_phases(row: dict[str, Any]) -> dict[str, tuple[int, int]]:
             for name, figures in phases.items() if figures.get("peak_reserved") is not None}
 
 
-def score_rows(paths: list[Path], as_emitted: bool = False) -> list[dict[str, Any]]:
-    """Give, per full-model training row with an export, the measured first-step peaks and the replay's, overall
-    and per phase (bytes above the warm-up's leftovers)."""
+def score_rows(paths: list[Path], as_emitted: bool = False, models: set[str] | None = None) -> list[dict[str, Any]]:
+    """Give, per full-model training row with an export (of `models` only, when given), the measured first-step
+    peaks and the replay's, overall and per phase (bytes above the warm-up's leftovers), and the row's end-of-step
+    memory_stats."""
     latest = latest_by_key([r for r in read_rows(paths) if r.get("schema", "").startswith("onnxmem.cuda-")])
     exports = find_exports(list(paths), [])
     scored = []
     for key, row in sorted(latest.items()):
-        if row.get("kind") != "training" or row.get("error") is not None or row.get("variant") != "full":
+        if row.get("kind") != "training" or row.get("error") is not None or row.get("variant") != "full" \
+                or (models is not None and row.get("model") not in models):
             continue
         export = exports.get(f"{row.get('model')}.full.onnx")
         steps = row.get("steps") or []
@@ -163,7 +165,8 @@ def score_rows(paths: list[Path], as_emitted: bool = False) -> list[dict[str, An
         base = row.get("before_model") or {}
         phases = step_phases(torch_events(first_step_run(export, row), row["optimizer"], as_emitted))
         scored.append({
-            "row": key.removeprefix("training/"), "measured_phases": measured_phases(row), "phases": phases,
+            "row": key.removeprefix("training/"), "stats": steps[0].get("stats") or {},
+            "measured_phases": measured_phases(row), "phases": phases,
             "allocated": steps[0]["peak_allocated"] - base.get("allocated", 0),
             "reserved": steps[0]["peak_reserved"] - base.get("reserved", 0),
             "replay_allocated": max(p.allocated for p in phases.values()),
