@@ -36,6 +36,7 @@ from onnxmem.training.rules import (
     NOT_DIFFERENTIABLE,
     NOT_PARAMETER_KINDS,
     TRAINING_VIEWS,
+    TYPE_PROMOTING,
     Saves,
 )
 from onnxmem.training.values import (
@@ -354,8 +355,16 @@ def _size_at_precision(values: list[StepValue], nodes: list[StepNode], parameter
             elif _autocast_fp32(node, device):
                 size = 4
             else:
+                # PyTorch's type promotion: the widest float input with dims decides, a parameter or buffer
+                # among them (MobileBERT's NoNorm `x * weight`, rotary's cos and sin: a 16-bit Linear output
+                # times an fp32 weight is fp32); a 0-dim or 1-element constant (a Python scalar in the export)
+                # does not take part, nor a Linear's bias added after its 16-bit product (one addmm in PyTorch);
+                # only elementwise arithmetic promotes (TYPE_PROMOTING: BatchNorm and LayerNorm keep a 16-bit input's
+                # dtype with fp32 weights) (benchmarks/training_zoo_amp_ops.py)
                 widths = [values[t].nbytes // (values[t].numel or 1) for t in node.inputs
-                          if t >= 0 and values[t].is_float and values[t].kind != WEIGHT and values[t].numel]
+                          if t >= 0 and values[t].is_float and values[t].numel
+                          and (values[t].kind != WEIGHT or (key in TYPE_PROMOTING and (values[t].numel or 0) > 1
+                                                            and not _linear_bias(node, values, nodes)))]
                 size = max(widths, default=4)
         else:
             size = _float_bytes(options.precision, low_precision)
@@ -363,6 +372,14 @@ def _size_at_precision(values: list[StepValue], nodes: list[StepNode], parameter
             numel = values[t].numel if t >= 0 else None
             if numel is not None and values[t].is_float:
                 values[t].nbytes = numel * size
+
+
+def _linear_bias(node: StepNode, values: list[StepValue], nodes: list[StepNode]) -> bool:
+    """Say whether the node is an Add of a weight to a low-precision product (a Linear's bias, which PyTorch adds
+    inside its 16-bit addmm under autocast)."""
+    return node.op_type == "Add" and any(
+        t >= 0 and (p := values[t].producer) is not None and nodes[p].op_type in AUTOCAST_LOW_PRECISION
+        for t in node.inputs)
 
 
 # ops a Linear's weight passes through on its way to the product (the export's t(), a dtype cast)

@@ -373,6 +373,13 @@ AUTOCAST_LOW_PRECISION: frozenset[str] = frozenset({
     "aten::scaled_dot_product_attention",
 })
 
+# Elementwise ops whose output takes PyTorch's promoted dtype of their inputs with dims (TensorIterator's common
+# dtype): under autocast a 16-bit activation times an fp32 parameter or buffer gives fp32. Normalizations (BatchNorm,
+# LayerNorm) are not among them: their 16-bit input keeps its dtype with fp32 weights.
+TYPE_PROMOTING: frozenset[str] = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Mod",
+})
+
 
 @dataclass(frozen=True)
 class LossStep:

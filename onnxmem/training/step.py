@@ -38,7 +38,7 @@ from onnxmem.training.options import (
     resolve_optimizer,
     training_options,
 )
-from onnxmem.training.rules import OptimizerRule
+from onnxmem.training.rules import AUTOCAST_LOW_PRECISION, OptimizerRule
 from onnxmem.training.schedule import Buffer
 from onnxmem.training.simulate import Run, simulate
 from onnxmem.training.values import module_path
@@ -101,6 +101,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
         assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later),
+                     *_autocast_lifetimes(model, options, max(first.peak, later.peak)),
                      *_unsized(model)),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
@@ -212,6 +213,46 @@ def _eager_lifetimes(model: StepModel, *runs: Run) -> tuple[str, ...]:
                     "Qwen2-MoE's batched_mm experts hold one gathered copy of the expert weights while gathering "
                     "the next), so the peak may be higher than estimated",)
     return ()
+
+
+# the share of the step's peak from which an fp32 tensor that autocast only casts is named (_autocast_lifetimes)
+AUTOCAST_HELD_SHARE = 0.05
+
+
+def _autocast_lifetimes(model: StepModel, options: TrainingOptions, peak: int) -> tuple[str, ...]:
+    """Give the '[eager-lifetimes] message' note where, under autocast, an fp32 activation of at least
+    AUTOCAST_HELD_SHARE of the step's peak is read (directly or through views) only by ops that run in 16 bits:
+    they keep their 16-bit copy and the step frees the fp32 tensor after its last reader, but eager code frees it
+    only when its variable is rebound or its forward returns (in fp32 the op keeps the tensor itself, so the
+    variable changes nothing). Measured: transformers' Qwen2-MoE batched_mm experts hold the gathered fp32 gate_up
+    copy while gathering down_proj's, 8.2 MB above the estimate (benchmarks/training_zoo_amp_ops.py experts_bmm)."""
+    if not options.precision.startswith("amp-") or peak <= 0:
+        return ()
+    readers: dict[int, set[str]] = {}
+    for n, node in enumerate(model.nodes):
+        out = node.outputs[0] if node.outputs else -1
+        for t in node.inputs:
+            if t >= 0 and model.differentiable[n] and (out < 0 or model.root[out] != model.root[t]):
+                readers.setdefault(model.root[t], set()).add(node.op_type)
+    held = []
+    for r, ops in readers.items():
+        v = model.values[r]
+        if v.kind in (WEIGHT, INPUT) or not v.is_float or not v.numel or v.nbytes // v.numel != 4 \
+                or r in model.saved_by or v.nbytes < AUTOCAST_HELD_SHARE * peak:
+            continue
+        if ops <= AUTOCAST_LOW_PRECISION:
+            held.append(v)
+    if not held:
+        return ()
+    held.sort(key=lambda v: -v.nbytes)
+    shown = ", ".join(f"'{v.name}' ({v.nbytes:,} B)" for v in held[:3]) + \
+        (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    return (f"[eager-lifetimes] under autocast {len(held)} fp32 tensor(s) of at least "
+            f"{int(AUTOCAST_HELD_SHARE * 100)}% of the peak are read only by ops that run in 16 bits (which keep "
+            f"their 16-bit copy): {shown}; each is counted as freed after its last reader, but eager model code "
+            "frees it only when its variable is rebound or the forward holding it returns (Qwen2-MoE's batched_mm "
+            "experts hold the gathered fp32 expert weights while gathering the next), so the peak may be higher "
+            "than estimated by up to their size",)
 
 
 def _assumptions(graph: ModelGraph, model: StepModel, options: TrainingOptions, rule: OptimizerRule) -> \

@@ -27,11 +27,13 @@ from onnxmem.targets.torch.cpu.tables import (
     CPU_AUTOGRAD_BYTES_PER_NODE,
     CPU_ISAS,
     CPU_KERNELS,
+    CPU_PROMOTED_INPUT_COPIES,
     CPU_RECURRENT,
     FROZEN_LSTM_FORWARD_HEAP,
     CpuIsa,
     CpuRecurrent,
 )
+from onnxmem.training.rules import TYPE_PROMOTING
 from onnxmem.training.values import RecurrentDims, StepNode, StepValue, saves_rule
 
 CAVEAT = ("the CPU device model counts PyTorch's CPU heap as measured with a malloc counter on torch 2.13 (AVX2, "
@@ -136,6 +138,7 @@ class TorchCpu:
             if recurrent.unrolled_nodes != (0, 0) and dims is not None:
                 per_step, per_layer = recurrent.unrolled_nodes
                 autograd_nodes = dims[1] * (per_step * dims[0] + per_layer)
+        forward += _promoted_input_copies(context)
         return NodeFacts(kept_bytes=kept, backward_temporaries=backward, forward_temporaries=forward,
                          autograd_nodes=autograd_nodes,
                          mask_like_output=kernel is not None and kernel.extra_like_output,
@@ -201,6 +204,25 @@ class TorchCpu:
             live += -nbytes if is_free else nbytes
             peak = max(peak, live)
         return HeldPeaks(peak, peak)
+
+
+def _promoted_input_copies(context: NodeContext) -> int:
+    """Give the bytes of the copies an elementwise op makes of its narrower float inputs at its output's width
+    (tables.py CPU_PROMOTED_INPUT_COPIES: a 16-bit Linear output added to an fp32 residual under autocast)."""
+    node, values = context.node, context.values
+    if not CPU_PROMOTED_INPUT_COPIES or node.op_type not in TYPE_PROMOTING or node.domain not in ("", "ai.onnx") \
+            or not node.outputs or node.outputs[0] < 0:
+        return 0
+    out = values[node.outputs[0]]
+    if not out.is_float or not out.numel:
+        return 0
+    width = out.nbytes // out.numel
+    copies = 0
+    for t in node.inputs:
+        v = values[t] if t >= 0 else None
+        if v is not None and v.is_float and v.numel and v.numel > 1 and v.nbytes // v.numel < width:
+            copies += v.numel * width
+    return copies
 
 
 def _onednn_ld(n: int) -> int:

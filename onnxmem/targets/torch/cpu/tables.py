@@ -338,3 +338,12 @@ CPU_KERNELS: dict[str, CpuKernel] = {
 AUTOCAST_FP32_CPU: frozenset[str] = frozenset({
     "NegativeLogLikelihoodLoss", "MeanSquaredError", "SoftmaxCrossEntropyLoss", "ReduceProd", "CumSum",
 })
+
+# An elementwise op (training/rules.py TYPE_PROMOTING) whose inputs differ in float width computes in the promoted
+# dtype; PyTorch's TensorIterator on CPU (no dynamic casting there, unlike CUDA) first copies each narrower input
+# to that dtype, a temporary of the input's elements at the output's width held while the op runs. Measured under
+# autocast to bf16 (benchmarks/training_zoo_amp_ops.py: linear_layernorm, nonorm_bottleneck; torch.add traced op by
+# op with the malloc counter): a (4, 32, 128) bf16 Linear output added to an
+# fp32 residual holds 65,536 B besides its fp32 output (the bf16 input at 4 bytes), a (4, 32, 64) one 32,768 B; an
+# fp32 input times an fp32 weight none.
+CPU_PROMOTED_INPUT_COPIES: bool = True
