@@ -54,7 +54,9 @@ TASK_MAPPINGS = (
     ("vision", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     ("classifier", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 )
-TASKS = ("causal-lm", "seq2seq", "speech-seq2seq", "classifier", "masked-lm", "vision")
+TASKS = ("causal-lm", "decode", "seq2seq", "speech-seq2seq", "classifier", "masked-lm", "vision")
+# decode: a causal LM's serving step with its KV cache (frontends/decode.py): prefill at past=0, decode at seq=1.
+DECODE_TASK = "decode"
 # The example sizes the export traces at (the dims stay symbolic: batch, seq, decoder_seq).
 EXAMPLE_BATCH, EXAMPLE_SEQ = 2, 16
 # What a failed export's message says, and the fix: (a text in the exporter's error, the fix).
@@ -136,6 +138,8 @@ def model_class(config: Any, task: str | None = None) -> tuple[str, str]:
     of the task (the first of TASK_MAPPINGS that knows the model type)."""
     import transformers.models.auto.modeling_auto as auto
 
+    if task == DECODE_TASK:
+        return model_class(config, "causal-lm")[0], DECODE_TASK
     architectures = [a for a in (getattr(config, "architectures", None) or []) if hasattr(_transformers(), a)]
     for name in architectures:
         found = next((t for end, t in ARCHITECTURE_TASKS if name.endswith(end)), None)
@@ -196,7 +200,7 @@ def build(config: Any, task: str | None = None, *, lora: int | None = None, grou
 
     tf = _transformers()
     name, found = model_class(config, task)
-    config.use_cache = False
+    config.use_cache = found == DECODE_TASK
     try:
         with torch.device("meta"):
             model = getattr(tf, name)._from_config(config, dtype=_dtype(config))
@@ -320,36 +324,78 @@ def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], 
     OnnxMemError
         The model cannot be built without weights, or exported (the message names the model class and the fix).
     """
-    if task is not None and task not in TASKS:
-        raise OnnxMemError(f"unknown task '{task}': choose one of {', '.join(TASKS)}")
+    _check_task(task, training)
     loaded = load_config(config)
     model, name, found = build(loaded, task, lora=lora)
     parameters = sum(p.numel() for p in model.parameters())
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     lora_parameters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
-    inputs, axes = _inputs(loaded, found)
     target = Path(path)
-    _export(model, name, inputs, axes, target, training=training, repeat=repeat_layers)
-    del model, inputs
+    if found == DECODE_TASK:
+        axes = _export_decode(model, name, loaded, target, repeat=repeat_layers)
+    else:
+        inputs, per_input = _inputs(loaded, found)
+        _export(model, name, inputs, per_input, target, training=training, repeat=repeat_layers)
+        axes = list(per_input.values())
+        del inputs
+    del model
     gc.collect()  # the exporter's graphs are cycles, and the command line runs with the collector off
-    dims = tuple(dict.fromkeys(d for per_input in axes.values() for d in per_input.values()))
+    dims = tuple(dict.fromkeys(d for per_input in axes for d in per_input.values()))
     return HfModel(target, name, found, dims, parameters, parameter_bytes, lora_parameters)
+
+
+def _check_task(task: str | None, training: bool) -> None:
+    if task is not None and task not in TASKS:
+        raise OnnxMemError(f"unknown task '{task}': choose one of {', '.join(TASKS)}")
+    if task == DECODE_TASK and training:
+        raise OnnxMemError("task decode is a serving step (inference with a KV cache): no training estimate; "
+                           "use task causal-lm to size training")
+
+
+def _export_decode(model: Any, name: str, config: Any, target: Path, *, repeat: bool) -> list[dict[int, str]]:
+    """Write the decode export of a causal LM at `target` (frontends/decode.py); give its inputs' symbolic axes."""
+    from onnxmem.frontends import decode
+    from onnxmem.frontends.layers import KEPT_LAYERS, cut_layer_stacks
+
+    model.eval()
+    layers = int(config.get_text_config(decoder=True).num_hidden_layers)
+    stacks = cut_layer_stacks(model) if repeat else {}
+    traced = min(layers, KEPT_LAYERS) if stacks else layers  # (the decoder's stack is cut to its first two)
+    inputs, dynamic, input_names, output_names, axes = decode.decode_inputs(
+        config, traced, _dtype(config), EXAMPLE_BATCH, EXAMPLE_SEQ)
+    decode.with_decode_forward(model, config)
+    proto = _exported_proto(model, name, inputs, dynamic, names=(input_names, output_names))
+    axes = [*axes[:1], *(axes[1] for _ in range(2 * layers))]  # (every layer's cache, once repeated)
+    _finish(proto, name, target, stacks, axes, training=False, per_layer=decode.per_layer_names())
+    return axes
 
 
 def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]], target: Path, *,
             training: bool, repeat: bool) -> None:
-    import onnx
+    import torch
 
-    from onnxmem.frontends.layers import cut_layer_stacks, repeat_layers
-    from onnxmem.torch import name_dims
+    from onnxmem.frontends.layers import cut_layer_stacks
 
     model.train(training)
     stacks = cut_layer_stacks(model) if repeat else {}
-    proto = _exported_proto(model, name, inputs, axes)
-    if stacks and not repeat_layers(proto, stacks):
+    dynamic = {key: {axis: torch.export.Dim.DYNAMIC for axis in per_input} for key, per_input in axes.items()}
+    proto = _exported_proto(model, name, inputs, dynamic)
+    _finish(proto, name, target, stacks, list(axes.values()), training=training)
+
+
+def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: list[dict[int, str]], *,
+            training: bool, per_layer: Mapping[str, str] | None = None) -> None:
+    """Repeat the layers of an export (`per_layer`: frontends/layers.py's), name its dims, drop what onnxmem does not
+    read, store its weights outside and write it at `target`."""
+    import onnx
+
+    from onnxmem.frontends.layers import repeat_layers
+    from onnxmem.torch import name_dims
+
+    if stacks and not repeat_layers(proto, stacks, per_layer):
         raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
                            "repeat_layers=False (every layer traced)")
-    name_dims(proto, list(axes.values()))
+    name_dims(proto, axes)
     _drop_unread_metadata(proto.graph)
     if not training:
         _fold_weight_transposes(proto.graph)
@@ -361,19 +407,21 @@ def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[
     onnx.save(proto, str(target))
 
 
-def _exported_proto(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]]) -> Any:
-    """Give the ONNX ModelProto of the dynamo export of a meta-device model: every weight an external tensor of
-    its dtype and shape (offsets set by _store_weights_outside)."""
+def _exported_proto(model: Any, name: str, inputs: dict[str, Any], dynamic: dict[str, Any],
+                    names: tuple[list[str], list[str]] | None = None) -> Any:
+    """Give the ONNX ModelProto of the dynamo export of a meta-device model (`dynamic`: its inputs' dynamic shapes,
+    `names`: its graph inputs' and outputs' names): every weight an external tensor of its dtype and shape (offsets
+    set by _store_weights_outside)."""
     import onnx_ir as ir
     import torch
 
-    dynamic = {key: {axis: torch.export.Dim.DYNAMIC for axis in per_input} for key, per_input in axes.items()}
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(model, (), kwargs=inputs, dynamo=True, optimize=False,
-                                        dynamic_shapes=dynamic)
+                                        dynamic_shapes=dynamic, input_names=names[0] if names else None,
+                                        output_names=names[1] if names else None)
     except Exception as error:  # the exporter raises many types; the user needs its message and the fix
         text = f"{_first_line(error)} {error}"
         fix = next((f for key, f in EXPORT_FIXES if key in text), "export it yourself with "
@@ -498,8 +546,7 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
     from onnxmem.frontends import hfcache
 
     say = progress or (lambda line: None)
-    if task is not None and task not in TASKS:
-        raise OnnxMemError(f"unknown task '{task}': choose one of {', '.join(TASKS)}")
+    _check_task(task, training)
     folder = hfcache.cache_folder()
     if folder is None:
         return None
@@ -518,7 +565,8 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
     def make(staging: Path) -> tuple[Path, dict[str, Any]]:
         loaded = load_config(path)
         name, _ = model_class(loaded, task)
-        done = export_config(path, staging / f"{name}{'-training' if training else ''}.onnx", training=training,
+        suffix = "-training" if training else "-decode" if task == DECODE_TASK else ""
+        done = export_config(path, staging / f"{name}{suffix}.onnx", training=training,
                              task=task, lora=lora)
         fields = {f.name: getattr(done, f.name) for f in dataclasses.fields(done) if f.name != "path"}
         return done.path, {**fields, "dims": list(done.dims)}

@@ -44,6 +44,11 @@ PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda 
 EXIT_INTERNAL = 3
 HF_HELP = ("MODEL is a Hugging Face transformers config.json (or the folder holding one): the model is built "
            "without weights and exported, nothing downloaded (needs torch and transformers).")
+# (onnxmem.hf.TASKS, written here: the command line starts without importing onnxmem.hf)
+HF_TASKS = ("causal-lm", "decode", "seq2seq", "speech-seq2seq", "classifier", "masked-lm", "vision")
+HF_TASK_HELP = ("With --hf: what the model is exported for (default: its architecture's task). decode: a causal "
+                "LM's serving step with its KV cache (inputs past_key_values.N.key/value [batch, kv_heads, past, "
+                "head_dim], outputs logits and present.N.key/value): prefill at --dim past=0, decode at --dim seq=1.")
 
 
 def run() -> None:
@@ -396,12 +401,14 @@ Examples:
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Several models: analyse N at once in a pool of processes (1: one after another, in this one).")
 @click.option("--hf", is_flag=True, help=HF_HELP)
+@click.option("--hf-task", type=click.Choice(HF_TASKS), default=None, help=HF_TASK_HELP)
 @training_click_options
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | None, order: str, fmt: str,
            provider: str, with_timeline: bool, top: int, plot_file: str | None, jobs: int, hf: bool,
-           training: bool, optimizer: str, precision: str, freeze: tuple[str, ...], train_only: tuple[str, ...],
-           lora: bool, base_precision: str | None, grad_accum: int, micro_batch: int | None, checkpoint: str | None,
+           hf_task: str | None, training: bool, optimizer: str, precision: str, freeze: tuple[str, ...],
+           train_only: tuple[str, ...], lora: bool, base_precision: str | None, grad_accum: int,
+           micro_batch: int | None, checkpoint: str | None,
            device: str, loss: str, device_options: tuple[str, ...], cpu_threads: int | None, cpu_isa: str | None,
            debug: bool) -> None:
     """Report weights, inputs and the inference peak of activations of each MODEL (a file, or a directory: its
@@ -411,7 +418,8 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
 
     def prepare() -> None:
         _check_training_flags(training)
-        paths.extend(_hf_files(models, training, lora) if hf else _model_paths(models))
+        paths.extend(_hf_files(models, training, lora, hf_task) if hf else
+                     _model_paths(_refuse_hf_task(hf_task, models)))
         options = None
         if training:
             from onnxmem.training.step import training_options
@@ -451,14 +459,22 @@ def report(models: tuple[str, ...], dims: tuple[str, ...], default_dim: int | No
     _run(debug, work, fmt, paths[0])
 
 
-def _hf_files(configs: Iterable[str], training: bool, lora: bool) -> list[str]:
+def _hf_files(configs: Iterable[str], training: bool, lora: bool, task: str | None = None) -> list[str]:
     """Give the export of each Hugging Face config (onnxmem.hf.exported: weights as a sparse file, train mode with
-    --training), in temporary folders removed when the command ends."""
+    --training, for --hf-task), from the export cache or in temporary folders removed when the command ends."""
     from onnxmem.hf import LORA_RANK, exported
 
     context = click.get_current_context()
-    return [str(context.with_resource(exported(config, training=training, lora=LORA_RANK if lora else None)).path)
+    return [str(context.with_resource(exported(config, training=training, lora=LORA_RANK if lora else None,
+                                               task=task)).path)
             for config in configs]
+
+
+def _refuse_hf_task(task: str | None, models: Any) -> Any:
+    """Give `models` as they are where no --hf-task was given (it needs --hf); raise OnnxMemError otherwise."""
+    if task is not None:
+        raise OnnxMemError("--hf-task takes --hf (MODEL a transformers config.json)")
+    return models
 
 
 def _model_paths(arguments: tuple[str, ...]) -> list[str]:
@@ -583,6 +599,7 @@ def _plan_options(command: Any) -> Any:
                      show_default=True, help="Sharded training: keep the optimizer states (optimizer), the "
                      "parameters (params: zero3, fsdp) or both in CPU memory, as DeepSpeed's offload does."),
         click.option("--hf", is_flag=True, help=HF_HELP),
+        click.option("--hf-task", type=click.Choice(HF_TASKS), default=None, help=HF_TASK_HELP),
         click.option("--what-if/--no-what-if", default=True, show_default=True,
                      help="Evaluate the single changes that would lower the peak."),
         click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="table", show_default=True,
@@ -607,13 +624,14 @@ Examples:
               "GPUs that fit sharded training (--shard).")
 def fit(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
         dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-        offload: str, hf: bool, what_if: bool,
+        offload: str, hf: bool, hf_task: str | None, what_if: bool,
         fmt: str, plot_file: str | None, debug: bool, search: str, **training_flags: Any) -> None:
     """Find the largest batch (or --search DIM) of MODEL whose peak fits --memory SIZE or --gpu NAME."""
 
     def work() -> None:
         nonlocal model
-        model = _hf_files([model], training_flags["training"], training_flags["lora"])[0] if hf else model
+        model = _hf_files([model], training_flags["training"], training_flags["lora"], hf_task)[0] if hf else \
+            _refuse_hf_task(hf_task, model)
         _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import fit as plan_fit  # (fit's and check's modules: start-up a report does not need
 
@@ -641,7 +659,7 @@ Example (a CI gate: exit 1 when it does not fit):
 @_plan_options
 def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, reserve: str | None,
           dims: tuple[str, ...], default_dim: int | None, order: str, provider: str, gpus: int, shard: str | None,
-          offload: str, hf: bool, what_if: bool,
+          offload: str, hf: bool, hf_task: str | None, what_if: bool,
           fmt: str, plot_file: str | None, debug: bool, **training_flags: Any) -> None:
     """Exit 0 when MODEL at its --dim values fits --budget SIZE (or --gpu NAME), 1 when it does not, 2 on bad input.
 
@@ -651,7 +669,8 @@ def check(model: str, memory: str | None, gpu: str | None, runtime: str | None, 
 
     def work() -> None:
         nonlocal fits, model
-        model = _hf_files([model], training_flags["training"], training_flags["lora"])[0] if hf else model
+        model = _hf_files([model], training_flags["training"], training_flags["lora"], hf_task)[0] if hf else \
+            _refuse_hf_task(hf_task, model)
         _refuse_overwriting("--plot", plot_file, model)
         from onnxmem.plan.fit import check as plan_check
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Plain attributes of a layer's modules that differ between identical layers (the layer's index: what the KV cache
@@ -25,6 +25,8 @@ KEPT_LAYERS = 2
 _SCOPE_KEYS = ("namespace", "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.class_hierarchy")
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _DROPPED_KEYS = ("pkg.torch.onnx.stack_trace",)
+# The fx targets of a symbolic size's arithmetic (the exporter computes one once and reuses it where it can).
+_SYMBOLIC = ("operator.", "torch.sym_", "aten.sym_")
 _SUFFIX = "~"  # a copied value's name: the second layer's name, ~, the layer's index ('linear_7~12')
 
 
@@ -63,17 +65,20 @@ def _in_scope(node: Any, scope: str) -> bool:
     return any(p.key == "namespace" and f"/{scope}: " in p.value for p in node.metadata_props)
 
 
-def repeat_layers(proto: Any, stacks: dict[str, int]) -> bool:
+def repeat_layers(proto: Any, stacks: dict[str, int], per_layer: Mapping[str, str] | None = None) -> bool:
     """Add to `proto` (a graph exported with each stack cut to two layers) the copies of each stack's second layer
     that make it its full length; False where a stack's two exported layers differ in structure (nothing changed:
-    export the whole model instead)."""
+    export the whole model instead). `per_layer` names the graph inputs and outputs that are the second layer's own
+    (a decoder's past and present KV cache: 'past_key_values.1.key'), each with the template of its name in another
+    layer ('past_key_values.{}.key'): each copy reads and writes its own, added to the graph's inputs and outputs
+    after the second layer's."""
     graph = proto.graph
     if any(_plan(graph, prefix) is None for prefix in stacks):
         return False
     for prefix, count in stacks.items():  # (each stack's copies move the nodes after it: planned again)
         plan = _plan(graph, prefix)
         assert plan is not None
-        _repeat(graph, prefix, count, *plan)
+        _repeat(graph, prefix, count, *plan, per_layer=dict(per_layer or {}))
     return True
 
 
@@ -97,8 +102,11 @@ def _plan(graph: Any, prefix: str) -> tuple[list[int], dict[str, str]] | None:
     matcher = difflib.SequenceMatcher(None, [key(n) for n in first], [key(n) for n in computed], autojunk=False)
     pairs = [(first[block.a + i], computed[block.b + i]) for block in matcher.get_matching_blocks()
              for i in range(block.size)]
-    if len(pairs) != len(computed):
+    paired = {b for _, b in pairs}
+    if any(n not in paired and not key(n)[1].startswith(_SYMBOLIC) for n in computed):
         return None  # the second layer computes something the first does not
+    # (an unpaired symbolic size of the second layer, 'past + seq', is one the first read from before it: each
+    # copy computes its own, as the second layer does)
     counterpart: dict[str, str] = {}
     for a, b in pairs:
         node_a, node_b = graph.node[a], graph.node[b]
@@ -108,7 +116,8 @@ def _plan(graph: Any, prefix: str) -> tuple[list[int], dict[str, str]] | None:
     return second, counterpart
 
 
-def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart: dict[str, str]) -> None:
+def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart: dict[str, str], *,
+            per_layer: dict[str, str]) -> None:
     import onnx
 
     layer1 = f"{prefix}.1"
@@ -118,8 +127,15 @@ def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart:
     initializers = {t.name: t for t in graph.initializer if t.name.startswith(f"{layer1}.")}
     value_info = {v.name: v for v in graph.value_info if v.name in made_set}
 
+    # the second layer's own graph inputs and outputs (read or written by its nodes), in the graph's order
+    read = {i for n in second for i in graph.node[n].input}
+    own_inputs = [v for v in graph.input if v.name in per_layer and v.name in read]
+    own_outputs = [v for v in graph.output if v.name in per_layer and v.name in made_set]
+
     def named(value: str, layer: int) -> str:
         """The name of the second layer's `value` in layer `layer`."""
+        if value in per_layer:
+            return per_layer[value].format(layer)
         return value if layer == 1 else f"{value}{_SUFFIX}{layer}"
 
     copies: list[Any] = []
@@ -127,7 +143,7 @@ def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart:
         scope = f"{prefix}.{layer}"
 
         def renamed(value: str, layer: int = layer, scope: str = scope) -> str:
-            if value in made_set:
+            if value in made_set or value in per_layer:
                 return named(value, layer)
             if value in counterpart:  # what the previous layer made
                 return named(counterpart[value], layer - 1)
@@ -164,14 +180,36 @@ def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart:
     # what read the second layer's results after it (the final norm, a graph output) reads the last layer's
     after = second[-1] + 1
     for node in list(graph.node)[after:]:
-        node.input[:] = [named(i, last) if i in made_set else i for i in node.input]
+        node.input[:] = [named(i, last) if i in made_set and i not in per_layer else i for i in node.input]
     for output in graph.output:
-        if output.name in made_set:
+        if output.name in made_set and output.name not in per_layer:
             output.name = named(output.name, last)
+    _add_own_values(graph.input, own_inputs, named, count)
+    _add_own_values(graph.output, own_outputs, named, count)
     nodes = list(graph.node)
     del graph.node[:]
     graph.node.extend([*nodes[:after], *copies, *nodes[after:]])
     _extend_signature(graph, layer1, prefix, count)
+
+
+def _add_own_values(values: Any, own: list[Any], named: Any, count: int) -> None:
+    """Add to a graph's inputs or outputs each copy's own (the second layer's `own`, renamed per layer), after the
+    second layer's last."""
+    import onnx
+
+    if not own:
+        return
+    at = max(i for i, v in enumerate(values) if v.name in {o.name for o in own}) + 1
+    kept = list(values)
+    added = []
+    for layer in range(KEPT_LAYERS, count):
+        for value in own:
+            copy = onnx.ValueInfoProto()
+            copy.CopyFrom(value)
+            copy.name = named(value.name, layer)
+            added.append(copy)
+    del values[:]
+    values.extend([*kept[:at], *added, *kept[at:]])
 
 
 def _fx_node_renamed(fx_node: str, renamed: Any, layer: int) -> str:
