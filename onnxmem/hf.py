@@ -365,7 +365,7 @@ def _export_decode(model: Any, name: str, config: Any, target: Path, *, repeat: 
         config, traced, _dtype(config), EXAMPLE_BATCH, EXAMPLE_SEQ)
     decode.with_decode_forward(model, config)
     proto = _exported_proto(model, name, inputs, dynamic, names=(input_names, output_names))
-    axes = [*axes[:1], *(axes[1] for _ in range(2 * layers))]  # (every layer's cache, once repeated)
+    axes = [*axes[:2], *(axes[2] for _ in range(2 * layers))]  # (every layer's cache, once repeated)
     _finish(proto, name, target, stacks, axes, training=False, per_layer=decode.per_layer_names())
     return axes
 

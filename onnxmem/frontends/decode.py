@@ -2,7 +2,8 @@
 grown cache as flat outputs, named as optimum and onnxruntime-genai name them, so the file reads as their export
 (shapes/kvcache.py finds the cache by these names):
 
-    inputs   input_ids [batch, seq], past_key_values.{i}.key / .value [batch, kv_heads, past, head_dim]
+    inputs   input_ids [batch, seq], attention_mask [batch, past + seq],
+             past_key_values.{i}.key / .value [batch, kv_heads, past, head_dim]
     outputs  logits [batch, seq, vocab], present.{i}.key / .value [batch, kv_heads, past + seq, head_dim]
 
 The model's own forward is replaced on the instance (its parameters keep the names named_parameters gives them) by
@@ -37,21 +38,25 @@ def cache_shape(config: Any) -> tuple[int, int]:
 def decode_inputs(config: Any, layers: int, dtype: Any, batch: int, seq: int) \
         -> tuple[dict[str, Any], dict[str, Any], list[str], list[str], list[dict[int, str]]]:
     """Give a decode export's example inputs (meta device, `layers` layers' cache), its dynamic shapes (batch, seq
-    and past shared by every tensor), its input and output names and each input's symbolic axes."""
+    and past shared by every tensor), its input and output names and each input's symbolic axes (the mask's length
+    is named 'past + seq', as optimum names it 'past_sequence_length + 1': the exporter gives it a symbol of its
+    own, which the model's slicing of the mask never ties to past and seq)."""
     import torch
 
     kv_heads, head_dim = cache_shape(config)
     batch_dim, seq_dim = torch.export.Dim("batch"), torch.export.Dim("seq")
     past_dim = torch.export.Dim("past", min=0)
     ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    mask = torch.ones((batch, EXAMPLE_PAST + seq), dtype=torch.long, device="meta")
     past = [torch.zeros((batch, kv_heads, EXAMPLE_PAST, head_dim), dtype=dtype, device="meta")
             for _ in range(2 * layers)]
-    dynamic = {"input_ids": {0: batch_dim, 1: seq_dim},
+    dynamic = {"input_ids": {0: batch_dim, 1: seq_dim}, "attention_mask": {0: batch_dim, 1: torch.export.Dim.DYNAMIC},
                "past_key_values": [{0: batch_dim, 2: past_dim} for _ in past]}
-    input_names = ["input_ids", *(PAST_NAME.format(i, k) for i in range(layers) for k in KINDS)]
+    input_names = ["input_ids", "attention_mask", *(PAST_NAME.format(i, k) for i in range(layers) for k in KINDS)]
     output_names = ["logits", *(PRESENT_NAME.format(i, k) for i in range(layers) for k in KINDS)]
-    axes = [{0: "batch", 1: "seq"}, *({0: "batch", 2: "past"} for _ in past)]
-    return {"input_ids": ids, "past_key_values": past}, dynamic, input_names, output_names, axes
+    axes = [{0: "batch", 1: "seq"}, {0: "batch", 1: "past + seq"}, *({0: "batch", 2: "past"} for _ in past)]
+    return ({"input_ids": ids, "attention_mask": mask, "past_key_values": past}, dynamic, input_names,
+            output_names, axes)
 
 
 def with_decode_forward(model: Any, config: Any) -> Any:
@@ -62,9 +67,9 @@ def with_decode_forward(model: Any, config: Any) -> Any:
     return model
 
 
-def decode_forward(self: Any, input_ids: Any, past_key_values: list[Any]) -> tuple[Any, ...]:
+def decode_forward(self: Any, input_ids: Any, attention_mask: Any, past_key_values: list[Any]) -> tuple[Any, ...]:
     """Give the logits and the flat present keys and values of one step of a causal LM over a flat past cache
-    ([key_0, value_0, key_1, ...])."""
+    ([key_0, value_0, key_1, ...]) and the attention mask of the past and the step's positions."""
     from transformers import DynamicCache
 
     pairs = [(past_key_values[i], past_key_values[i + 1]) for i in range(0, len(past_key_values), 2)]
@@ -77,7 +82,7 @@ def decode_forward(self: Any, input_ids: Any, past_key_values: list[Any]) -> tup
     forward = type(self).forward
     # (transformers 5 names the argument cache; earlier versions past_key_values). The step grows the cache in place.
     named = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-    out = forward(self, input_ids=input_ids, use_cache=True, **{named: cache})
+    out = forward(self, input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **{named: cache})
     present: list[Any] = []
     for layer in cache.layers[:len(pairs)]:
         present += [layer.keys, layer.values]

@@ -35,7 +35,7 @@ LORA_PACKAGES = ("peft",)
 # version number, is a new entry).
 _ONNXMEM = Path(__file__).resolve().parents[1]
 EXPORT_SOURCES = (_ONNXMEM / "hf.py", _ONNXMEM / "frontends" / "layers.py", _ONNXMEM / "frontends" / "hfcache.py",
-                  _ONNXMEM / "torch.py")
+                  _ONNXMEM / "frontends" / "decode.py", _ONNXMEM / "torch.py")
 
 
 def cache_folder(environ: Mapping[str, str] | None = None) -> Path | None:
