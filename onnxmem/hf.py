@@ -340,7 +340,8 @@ def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], 
         del inputs
     del model
     gc.collect()  # the exporter's graphs are cycles, and the command line runs with the collector off
-    dims = tuple(dict.fromkeys(d for per_input in axes for d in per_input.values()))
+    # (the dims to bind: 'past + seq', an attention mask's, is bound with them)
+    dims = tuple(dict.fromkeys(d for per_input in axes for d in per_input.values() if "+" not in d))
     return HfModel(target, name, found, dims, parameters, parameter_bytes, lora_parameters)
 
 
