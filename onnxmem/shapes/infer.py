@@ -4,6 +4,7 @@ last resort for contrib operators."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
@@ -82,8 +83,190 @@ def _prepared(model: ModelProto, free: list[InputDim], bound: Mapping[str, int])
     return light
 
 
-def _inferred(light: ModelProto | bytes, data_prop: bool) -> ModelProto:
+def _inferred(light: ModelProto | bytes, data_prop: bool, known: ModelProto | None = None) -> ModelProto:
+    """Give ONNX's inference of `light`, with data propagation where asked; `known`, an inference of the same
+    graph (with or without data propagation, an earlier round's) where the caller has one: the model ONNX gives
+    is then made without the values of long vectors that no shape reads (_propagated)."""
+    if data_prop and isinstance(light, ModelProto):
+        return _propagated(light, known)
     return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=data_prop)
+
+
+# ONNX's data propagation (onnx 1.23: DataPropagationContextImpl::getInputData) gives a rank-1 tensor of known
+# length N that it has no value for, read by an operator that propagates values (DATA_PROPAGATING_OPS), a value of
+# N unknown numbers, and keeps every value it makes until the inference ends: the routing of an MoE block
+# (tokens x top-k indices through Cast, Mul, Concat, ...) held 1.6 GB of them in one inference of a Mixtral-8x7B
+# export at batch 7 (benchmarks/hf_config.py). A value changes a type only where an operator's inference reads an
+# input as a shape (getShapeInput: SHAPE_READ_INPUTS, every opset of ONNX's domain), through operators that
+# propagate values; _propagated leaves out the operators on long vectors whose values reach none.
+DATA_PROPAGATING_OPS = frozenset({"Add", "Cast", "Concat", "Gather", "Mul", "Shape", "Size", "Slice", "Squeeze",
+                                  "Sub", "Unsqueeze"})
+SHAPE_READ_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Resize": 3, "AffineGrid": 1}
+LONG_UNREAD_VALUE = 1024  # the shortest vector whose value _propagated does not let ONNX make
+LONG_UNREAD_NUMBERS = 1 << 22  # the fewest numbers (of about 70 bytes each in ONNX) worth a second inference
+
+
+@functools.cache
+def _propagation_as_known() -> bool:
+    """Say whether the installed ONNX propagates values through DATA_PROPAGATING_OPS and no other operator (a
+    later version that propagates more may read values where _propagated does not look: it then leaves none out)."""
+    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history()
+                     if s.domain == "" and s.has_data_propagation_function) == DATA_PROPAGATING_OPS
+
+
+@functools.cache
+def _enters_no_function(op_type: str, version: int) -> bool:
+    """Say whether ONNX's inference of the operator at that opset enters no function body (whose nodes data
+    propagation would enter too): it has an inference function of its own, or no schema (ONNX infers nothing for
+    it: onnxruntime's Memcpy copies)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version, "")
+    except onnx.defs.SchemaError:
+        return True
+    return bool(schema.has_type_and_shape_inference_function)
+
+
+def _static(type_proto: onnx.TypeProto | None) -> bool:
+    return type_proto is not None and type_proto.HasField("tensor_type") and \
+        type_proto.tensor_type.HasField("shape") and \
+        all(d.HasField("dim_value") for d in type_proto.tensor_type.shape.dim)
+
+
+def _unread_long_values(light: ModelProto, known: ModelProto) -> list[int]:
+    """Give the nodes (indices, in order) whose values ONNX's data propagation would make from a vector of more
+    than LONG_UNREAD_VALUE numbers and no shape reads: operators that propagate values, none of whose values reach
+    a shape input (SHAPE_READ_INPUTS) through such operators, of one output that `known` (an inference of the
+    graph) sizes in full; none where they would hold fewer than LONG_UNREAD_NUMBERS numbers, or in a graph of
+    operators beyond ONNX's own inference (another domain, a subgraph, a function)."""
+    types = {v.name: v.type for v in (*known.graph.value_info, *known.graph.output, *known.graph.input)}
+    longest = {name: t.tensor_type.shape.dim[0].dim_value for name, t in types.items()
+               if len(t.tensor_type.shape.dim) == 1 and t.tensor_type.shape.dim[0].dim_value > LONG_UNREAD_VALUE}
+    graph = light.graph
+    version = next((o.version for o in light.opset_import if o.domain in ("", "ai.onnx")), None)
+    if not longest or version is None or light.functions or not _propagation_as_known():
+        return []
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx") or node.op_type in CONTROL_FLOW or \
+                not _enters_no_function(node.op_type, version):
+            return []
+        for out in node.output:
+            if out in producer:
+                return []
+            producer[out] = i
+    reaching: set[int] = set()  # the nodes whose values may reach a shape input
+    stack = [n.input[k] for n in graph.node if (k := SHAPE_READ_INPUTS.get(n.op_type, -1)) >= 0 and k < len(n.input)]
+    while stack:
+        i = producer.get(stack.pop(), -1)
+        if i < 0 or i in reaching or graph.node[i].op_type not in DATA_PROPAGATING_OPS:
+            continue
+        reaching.add(i)
+        if graph.node[i].op_type not in ("Shape", "Size"):  # (they read their input's type, not its value)
+            stack.extend(graph.node[i].input)
+    taken = {v.name for v in (*graph.input, *graph.output)} | {t.name for t in graph.initializer}
+    unread, numbers = [], 0
+    for i, node in enumerate(graph.node):
+        if node.op_type not in DATA_PROPAGATING_OPS or node.op_type in ("Shape", "Size") or i in reaching or \
+                len(node.output) != 1 or node.output[0] in taken or not _static(types.get(node.output[0])):
+            continue
+        length = max((longest.get(name, 0) for name in node.input), default=0)
+        if length:
+            unread.append(i)
+            numbers += length
+    return unread if numbers >= LONG_UNREAD_NUMBERS else []
+
+
+def _holds_long_size(values: Iterable[TensorProto]) -> bool:
+    """Say whether an integer value holds a number above LONG_UNREAD_VALUE (a size that may make a vector that
+    long known)."""
+    return any(t.data_type in (TensorProto.INT64, TensorProto.INT32) and
+               bool((abs(onnx.numpy_helper.to_array(t)) > LONG_UNREAD_VALUE).any()) for t in values)
+
+
+def _propagated(light: ModelProto, known: ModelProto | None) -> ModelProto:
+    """Give onnx.shape_inference.infer_shapes(light, data_prop=True), the same model, making no value of a long
+    vector that no shape reads (_unread_long_values): those nodes are left out of the inference and their outputs
+    entered as inputs of the type they have without data propagation; the types ONNX gives their outputs from the
+    inputs this inference found are checked to be those, with no dim ONNX names (so every 'unk__N' it names falls
+    as in the whole inference), and the nodes and their types put back where ONNX writes them. Where the check
+    fails, the whole graph is inferred with data propagation."""
+    def whole() -> ModelProto:
+        return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+
+    unread = [] if known is None else _unread_long_values(light, known)
+    if not unread:
+        return whole()
+    assert known is not None
+    graph, left_out = light.graph, set(unread)
+    entered = {v.name: v.type for v in (*known.graph.value_info, *known.graph.output)}
+    made = [graph.node[i].output[0] for i in unread]
+    part = _copy(light)
+    del part.graph.node[:]
+    part.graph.node.extend(n for i, n in enumerate(graph.node) if i not in left_out)
+    part.graph.input.extend(ValueInfoProto(name=name, type=entered[name]) for name in made)
+    inferred = onnx.shape_inference.infer_shapes(part, check_type=False, strict_mode=False, data_prop=True)
+    found = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input)}
+    if not _infer_alone_as(light, unread, found, entered):
+        return whole()
+    # back as ONNX writes them: declared values in place, the ones it adds in the order of the nodes
+    declared = len(graph.value_info)
+    del inferred.graph.input[len(graph.input):]
+    kept = set(made)
+    for value in inferred.graph.value_info[:declared]:
+        if value.name in kept:  # (left as declared: the whole inference merges what the node gives into it)
+            value.type.CopyFrom(entered[value.name])
+    added = {v.name: v for v in inferred.graph.value_info[declared:]}
+    named = {v.name for v in graph.value_info}
+    order: list[ValueInfoProto] = []
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if i in left_out:
+                if out not in named:
+                    order.append(ValueInfoProto(name=out, type=entered[out]))
+            elif out in added:
+                order.append(added.pop(out))
+    if added:
+        return whole()  # (a value no node makes: not the graph this was written for)
+    del inferred.graph.value_info[declared:]
+    inferred.graph.value_info.extend(order)
+    del inferred.graph.node[:]
+    inferred.graph.node.extend(graph.node)
+    return inferred
+
+
+def _infer_alone_as(light: ModelProto, nodes: list[int], found: Mapping[str, onnx.TypeProto],
+                    entered: Mapping[str, onnx.TypeProto]) -> bool:
+    """Say whether ONNX's inference gives the outputs of `nodes`, their inputs of the `found` types, the `entered`
+    types: with the model's declarations of them (as the whole inference merges them) and without (what its
+    inference alone gives: sized in full, so it names no dim)."""
+    graph = light.graph
+    made = {graph.node[i].output[0] for i in nodes}
+    alone = ModelProto()
+    alone.CopyFrom(_without_initializers(light))
+    alone.ir_version = light.ir_version
+    alone.graph.node.extend(graph.node[i] for i in nodes)
+    initializers = {t.name: t for t in graph.initializer}
+    inputs = {v.name: v for v in graph.input}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and len(n.output) == 1}
+    for name in dict.fromkeys(name for i in nodes for name in graph.node[i].input):
+        if not name or name in made:
+            continue
+        if name in constants:  # (its value is read as an initializer's)
+            alone.graph.node.insert(0, constants[name])
+        elif name in initializers:
+            alone.graph.initializer.append(initializers[name])
+            if name in inputs:
+                alone.graph.input.append(inputs[name])
+        elif name in found:
+            alone.graph.input.append(ValueInfoProto(name=name, type=found[name]))
+        else:
+            return False
+    bare = onnx.shape_inference.infer_shapes(alone, check_type=False, strict_mode=False, data_prop=False)
+    alone.graph.value_info.extend(v for v in graph.value_info if v.name in made)
+    merged = onnx.shape_inference.infer_shapes(alone, check_type=False, strict_mode=False, data_prop=False)
+    bare_types = {v.name: v.type for v in bare.graph.value_info}
+    merged_types = {v.name: v.type for v in merged.graph.value_info}
+    return all(bare_types.get(name) == entered[name] == merged_types.get(name) for name in made)
 
 
 def _declared_message() -> type[Message]:
@@ -159,7 +342,7 @@ def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warnin
         return plain, False
     if _sized_everywhere(plain.graph):
         return plain, True  # every output sized without the values: propagating them would find the same
-    return _inferred(light, True), True
+    return _inferred(light, True, plain), True
 
 
 def _long_vector(graph: GraphProto) -> tuple[str, int, int] | None:
@@ -223,9 +406,12 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
             if not fresh:
                 break  # (the rules ran on what the last round learned, below)
             light.graph.initializer.extend(fresh)
+            try:  # (a fresh size may make long vectors known: an MoE's routing of tokens x top-k by a TopK's k)
+                known = _inferred(light, False) if _holds_long_size(fresh) else inferred
+            except Exception:  # noqa: BLE001 - it only chooses what data propagation may leave out
+                known = inferred
             try:
-                inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
-                                                             data_prop=True)
+                inferred = _inferred(light, True, known)
             except Exception:  # noqa: BLE001 - keep what the first inference found
                 break
             if ruled and _has_unknown_outputs(inferred.graph):
@@ -325,7 +511,7 @@ def _rule_rounds(light: ModelProto, inferred: ModelProto, data_prop: bool) -> Mo
             light.graph.value_info.extend(kept)
         light.graph.value_info.extend(learned)
         try:
-            inferred = _inferred(light, data_prop)
+            inferred = _inferred(light, data_prop, inferred)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
             break
     return inferred
