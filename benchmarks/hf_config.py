@@ -2,16 +2,22 @@
 call (an empty export cache) and the next one (the export from the cache), and the weights it counts against the
 model's own parameters.
 
-    python benchmarks/hf_config.py [--configs llama3-70b,mixtral-8x7b,whisper-large-v3] [--out DIR] [--no-cache]
+    python benchmarks/hf_config.py [--configs llama3-70b,llama3-8b,mixtral-8x7b,whisper-large-v3] [--out DIR]
+                                   [--commands LABEL,...] [--no-cache]
 
-The configs are written by this script (the published shapes of Llama-3-70B, Mixtral-8x7B and Whisper-large-v3;
+The configs are written by this script (the published shapes of Llama-3-70B, Llama-3-8B, Mixtral-8x7B and
+Whisper-large-v3;
 nothing is downloaded: HF_HUB_OFFLINE=1). Each command runs in its own process (the CLI; shared/tools/tvshim.py is
 imported just before torchvision, which transformers imports, so a process that never imports transformers never
 imports torch for it), timed from start to exit; its peak RSS is the process's own (os.wait4's ru_maxrss). Each row
 runs twice with ONNXMEM_HF_CACHE set to a new empty folder of its own: "first" exports, "cached" reads the export the
 first one kept; "same" says whether the two answers are equal (the JSON but for the model's path). --no-cache
 (ONNXMEM_HF_CACHE=off) runs each row once, exporting, as onnxmem did before the cache.
-Rows: report (inference), report --training --precision amp-bf16, fit --gpu H100-80GB (inference, the batch).
+Rows: report (inference), report --training --precision amp-bf16, fit --gpu H100-80GB (inference, the batch); for
+causal LMs, the serving step with its KV cache (--hf-task decode): its report at 32 sequences of 8k context, a
+prefill of 8k tokens (past=0), fit's largest context for 32 sequences and its largest concurrency at 8k. The last
+table checks each decode report's KV cache against the config's arithmetic: 2 (key, value) x layers x batch x
+kv_heads x length x head_dim x 2 bytes (bf16), past inputs at length past and present outputs at past + seq.
 Weights: the model built on the meta device in this process gives its parameter count and their bytes at the
 config's dtype; the report's training.parameters must equal the count, and inference.weights_bytes less the
 parameters' bytes is what else the graph holds as weights (the rotary tables, the exporter's constants).
@@ -27,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +49,12 @@ CONFIGS = {
                     "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
                     "bos_token_id": 128000, "eos_token_id": 128001, "dtype": "bfloat16"},
                    {"batch": 1, "seq": 4096}),
+    "llama3-8b": ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                   "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+                   "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                   "bos_token_id": 128000, "eos_token_id": 128001, "dtype": "bfloat16"},
+                  {"batch": 1, "seq": 4096}),
     "mixtral-8x7b": ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 4096,
                       "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                       "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
@@ -60,6 +73,16 @@ COMMANDS = (
     ("report", ["report", "--format", "json"]),
     ("report --training amp-bf16", ["report", "--format", "json", "--training", "--precision", "amp-bf16"]),
     ("fit H100-80GB", ["fit", "--gpu", "H100-80GB", "--format", "json", "--no-what-if"]),
+)
+# The serving step of a causal LM (--hf-task decode), each at dims of its own (not the config's).
+DECODE = ["--hf-task", "decode"]
+DECODE_COMMANDS = (
+    ("decode report b32 past8k", ["report", "--format", "json", *DECODE], {"batch": 32, "seq": 1, "past": 8192}),
+    ("prefill report b1 seq8k", ["report", "--format", "json", *DECODE], {"batch": 1, "seq": 8192, "past": 0}),
+    ("decode fit past b32 H100-80GB", ["fit", "--gpu", "H100-80GB", "--format", "json", "--no-what-if", *DECODE,
+                                       "--search", "past"], {"batch": 32, "seq": 1}),
+    ("decode fit batch past8k H100-80GB", ["fit", "--gpu", "H100-80GB", "--format", "json", "--no-what-if", *DECODE,
+                                           "--search", "batch"], {"past": 8192, "seq": 1}),
 )
 # The CLI in a process of its own; the shim that lets torchvision (imported by transformers) load is imported when
 # torchvision is first looked for (a command that reads its export from the cache imports neither).
@@ -120,7 +143,8 @@ def _without_path(text: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--commands", default=",".join(label for label, _ in COMMANDS),
+    parser.add_argument("--commands", default=",".join([*(label for label, _ in COMMANDS),
+                                                         *(label for label, _, _ in DECODE_COMMANDS)]),
                         help="which rows, by label (comma-separated)")
     parser.add_argument("--out", default=None, help="where to write the configs (default: a temporary folder)")
     parser.add_argument("--no-cache", action="store_true", help="each row once, with the export cache off")
@@ -133,6 +157,7 @@ def main() -> None:
           " | exit | answer |" + (" same |" if len(calls) > 1 else ""))
     print("|---|---|" + "---:|---:|" * len(calls) + "---:|---|" + ("---|" if len(calls) > 1 else ""))
     checks = []
+    caches = []
     for name in args.configs.split(","):
         values, dims = CONFIGS[name]
         config = folder / name / "config.json"
@@ -140,11 +165,16 @@ def main() -> None:
         config.write_text(json.dumps(values))
         count, nbytes = parameters_of(config)
         bound = [a for d, v in dims.items() for a in ("--dim", f"{d}={v}")]
-        for label, command in COMMANDS:
+        rows = [(label, command, None) for label, command in COMMANDS]
+        if values["architectures"][0].endswith("ForCausalLM"):
+            rows += list(DECODE_COMMANDS)
+        for label, command, fixed in rows:
             if label not in args.commands.split(","):
                 continue
             searched = bound if command[0] != "fit" else \
                 [a for d, v in dims.items() if d != "batch" for a in ("--dim", f"{d}={v}")]  # fit searches batch
+            if fixed is not None:
+                searched = [a for d, v in fixed.items() for a in ("--dim", f"{d}={v}")]
             cache = "off" if args.no_cache else \
                 tempfile.mkdtemp(prefix=f"cache-{name}-{command[0]}-", dir=folder)
             runs = [run_cli([*command, "--hf", str(config.parent), *searched], cache) for _ in calls]
@@ -155,6 +185,9 @@ def main() -> None:
                 if "inference" in document:
                     inference, training = document["inference"], document.get("training")
                     answer = f"weights {inference['weights_bytes']:,} B, peak {inference['peak_bytes']:,} B"
+                    if inference.get("kv_cache_bytes") is not None:
+                        answer += f", KV cache {inference['kv_cache_bytes']:,} B"
+                        caches.append((name, fixed, inference["kv_cache"]))
                     if training:
                         answer += f"; training peak {training['peak_bytes']:,} B"
                         checks.append((name, count, training["parameters"], nbytes, inference["weights_bytes"]))
@@ -174,6 +207,24 @@ def main() -> None:
         print(f"| {name} | {count:,} | {'-' if reported is None else f'{reported:,}'} | "
               f"{'-' if reported is None else ('yes' if reported == count else 'NO')} | {nbytes:,} | {weights:,} | "
               f"{weights - nbytes:,} |")
+    if caches:
+        print()
+        print("| config | dims | past bytes (report) | present bytes (report) | by hand (past + present) | equal |")
+        print("|---|---|---:|---:|---:|---|")
+    for name, fixed, cache in caches:
+        by_hand = cache_by_hand(CONFIGS[name][0], **fixed)
+        reported = (cache["past_bytes"], cache["present_bytes"])
+        print(f"| {name} | {', '.join(f'{d}={v}' for d, v in fixed.items())} | {reported[0]:,} | {reported[1]:,} | "
+              f"{by_hand[0]:,} + {by_hand[1]:,} | {'yes' if reported == by_hand else 'NO'} |")
+
+
+def cache_by_hand(values: dict[str, Any], batch: int, seq: int, past: int) -> tuple[int, int]:
+    """Give a decoder's KV cache bytes from its config: the past inputs and the present outputs."""
+    heads = values["num_attention_heads"]
+    head_dim = values.get("head_dim") or values["hidden_size"] // heads
+    per_position = 2 * values["num_hidden_layers"] * batch * values.get("num_key_value_heads", heads) * head_dim * \
+        {"bfloat16": 2, "float16": 2, "float32": 4}[values["dtype"]]
+    return per_position * past, per_position * (past + seq)
 
 
 if __name__ == "__main__":
