@@ -310,7 +310,8 @@ def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], 
     training : bool
         Export as the model trains (train mode, no KV cache): the file a training estimate reads.
     task : str, optional
-        causal-lm, seq2seq, speech-seq2seq, classifier, masked-lm or vision; default: the config's architecture.
+        causal-lm, decode, seq2seq, speech-seq2seq, classifier, masked-lm or vision; default: the config's
+        architecture. decode: a causal LM's serving step with its KV cache (frontends/decode.py), not for training.
     lora : int, optional
         Add LoRA adapters of this rank (PEFT's LoraConfig on its default target modules; the `lora` extra).
     repeat_layers : bool
