@@ -224,3 +224,16 @@ def test_the_cache_key_holds_the_task() -> None:
     keys = {task: hfcache.export_key(GQA, task=task, training=False, lora=None) for task in (None, "causal-lm",
                                                                                              "decode")}
     assert len(set(keys.values())) == 3
+
+
+def test_the_grouped_query_what_if_is_offered_only_where_heads_are_not_shared(
+        gqa: hf.HfModel, mha: tuple[Path, hf.HfModel]) -> None:
+    # the export repeats a GQA cache for the query heads as transformers' repeat_kv does (Unsqueeze -> Slice ->
+    # Expand -> Reshape): already shared, so no "grouped-query KV heads" what-if; the MHA model gets one
+    def changes(model: hf.HfModel) -> list[str]:
+        checked = onnxmem.check(model.path, {"batch": 2, "seq": 1, "past": 32}, memory="1GiB")
+        return [w.change for w in checked.what_ifs]
+
+    assert not [c for c in changes(gqa) if c.startswith("grouped-query")]
+    assert "KV cache in int8" in changes(gqa)
+    assert [c for c in changes(mha[1]) if c.startswith("grouped-query")] == ["grouped-query KV heads 2 -> 1"]

@@ -30,6 +30,7 @@ _ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"
                         "DecoderMaskedSelfAttention", "PackedMultiHeadAttention", "SparseAttention"})
 # ops that repeat a shared cache for the query heads that read it (grouped-query attention in plain ops)
 _REPEATS = frozenset({"Expand", "Tile"})
+_REPEAT_PASSES = _PASSES | {"Slice"}  # what the walk to the repeat goes through (a Slice over all heads included)
 _COMPUTES = frozenset({"MatMul", "Einsum", "Softmax", "Gemm"})
 _DEPTH = 6
 
@@ -50,8 +51,9 @@ def _float(t: Tensor) -> bool:
     return t.dtype in (1, 10, 11, 16) and t.shape is not None and len(t.shape) >= 3
 
 
-def _forward(graph: ModelGraph, start: int, stop: Callable[[int], bool]) -> list[int]:
-    """Give the ops `stop` accepts that read `start` directly or through _PASSES ops (as their data input)."""
+def _forward(graph: ModelGraph, start: int, stop: Callable[[int], bool],
+             passes: frozenset[str] = _PASSES) -> list[int]:
+    """Give the ops `stop` accepts that read `start` directly or through `passes` ops (as their data input)."""
     found, frontier, depth = [], [start], 0
     while frontier and depth < _DEPTH:
         following = []
@@ -60,7 +62,7 @@ def _forward(graph: ModelGraph, start: int, stop: Callable[[int], bool]) -> list
                 op = graph.ops[c]
                 if stop(c):
                     found.append(c)
-                elif op.op_type in _PASSES and op.inputs and op.inputs[0] == t and op.outputs[0] >= 0:
+                elif op.op_type in passes and op.inputs and op.inputs[0] == t and op.outputs[0] >= 0:
                     following.append(op.outputs[0])
         frontier, depth = following, depth + 1
     return found
@@ -141,8 +143,9 @@ def _heads_axis(past: Tensor, present: Tensor) -> int | None:
 def _repeated(graph: ModelGraph, present: int) -> bool:
     """Say whether the attention repeats the present cache (Expand, Tile) before it computes with it: grouped-query
     attention written in plain ops."""
-    return bool(_forward(graph, present, lambda c: graph.ops[c].op_type in _REPEATS)) and \
-        not _forward(graph, present, lambda c: graph.ops[c].op_type in _COMPUTES)
+    # (transformers' repeat_kv as the dynamo exporter writes it: Unsqueeze -> Slice -> Expand -> Reshape)
+    return bool(_forward(graph, present, lambda c: graph.ops[c].op_type in _REPEATS, _REPEAT_PASSES)) and \
+        not _forward(graph, present, lambda c: graph.ops[c].op_type in _COMPUTES, _REPEAT_PASSES)
 
 
 def kv_cache_of(graph: ModelGraph) -> KVCache | None:
