@@ -12,10 +12,7 @@ gradient. Behind training/step.py's eager-lifetimes warning.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,19 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.accuracy_training import under_malloc_counter  # noqa: E402
+from benchmarks.accuracy_training import heap_peak, under_malloc_counter  # noqa: E402
 
 TOKENS, HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 128, 128, 64, 4, 2  # Qwen2-MoE of the zoo at batch 4 x 32 tokens
-
-
-def heap_peak(work: Callable[[], object]) -> int:
-    counter = ctypes.CDLL(None)
-    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
-    gc.collect()
-    base = counter.mc_current()
-    counter.mc_reset_peak()
-    work()
-    return int(counter.mc_peak() - base)
 
 
 def rebinding() -> None:

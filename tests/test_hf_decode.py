@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .shim import load_tvshim
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxscript")
-_SHIM = next((d for d in (Path(__file__).resolve().parents[2] / "shared" / "tools", Path("/work/shared/tools"))
-              if (d / "tvshim.py").is_file()), None)
-if _SHIM is not None and "tvshim" not in sys.modules:
-    sys.path.insert(0, str(_SHIM))
-    __import__("tvshim")
+load_tvshim()  # (transformers imports torchvision)
 transformers = pytest.importorskip("transformers")
 
 import onnx  # noqa: E402
