@@ -386,22 +386,23 @@ def module_path(layer: str) -> str:
     conv2d: aten.conv2d.default') -> 'layer4.0.conv2', the name model.named_modules() gives it."""
     if ":" in layer:
         # (the last part names the ATen op, not a module)
-        # (the exporter names an op outside every module '_empty_nn_module_stack_from_metadata_hook': top level)
-        names = [n for n in (part.split(":")[0].strip() for part in layer.split("/")[:-1])
-                 if n and not n.startswith(EMPTY_MODULE_STACK)]
+        names = [n for n in (part.split(":")[0].strip() for part in layer.split("/")[:-1]) if n]
         if all(inner.startswith(outer + ".") for outer, inner in zip(names, names[1:], strict=False)):
             return names[-1] if names else ""  # each level already a full path ('layer4/layer4.0'): the innermost
         return ".".join(names)
     return ".".join(p for p in layer.split("/") if p)
 
 
+# the exporter names an op outside every module '_empty_nn_module_stack_from_metadata_hook'
 EMPTY_MODULE_STACK = "_empty_nn_module_stack"
 
 
 def layer_name(layer: str) -> str:
-    """Give the name a report lists a layer by: a dynamo export's namespace as its module's name (module_path), a
-    scope from a node's name as it is ('/model/layers.0/attn')."""
-    return module_path(layer) if ":" in layer else layer
+    """Give the name a report lists a layer by: a dynamo export's namespace as its module's name (module_path; an op
+    outside every module is top level), a scope from a node's name as it is ('/model/layers.0/attn')."""
+    if ":" not in layer:
+        return layer
+    return module_path("/".join(p for p in layer.split("/") if not p.strip().startswith(EMPTY_MODULE_STACK)))
 
 
 def _scope_of(name: str) -> str:

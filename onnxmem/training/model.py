@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from onnx import TensorProto
 
-from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
+from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph, module_path
 from onnxmem.targets.torch.base import DeviceModel, NodeContext, NodeFacts
 from onnxmem.training.export import (
     Restored,
@@ -45,7 +45,6 @@ from onnxmem.training.values import (
     aten_op,
     is_tensor,
     module_classes,
-    module_path,
     node_recurrent_dims,
     numel_of,
     rule_key,

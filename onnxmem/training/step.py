@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph
+from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph, module_path
 from onnxmem.passes.liveness import live_bytes
 from onnxmem.training.export import EXPORT_WARNINGS, RECOMMENDED_EXPORT, Restored, export_findings, export_mode
 from onnxmem.training.model import StepModel, build_model
@@ -41,7 +41,6 @@ from onnxmem.training.options import (
 from onnxmem.training.rules import AUTOCAST_LOW_PRECISION, OptimizerRule
 from onnxmem.training.schedule import Buffer
 from onnxmem.training.simulate import Run, simulate
-from onnxmem.training.values import module_path
 from onnxmem.training.whatifs import checkpoint_what_if, hand_formula, recompute_what_if
 from onnxmem.views.report import (
     STATE_SERIES,

@@ -82,17 +82,6 @@ def numel_of(shape: tuple[object, ...] | None) -> int | None:
     return count
 
 
-def module_path(layer: str) -> str:
-    """Give a dotted module path from a node's scope: '/encoder/layers.0/attn' or a dynamo export's namespace."""
-    if ":" in layer:  # ': pkg.Model/fc1: torch.nn.modules.linear.Linear/linear_3: aten.linear.default'
-        # (the last part names the ATen op, not a module)
-        names = [n for n in (part.split(":")[0].strip() for part in layer.split("/")[:-1]) if n]
-        if all(inner.startswith(outer + ".") for outer, inner in zip(names, names[1:], strict=False)):
-            return names[-1] if names else ""  # each level already a full path ('layer4/layer4.0'): the innermost
-        return ".".join(names)
-    return ".".join(p for p in layer.split("/") if p)
-
-
 def module_classes(layer: str) -> list[str]:
     """Give the module classes of a dynamo export's scope, outermost first (': pkg.M/drop: torch...Dropout/...')."""
     if ":" not in layer:
