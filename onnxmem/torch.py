@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,15 @@ from onnxmem.training.rules import EXPORT_MODE_PROPERTY
 DynamicAxes = Mapping[str, int | Sequence[int | None]]
 
 
+def stderr_line(line: str) -> None:
+    """Write one progress line, prefixed `onnxmem:`, to standard error (the default `progress` of the exports)."""
+    sys.stderr.write(f"onnxmem: {line}\n")
+    sys.stderr.flush()
+
+
 def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynamic: DynamicAxes | None = None, *,
-                        opset_version: int | None = None) -> Path:
+                        opset_version: int | None = None,
+                        progress: Callable[[str], None] | None = stderr_line) -> Path:
     """Give the path of the ONNX file written from `model` as it trains, for `onnxmem report --training`.
 
     Parameters
@@ -40,6 +49,9 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
         sequence with one axis (or None) per input. The file's dims carry these names (``--dim batch=8``).
     opset_version : int, optional
         The ONNX opset (the exporter's default when None).
+    progress : callable taking one line, optional
+        Told when the export starts (it can take a minute on a large model) and when it ends, with the seconds it
+        took. The default writes each line to standard error; None says nothing.
 
     Raises
     ------
@@ -60,6 +72,9 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     target = Path(path)
     was_training = model.training
     model.train()
+    say = progress or (lambda line: None)
+    say(f"exporting {type(model).__name__} as it trains (torch.onnx.export, dynamo; can take a minute) ...")
+    start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
@@ -76,6 +91,7 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     properties = {prop.key: prop.value for prop in proto.metadata_props}
     onnx.helper.set_model_props(proto, {**properties, EXPORT_MODE_PROPERTY: "training"})
     onnx.save(proto, str(target))
+    say(f"exported {type(model).__name__} in {time.perf_counter() - start:.1f} s: {target}")
     return target
 
 

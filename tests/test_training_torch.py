@@ -45,6 +45,32 @@ def test_export_for_training_keeps_batchnorm_dropout_and_names_the_batch(tmp_pat
     assert saved["aten::silu"] == activation
 
 
+def test_the_export_says_when_it_starts_and_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from onnxmem.torch import export_for_training
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    heard: list[str] = []
+    path = export_for_training(Tiny(), (torch.randn(2, 4),), tmp_path / "a.onnx", progress=heard.append)
+    assert len(heard) == 2 and heard[0].startswith("exporting Tiny ")
+    assert heard[1].startswith("exported Tiny in ") and heard[1].endswith(f" s: {path}")
+    assert capsys.readouterr().err == ""  # a caller's progress replaces the default line on stderr
+    export_for_training(Tiny(), (torch.randn(2, 4),), tmp_path / "b.onnx")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" ", 2)[:2] for line in lines] == [["onnxmem:", "exporting"], ["onnxmem:", "exported"]]
+    export_for_training(Tiny(), (torch.randn(2, 4),), tmp_path / "c.onnx", progress=None)
+    assert capsys.readouterr().err == ""
+
+
 def test_p0_dropout_in_a_train_mode_export_keeps_nothing(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from torch import nn
