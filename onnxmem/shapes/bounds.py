@@ -8,7 +8,7 @@ DATA_DEPENDENT."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,7 @@ class DataDependent:
     bound: Bound
     shapes: Callable[[Sequence[Shape | None], Mapping[str, object], int], list[Shape]]
     dtypes: Callable[[Sequence[int]], list[int]]  # from the input element types
+    axis: Callable[[Sequence[Shape | None], Mapping[str, object]], int]  # the outputs' axis the count sizes
 
 
 def _nonzero_bound(shapes: Sequence[Shape | None], constants: Mapping[int, list[int]],
@@ -76,12 +77,17 @@ def _topk_shapes(shapes: Sequence[Shape | None], attrs: Mapping[str, object], co
     return [tuple(shape), tuple(shape)]
 
 
+def _topk_axis(shapes: Sequence[Shape | None], attrs: Mapping[str, object]) -> int:
+    axis = int(attrs.get("axis", -1))  # type: ignore[call-overload]
+    return axis + len(shapes[0] or ()) if axis < 0 else axis
+
+
 DATA_DEPENDENT: dict[str, DataDependent] = {
     "NonZero": DataDependent("nonzero", _nonzero_bound, lambda s, a, n: [(len(s[0] or ()), n)],
-                             lambda d: [TensorProto.INT64]),
+                             lambda d: [TensorProto.INT64], lambda s, a: 1),
     "NonMaxSuppression": DataDependent("nms_boxes", _nms_bound, lambda s, a, n: [(n, 3)],
-                                       lambda d: [TensorProto.INT64]),
-    "TopK": DataDependent("topk_k", _topk_bound, _topk_shapes, lambda d: [d[0], TensorProto.INT64]),
+                                       lambda d: [TensorProto.INT64], lambda s, a: 0),
+    "TopK": DataDependent("topk_k", _topk_bound, _topk_shapes, lambda d: [d[0], TensorProto.INT64], _topk_axis),
 }
 DATA_DEPENDENT_DIMS = frozenset(entry.dim for entry in DATA_DEPENDENT.values())
 
@@ -131,17 +137,26 @@ def _constant_names(graph: onnx.GraphProto) -> set[str]:
                                                   if n.op_type == "Constant" and n.output}
 
 
-def _constant_ints(model: onnx.ModelProto, names: Sequence[str],
-                   body: onnx.GraphProto | None = None) -> dict[int, list[int]]:
-    """Give the small integer constants (initializers, Constant nodes' values) among `names`, by slot: the main
-    graph's, and the branch's where the node is in `body`."""
-    wanted = {name: slot for slot, name in enumerate(names) if name}
+def _constant_tensors(model: onnx.ModelProto, body: onnx.GraphProto | None = None,
+                      wanted: Container[str] | None = None) -> dict[str, TensorProto]:
+    """Give the constants (initializers, Constant nodes' values) by name, of those `wanted` (None: all): the main
+    graph's, and the branch's where `body` is given."""
     graphs = [model.graph] if body is None else [model.graph, body]
-    tensors = {t.name: t for graph in graphs for t in graph.initializer if t.name in wanted}
+    tensors = {t.name: t for graph in graphs for t in graph.initializer if wanted is None or t.name in wanted}
     for node in (n for graph in graphs for n in graph.node):
-        if node.op_type == "Constant" and node.output and node.output[0] in wanted and node.attribute and \
-                node.attribute[0].name == "value":
+        if node.op_type == "Constant" and node.output and (wanted is None or node.output[0] in wanted) and \
+                node.attribute and node.attribute[0].name == "value":
             tensors[node.output[0]] = node.attribute[0].t
+    return tensors
+
+
+def _constant_ints(model: onnx.ModelProto, names: Sequence[str], body: onnx.GraphProto | None = None,
+                   known: Mapping[str, TensorProto] | None = None) -> dict[int, list[int]]:
+    """Give the small integer constants (initializers, Constant nodes' values) among `names`, by slot: the main
+    graph's, and the branch's where the node is in `body` (`known`: _constant_tensors' answer, where built)."""
+    wanted = {name: slot for slot, name in enumerate(names) if name}
+    tensors = _constant_tensors(model, body, wanted) if known is None else \
+        {name: known[name] for name in wanted if name in known}
     return {wanted[name]: [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
             for name, tensor in tensors.items()
             if tensor.data_type in (TensorProto.INT64, TensorProto.INT32)
@@ -155,6 +170,7 @@ def bounded_types(model: onnx.ModelProto, nodes: Sequence[int], types: Mapping[s
     with a warning per node naming the count used."""
     declared: dict[str, TensorType] = {}
     warnings: list[Warning] = []
+    wiring: _Wiring | None = None  # (built at the first node bounded)
     for index in nodes:
         node = model.graph.node[index]
         outputs = [name for name in node.output if name]
@@ -163,8 +179,11 @@ def bounded_types(model: onnx.ModelProto, nodes: Sequence[int], types: Mapping[s
         if all(name in types and types[name][2] is not None for name in outputs):
             done.add(index)  # sized without a bound (a TopK's k that sizing computed)
             continue
-        found = _if_bound(model, node, types, given) if node.op_type == "If" else \
-            _node_bound(model, node, types, given, f"{node.op_type} node '{node.name or index}'")
+        if node.op_type == "If":
+            found = _if_bound(model, node, types, given)
+        else:
+            wiring = _wiring(model) if wiring is None else wiring
+            found = _node_bound(model, node, types, given, f"{node.op_type} node '{node.name or index}'", wiring)
         if found is None:
             continue  # its input is not sized yet (it may follow from another bound, next round)
         done.add(index)
@@ -174,11 +193,12 @@ def bounded_types(model: onnx.ModelProto, nodes: Sequence[int], types: Mapping[s
 
 
 def _node_bound(model: onnx.ModelProto, node: onnx.NodeProto, types: Mapping[str, TensorType],
-                given: Mapping[str, int], what: str, body: onnx.GraphProto | None = None) -> \
-        tuple[dict[str, TensorType], list[Warning]] | None:
-    """Give the sized types of one data-dependent node's outputs at the given count or its bound, with the warning
-    that names it (`what`: the node, in words; `body`: the branch it is in), or None where its inputs are not
-    sized."""
+                given: Mapping[str, int], what: str, wiring: _Wiring,
+                body: onnx.GraphProto | None = None) -> tuple[dict[str, TensorType], list[Warning]] | None:
+    """Give the sized types of one data-dependent node's outputs at the count the graph states downstream
+    (_stated_count: a TorchScript trace bakes the count it saw into a Split's sizes), else the given count or its
+    bound, with the warning that names it (`what`: the node, in words; `wiring`: its graph's readers and constants;
+    `body`: the branch it is in), or None where its inputs are not sized."""
     inputs = [types.get(name) if name else None for name in node.input]
     if not inputs or inputs[0] is None or inputs[0][2] is None:
         return None
@@ -189,13 +209,23 @@ def _node_bound(model: onnx.ModelProto, node: onnx.NodeProto, types: Mapping[str
     if bound is None:
         return None
     most, why = bound
-    count = given.get(entry.dim, most)
+    hot = _one_hot_bound(node, wiring, types) if node.op_type == "NonZero" else None
+    most, why = hot if hot is not None and hot[0] < most else (most, why)
+    axis = entry.axis(shapes, attrs)  # type: ignore[arg-type]
+    start = [list(shape) for shape in entry.shapes(shapes, attrs, 0)]  # type: ignore[arg-type]
+    stated = _stated_count(model, [(name, [*shape[:axis], None, *shape[axis + 1:]], axis)
+                                   for name, shape in zip(node.output, start, strict=False) if name], wiring)
+    stated = stated if stated is not None and stated[0] <= most else None  # (more than it gives: no run fits)
+    count = stated[0] if stated is not None else given.get(entry.dim, most)
     dtypes = entry.dtypes([t[0] if t is not None else TensorProto.UNDEFINED for t in inputs])
     declared: dict[str, TensorType] = {}
     for name, shape, dtype in zip(node.output, entry.shapes(shapes, attrs, count), dtypes, strict=False):  # type: ignore[arg-type]
         if name:
             declared[name] = (dtype, shape, tensor_bytes(dtype, math.prod(shape)))
-    if entry.dim in given:
+    if stated is not None:
+        how = (f"at {entry.dim}={count}, the count {stated[1]}, the only one a run can give (the most it can give "
+               f"otherwise: {most}, {why})")
+    elif entry.dim in given:
         how = f"at {entry.dim}={count} as given (the most it can give here: {most}, {why})"
     else:
         how = (f"at the most it can give, {entry.dim}={most} ({why}); bind --dim {entry.dim}=N (dims="
@@ -270,6 +300,7 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
     warnings: list[Warning] = []
     pending = _data_dependent_in(model, branch)
     before = len(pending)
+    wiring = _wiring(model, branch)
     for _ in range(len(pending) + 1):
         graph = onnx.helper.make_graph(list(branch.node), "branch", inputs, outputs,
                                        [*initializers, *branch.initializer], value_info=[
@@ -287,7 +318,7 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
         for i in list(pending):
             inner = branch.node[i]
             what = f"{inner.op_type} node '{inner.name or i}' in a branch of If node '{node.name}'"
-            bounded = _node_bound(model, inner, found, given, what, branch)
+            bounded = _node_bound(model, inner, found, given, what, wiring, branch)
             if bounded is not None:
                 pending.remove(i)
                 declared.update(bounded[0])
@@ -299,3 +330,173 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
         return None
     sized = {name: t for name, t in found.items() if name not in outer and t[1] is not None and t[2] is not None}
     return sized, warnings
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """A graph's readers of each tensor (its own nodes, not its subgraphs') and the constants its nodes read."""
+
+    readers: dict[str, list[onnx.NodeProto]]
+    producers: dict[str, onnx.NodeProto]
+    constants: dict[str, TensorProto]
+
+
+def _wiring(model: onnx.ModelProto, body: onnx.GraphProto | None = None) -> _Wiring:
+    """Give the wiring of the main graph, or of the branch `body`."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    producers: dict[str, onnx.NodeProto] = {}
+    for node in (model.graph if body is None else body).node:
+        for name in dict.fromkeys(node.input):
+            if name:
+                readers.setdefault(name, []).append(node)
+        producers.update((name, node) for name in node.output if name)
+    return _Wiring(readers, producers, _constant_tensors(model, body))
+
+
+_ONE_HOT_STEPS = 8  # the most nodes _one_hot_bound walks up from a NonZero
+
+
+def _one_hot_bound(node: onnx.NodeProto, wiring: _Wiring, types: Mapping[str, TensorType]) -> tuple[int, str] | None:
+    """Give the most elements a NonZero can find in a one-hot tensor, with why: its input a OneHot's output
+    (through Cast, Identity, Transpose, and Gathers of one index, as an MoE's eager experts read their routing
+    mask: transformers' `one_hot(top_k_index, experts).permute(2, 1, 0)[expert]`), which holds at most one hot
+    element per index; where the class axis is gathered to one class and the indices are a TopK's, whose indices
+    are distinct along its axis, at most one per line along that axis too. None where it is no such input."""
+    found = _one_hot_source(node.input[0], wiring, types)
+    if found is None:
+        return None
+    one_hot, pinned, indices = found
+    rank = len(indices) + 1
+    classes = int(next((onnx.helper.get_attribute_value(a) for a in one_hot.attribute if a.name == "axis"), -1))
+    classes += rank if classes < 0 else 0
+    positions = [i for i in range(rank) if i != classes]  # (each index axis's axis in the OneHot's output)
+    most = math.prod(length for i, length in zip(positions, indices, strict=True) if i not in pinned)
+    why = f"one hot element per index of OneHot node '{one_hot.name}'"
+    picked = wiring.producers.get(one_hot.input[0])
+    while picked is not None and picked.op_type in ("Cast", "Identity") and picked.domain in ("", "ai.onnx"):
+        picked = wiring.producers.get(picked.input[0])
+    if classes in pinned and picked is not None and picked.op_type == "TopK" and picked.domain in ("", "ai.onnx"):
+        along = int(next((onnx.helper.get_attribute_value(a) for a in picked.attribute if a.name == "axis"), -1))
+        along += len(indices) if along < 0 else 0
+        if 0 <= along < len(indices) and positions[along] not in pinned and indices[along] > 0:
+            most //= indices[along]
+            why += (f"; one class of it, whose indices (from TopK node '{picked.name}') are distinct along axis "
+                    f"{along}: at most one in {indices[along]} hot")
+    return most, why
+
+
+def _one_hot_source(name: str, wiring: _Wiring, types: Mapping[str, TensorType]) -> \
+        tuple[onnx.NodeProto, set[int], tuple[int, ...]] | None:
+    """Give the OneHot node whose output `name` is read from (_one_hot_bound), the axes of that output gathered to
+    one index, and the shape of its indices; None where it is none."""
+    pinned: set[int] = set()  # (the axes of `name` gathered to one index)
+    for _ in range(_ONE_HOT_STEPS):
+        made_by = wiring.producers.get(name)
+        if made_by is None or made_by.domain not in ("", "ai.onnx") or not made_by.input:
+            return None
+        source = _sized_shape(types, made_by.input[0])
+        if source is None:
+            return None
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in made_by.attribute if a.type != a.GRAPH}
+        if made_by.op_type == "OneHot":
+            return made_by, pinned, source
+        if made_by.op_type == "Transpose":
+            perm = [int(p) for p in attrs.get("perm", range(len(source) - 1, -1, -1))]
+            pinned = {perm[p] for p in pinned}
+        elif made_by.op_type == "Gather" and len(made_by.input) > 1:
+            index = _sized_shape(types, made_by.input[1])
+            axis = int(attrs.get("axis", 0))
+            axis += len(source) if axis < 0 else 0
+            if index is None or index not in ((), (1,)):
+                return None
+            pinned = {p if p < axis or index else p + 1 for p in pinned} | {axis}
+        elif made_by.op_type not in ("Cast", "Identity"):
+            return None
+        name = made_by.input[0]
+    return None
+
+
+def _sized_shape(types: Mapping[str, TensorType], name: str) -> tuple[int, ...] | None:
+    dtype, shape, size = types.get(name, UNKNOWN_TYPE)
+    return None if shape is None or size is None else tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+
+_STATED_STEPS = 64  # the most readers _stated_count walks through from one node's outputs
+Carried = tuple[str, list[int | None], int]  # a tensor, its shape (None: the count, or a dim not followed), the axis
+
+
+def _stated_count(model: onnx.ModelProto, outputs: Sequence[Carried], wiring: _Wiring) -> tuple[int, str] | None:
+    """Give the count a data-dependent node's outputs must have for the graph to run, where a reader downstream
+    states it (the axis followed through Identity, Cast, Transpose, Squeeze, Unsqueeze and Splits along other
+    axes): a Split along it into constant sizes (their sum), a Squeeze of it (1), a Reshape of it to a constant
+    shape (that shape's elements over the others'); with the reader, in words. None where none does, or two
+    disagree (no run fits both)."""
+    stated: dict[int, str] = {}
+    stack, seen, steps = list(outputs), set(), 0
+    while stack and steps < _STATED_STEPS:
+        name, shape, axis = stack.pop()
+        for node in wiring.readers.get(name, ()):
+            if node.input[0] != name or node.domain not in ("", "ai.onnx") or id(node) in seen:
+                continue
+            seen.add(id(node))
+            steps += 1
+            carried, found = _carry(model, node, shape, axis, wiring)
+            stack.extend(carried)
+            if found is not None:
+                stated.setdefault(found[0], found[1])
+    return next(iter(stated.items())) if len(stated) == 1 else None
+
+
+def _carry(model: onnx.ModelProto, node: onnx.NodeProto, shape: list[int | None], axis: int,
+           wiring: _Wiring) -> tuple[list[Carried], tuple[int, str] | None]:
+    """Give the outputs of `node` that carry the counted axis of its first input (`shape`, `axis`) on, and the count
+    it states, with why (_stated_count)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type != a.GRAPH}
+    op, out = node.op_type, node.output[0] if node.output else ""
+    where = f"{op} node '{node.name}'"
+    if op in ("Identity", "Cast") and out:
+        return [(out, shape, axis)], None
+    if op == "Transpose" and out:
+        perm = [int(p) for p in attrs.get("perm", range(len(shape) - 1, -1, -1))]
+        if sorted(perm) != list(range(len(shape))):
+            return [], None
+        return [(out, [shape[p] for p in perm], perm.index(axis))], None
+    if op not in ("Squeeze", "Unsqueeze", "Split", "Reshape"):
+        return [], None
+    constants = _constant_ints(model, node.input, known=wiring.constants)
+    if op in ("Squeeze", "Unsqueeze"):
+        given = constants.get(1, attrs.get("axes"))  # (an input from opset 13, an attribute before)
+        if given is None or not out:
+            return [], None
+        rank = len(shape) + (len(given) if op == "Unsqueeze" else 0)
+        axes = {int(a) + rank if int(a) < 0 else int(a) for a in given}
+        if op == "Squeeze":
+            if axis in axes:
+                return [], (1, f"{where} states (it removes that axis)")
+            kept = [i for i in range(len(shape)) if i not in axes]
+            return [(out, [shape[i] for i in kept], kept.index(axis))], None
+        placed = iter(shape)
+        grown = [1 if i in axes else next(placed) for i in range(rank)]
+        return [(out, grown, [i for i in range(rank) if i not in axes][axis])], None
+    if op == "Split":
+        split_axis = int(attrs.get("axis", 0))
+        split_axis += len(shape) if split_axis < 0 else 0
+        sizes = constants.get(1, attrs.get("split"))  # (an input from opset 13, an attribute before)
+        if split_axis == axis:
+            return [], None if not sizes else (sum(int(s) for s in sizes),
+                                               f"{where} states (its parts along that axis sum to it)")
+        parts = [int(s) for s in sizes] if sizes else [None] * len(node.output)
+        return [(name, [*shape[:split_axis], part, *shape[split_axis + 1:]], axis)
+                for name, part in zip(node.output, parts, strict=False) if name], None
+    target = constants.get(1)  # Reshape
+    if target is None or -1 in target:
+        return [], None
+    allow_zero = bool(attrs.get("allowzero", 0))
+    if not allow_zero and any(d == 0 and (i == axis or i >= len(shape) or shape[i] is None)
+                              for i, d in enumerate(target)):
+        return [], None
+    total = math.prod(shape[i] if d == 0 and not allow_zero else d for i, d in enumerate(target))  # type: ignore[misc]
+    others = [d for i, d in enumerate(shape) if i != axis]
+    if any(d is None for d in others) or math.prod(others) <= 0 or total % math.prod(others):  # type: ignore[arg-type]
+        return [], None
+    return [], (total // math.prod(others), f"{where} states (it reshapes that axis to {target})")  # type: ignore[arg-type]
