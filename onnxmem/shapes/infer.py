@@ -340,9 +340,35 @@ def _bounded_inference(light: ModelProto, data_prop: bool, warnings: list[Warnin
             "long-shape-value", f"{kind} tensor {quoted(name)} holds {length:,} values: shape values "
             "are not propagated through the graph (sizes that depend on computed shapes may stay unknown)"))
         return plain, False
-    if _sized_everywhere(plain.graph):
-        return plain, True  # every output sized without the values: propagating them would find the same
+    if _sized_everywhere(plain.graph) or _reads_no_shape_value(light):
+        return plain, True  # every output sized, or no size read from a value: propagating them finds the same
     return _inferred(light, True, plain), True
+
+
+def _reads_no_shape_value(light: ModelProto) -> bool:
+    """Say whether no node of the model, in any graph at any depth, reads a shape from an input that is not a
+    constant of its graph (SHAPE_READ_INPUTS: the one place ONNX's inference reads a propagated value), and no node
+    enters a function body (whose nodes data propagation would enter too): ONNX's inference with data propagation
+    then gives the model it gives without (an If whose branches' outputs differ, a Slice in a branch of the outer
+    graph's constants). False for an ONNX that propagates values through other operators (_propagation_as_known)."""
+    version = next((o.version for o in light.opset_import if o.domain in ("", "ai.onnx")), None)
+    if version is None or light.functions or not _propagation_as_known():
+        return False
+    stack = [light.graph]
+    while stack:
+        current = stack.pop()
+        constants = {t.name for t in current.initializer}
+        for node in current.node:
+            if node.domain not in ("", "ai.onnx"):
+                continue  # (ONNX has no inference for another domain's operator: it reads nothing)
+            slot = SHAPE_READ_INPUTS.get(node.op_type, -1)
+            if 0 <= slot < len(node.input) and node.input[slot] and node.input[slot] not in constants:
+                return False
+            if node.op_type in CONTROL_FLOW:
+                stack.extend(body_graphs(node))
+            elif not _enters_no_function(node.op_type, version):
+                return False
+    return True
 
 
 def _long_vector(graph: GraphProto) -> tuple[str, int, int] | None:

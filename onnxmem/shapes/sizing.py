@@ -197,6 +197,18 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
             return None
         return [int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
 
+    def float_values(j: int) -> list[float] | None:  # a Resize's scales: an initializer or a Constant's value
+        if not initializers:
+            initializers.update((t.name, t) for t in model.graph.initializer)
+        made_by = tensors[j].producer
+        tensor = initializers.get(tensors[j].name) if made_by is None else _constant_value(nodes[made_by])
+        if tensor is None or tensor.data_type != TensorProto.FLOAT or not _is_shape_constant(tensor):
+            return None
+        return [float(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1)]
+
+    def opset() -> int:
+        return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
     for name in sorted(unknown, key=producer.__getitem__):
         found = _evaluate_type(symbolic[name], values, bound)
         op = wiring.ops[producer[name]]
@@ -213,6 +225,22 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
                         if values.get(d) not in (None, length):
                             return unknown  # the value disagrees with a size learned before: infer instead
                         values[d] = length
+                found = _evaluate_type(symbolic[name], values, bound)
+        elif found is None and rule in ("slice", "resize") and shape is not None:
+            source = (types.get(tensors[op.inputs[0]].name) or sized.get(tensors[op.inputs[0]].name)
+                      or UNKNOWN_TYPE)[1] if op.inputs and op.inputs[0] >= 0 else None
+            if source is not None and len(source) == len(shape) and all(isinstance(d, int) for d in source):
+                node = nodes[op.index]
+                if rule == "slice":
+                    sizes = _sliced(source, [constant_ints(j) if j >= 0 else None for j in op.inputs[1:5]])  # type: ignore[arg-type]
+                else:
+                    sizes = _resized(source, node, [constant_ints(j) if j >= 0 else None for j in op.inputs[3:4]],
+                                     [float_values(j) if j >= 0 else None for j in op.inputs[2:3]], opset())  # type: ignore[arg-type]
+                for d, size in zip(shape, sizes, strict=True):
+                    if isinstance(d, str) and size is not None:
+                        if values.get(d) not in (None, size):
+                            return unknown  # the rule disagrees with a size learned before: infer instead
+                        values[d] = size
                 found = _evaluate_type(symbolic[name], values, bound)
         elif found is None and rule is not None and shape is not None:
             inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
@@ -240,7 +268,9 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
 
 # More rules of _size_from_inputs, beside DIM_FROM_INPUTS's: value, the output's shape is the value of the first
 # input, computed from the sizes known; matmul, the batch dims broadcast and the two matrices' outer dims.
-DIM_FROM_VALUE: dict[str, str] = {"ConstantOfShape": "value", "MatMul": "matmul"}
+# slice, a Slice of constant or computed starts, ends, axes and steps; resize, a Resize (opset 11 on) to constant
+# scales or to constant or computed sizes, on every axis.
+DIM_FROM_VALUE: dict[str, str] = {"ConstantOfShape": "value", "MatMul": "matmul", "Slice": "slice", "Resize": "resize"}
 _COMPUTED_VALUE_NODES = 256  # the most nodes a computed shape value is read through (a shape's arithmetic is short)
 
 
@@ -257,6 +287,53 @@ def _reshaped(shape: tuple[Dim, ...], target: list[int] | None, allowzero: int, 
     if dims.count(-1) == 1:
         dims[dims.index(-1)] = total // rest if rest and total % rest == 0 else None
     return [d if d is None or d >= 0 else None for d in dims]
+
+
+def _sliced(shape: tuple[int, ...], operands: list[list[int] | None]) -> list[int | None]:
+    """Give the dims of a Slice (opset 10 on) of `shape` by `operands`, its starts, ends, axes and steps (None: not
+    constant; missing: axes 0.., steps 1), as ONNX's inference computes them (processSliceInputs: negative starts
+    and ends count from the end, then clamp to the dim); None each where they do not follow."""
+    rank = len(shape)
+    if len(operands) < 2 or operands[0] is None or operands[1] is None or any(o is None for o in operands[2:]):
+        return [None] * rank
+    starts, ends = operands[0], operands[1]
+    axes = operands[2] if len(operands) > 2 else list(range(len(starts)))
+    steps = operands[3] if len(operands) > 3 else [1] * len(starts)
+    assert axes is not None and steps is not None
+    axes = [a + rank if a < 0 else a for a in axes]
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) != len(axes) or \
+            any(not 0 <= a < rank for a in axes) or 0 in steps:
+        return [None] * rank
+    dims: list[int | None] = list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        size = shape[axis]
+        start += size if start < 0 else 0
+        end += size if end < 0 else 0
+        if step < 0:
+            start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+        else:
+            start, end = min(max(start, 0), size), min(max(end, 0), size)
+        dims[axis] = max(-((start - end) // step), 0)
+    return dims
+
+
+def _resized(shape: tuple[int, ...], node: onnx.NodeProto, sizes: list[list[int] | None],
+             scales: list[list[float] | None], opset: int) -> list[int | None]:
+    """Give the dims of a Resize (opset 11 on, every axis: no `axes`, the default aspect ratio policy) of `shape`:
+    its constant or computed `sizes` where given, else each dim times its constant scale in float, floored, as
+    ONNX's inference computes them (resizeShapeInferenceHelper); None each where they do not follow."""
+    rank = len(shape)
+    if opset < 11 or any(a.name in ("axes", "keep_aspect_ratio_policy") for a in node.attribute):
+        return [None] * rank
+    if sizes and sizes[0] is not None and len(sizes[0]) > 0:
+        return list(sizes[0]) if len(sizes[0]) == rank and all(d >= 0 for d in sizes[0]) else [None] * rank
+    if len(node.input) > 3 and node.input[3]:
+        return [None] * rank  # (sizes not constant)
+    if not scales or scales[0] is None or len(scales[0]) != rank:
+        return [None] * rank
+    import numpy as np
+
+    return [int(np.floor(np.float32(d) * np.float32(s))) for d, s in zip(shape, scales[0], strict=True)]
 
 
 def _dims_by_rule(rule: str, rank: int, inputs: list[tuple[Dim, ...]], axis: int) -> list[int | None]:
