@@ -227,15 +227,16 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
                         values[d] = length
                 found = _evaluate_type(symbolic[name], values, bound)
         elif found is None and rule in ("slice", "resize") and shape is not None:
-            source = (types.get(tensors[op.inputs[0]].name) or sized.get(tensors[op.inputs[0]].name)
-                      or UNKNOWN_TYPE)[1] if op.inputs and op.inputs[0] >= 0 else None
-            if source is not None and len(source) == len(shape) and all(isinstance(d, int) for d in source):
+            first = tensors[op.inputs[0]].name if op.inputs and op.inputs[0] >= 0 else ""
+            source = (types.get(first) or sized.get(first) or UNKNOWN_TYPE)[1]
+            ints = tuple(d for d in source if isinstance(d, int)) if source is not None else ()
+            if source is not None and len(ints) == len(source) == len(shape):
                 node = nodes[op.index]
                 if rule == "slice":
-                    sizes = _sliced(source, [constant_ints(j) if j >= 0 else None for j in op.inputs[1:5]])  # type: ignore[arg-type]
+                    sizes = _sliced(ints, [constant_ints(j) if j >= 0 else None for j in op.inputs[1:5]])
                 else:
-                    sizes = _resized(source, node, [constant_ints(j) if j >= 0 else None for j in op.inputs[3:4]],
-                                     [float_values(j) if j >= 0 else None for j in op.inputs[2:3]], opset())  # type: ignore[arg-type]
+                    sizes = _resized(ints, node, [constant_ints(j) if j >= 0 else None for j in op.inputs[3:4]],
+                                     [float_values(j) if j >= 0 else None for j in op.inputs[2:3]], opset())
                 for d, size in zip(shape, sizes, strict=True):
                     if isinstance(d, str) and size is not None:
                         if values.get(d) not in (None, size):
