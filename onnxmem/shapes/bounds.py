@@ -96,15 +96,16 @@ def data_dependent_nodes(model: onnx.ModelProto, wiring: ModelGraph | None = Non
     """Give the indices of the main graph's nodes whose output size may depend on the data: every NonZero and
     NonMaxSuppression, and each TopK whose k is no constant (a k computed from sizes is a shape value: sizing
     finds it, and the TopK is bounded only where it does not); and each If one of whose branches holds such a node
-    (torchvision's batched_nms runs NMS in the else branch of `if boxes.numel() == 0`: see _if_bound). `wiring`:
-    the model's graph, where the caller has built it (its ops are read faster than the model's nodes)."""
+    (torchvision's batched_nms runs NMS in the else branch of `if boxes.numel() == 0`: see _if_bound), and each
+    Loop whose body does (_loop_bound). `wiring`: the model's graph, where the caller has built it (its ops are
+    read faster than the model's nodes)."""
     nodes = model.graph.node
-    kinds = (*DATA_DEPENDENT, "If")
+    kinds = (*DATA_DEPENDENT, *_BODIES)
     if wiring is not None:
         found = [op.index for op in wiring.ops if op.op_type in kinds and op.domain in ("", "ai.onnx")]
     else:
         found = [i for i, node in enumerate(nodes) if node.op_type in kinds and node.domain in ("", "ai.onnx")]
-    found = [i for i in found if nodes[i].op_type != "If" or _branches_depend_on_data(model, nodes[i])]
+    found = [i for i in found if nodes[i].op_type not in _BODIES or _branches_depend_on_data(model, nodes[i])]
     if not any(nodes[i].op_type == "TopK" for i in found):
         return found
     constants = _constant_names(model.graph)
@@ -112,13 +113,18 @@ def data_dependent_nodes(model: onnx.ModelProto, wiring: ModelGraph | None = Non
                                                                 and nodes[i].input[1] not in constants)]
 
 
+_BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",)}  # the graphs bounded, by the node holding them
+
+
 def _branches_depend_on_data(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
-    """Say whether a branch of an If holds a data-dependent node (data_dependent_nodes' kinds, its own nodes)."""
+    """Say whether a branch of an If or a Loop's body holds a data-dependent node (data_dependent_nodes' kinds,
+    its own nodes)."""
     return any(_data_dependent_in(model, body) for body in _branches(node))
 
 
 def _branches(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [a.g for a in node.attribute if a.name in ("then_branch", "else_branch") and a.type == a.GRAPH]
+    names = _BODIES.get(node.op_type, ())
+    return [a.g for a in node.attribute if a.name in names and a.type == a.GRAPH]
 
 
 def _data_dependent_in(model: onnx.ModelProto, body: onnx.GraphProto) -> list[int]:
@@ -181,6 +187,8 @@ def bounded_types(model: onnx.ModelProto, nodes: Sequence[int], types: Mapping[s
             continue
         if node.op_type == "If":
             found = _if_bound(model, node, types, given)
+        elif node.op_type == "Loop":
+            found = _loop_bound(model, node, types, given)
         else:
             wiring = _wiring(model) if wiring is None else wiring
             found = _node_bound(model, node, types, given, f"{node.op_type} node '{node.name or index}'", wiring)
@@ -244,7 +252,7 @@ def _if_bound(model: onnx.ModelProto, node: onnx.NodeProto, types: Mapping[str, 
     warnings: list[Warning] = []
     outputs: list[list[TensorType]] = []
     for branch in _branches(node):
-        found = _branch_types(model, node, branch, types, given)
+        found = _branch_types(model, node, branch, types, given, f"a branch of If node '{node.name}'")
         if found is None:
             return None
         sized, said = found
@@ -265,18 +273,19 @@ def _if_bound(model: onnx.ModelProto, node: onnx.NodeProto, types: Mapping[str, 
 
 
 def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.GraphProto,
-                  types: Mapping[str, TensorType], given: Mapping[str, int]) -> \
-        tuple[dict[str, TensorType], list[Warning]] | None:
+                  types: Mapping[str, TensorType], given: Mapping[str, int], where: str,
+                  formal: Sequence[onnx.ValueInfoProto] = ()) -> tuple[dict[str, TensorType], list[Warning]] | None:
     """Give the sized types of a branch's tensors, its data-dependent nodes at their counts (in rounds: one
-    bounded count may size the next node's input), with their warnings; None where an outer value it reads is
-    not sized."""
-    made = {out for n in branch.node for out in n.output} | {t.name for t in branch.initializer}
+    bounded count may size the next node's input), with their warnings (`where`: the branch, in words); None
+    where an outer value it reads is not sized. `formal`: the graph's own inputs, typed (a Loop body's)."""
+    made = {out for n in branch.node for out in n.output} | {t.name for t in branch.initializer} | \
+        {value.name for value in formal}
     outer = list(dict.fromkeys(name for n in branch.node for name in n.input if name and name not in made))
     constants = {t.name: t for t in model.graph.initializer if t.name in outer}
     constants.update((n.output[0], n.attribute[0].t) for n in model.graph.node
                      if n.op_type == "Constant" and n.output and n.output[0] in outer and n.attribute
                      and n.attribute[0].name == "value")
-    inputs = []
+    inputs = list(formal)
     for name in outer:
         if name in constants:
             continue
@@ -317,7 +326,7 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
             break  # (the counts of the round before are inferred through)
         for i in list(pending):
             inner = branch.node[i]
-            what = f"{inner.op_type} node '{inner.name or i}' in a branch of If node '{node.name}'"
+            what = f"{inner.op_type} node '{inner.name or i}' in {where}"
             bounded = _node_bound(model, inner, found, given, what, wiring, branch)
             if bounded is not None:
                 pending.remove(i)
@@ -330,6 +339,49 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
         return None
     sized = {name: t for name, t in found.items() if name not in outer and t[1] is not None and t[2] is not None}
     return sized, warnings
+
+
+def _loop_bound(model: onnx.ModelProto, node: onnx.NodeProto, types: Mapping[str, TensorType],
+                given: Mapping[str, int]) -> tuple[dict[str, TensorType], list[Warning]] | None:
+    """Give the sized types of a Loop's outputs and its body's tensors, where the body holds a data-dependent node:
+    the body inferred on its own as a branch of an If is (_branch_types), its iteration number and condition
+    scalars, its loop-carried inputs at the sizes of the Loop's initial values, its data-dependent nodes at their
+    counts (the most any iteration gives); each loop-carried output at the body's size, each scan output that
+    size stacked over the trip count where it is a constant (else left unsized). None where an input is not sized
+    yet or a loop-carried value changes size in the body (its first iteration's sizes would not hold)."""
+    body = _branches(node)[0]
+    carried = len(body.input) - 2
+    if carried < 0 or len(node.input) < 2 + carried:
+        return None
+    formal = [onnx.helper.make_tensor_value_info(body.input[0].name, TensorProto.INT64, []),
+              onnx.helper.make_tensor_value_info(body.input[1].name, TensorProto.BOOL, [])]
+    for value, name in zip(body.input[2:], node.input[2:], strict=False):
+        dtype, shape, size = types.get(name, UNKNOWN_TYPE)
+        if shape is None or size is None:
+            return None
+        formal.append(onnx.helper.make_tensor_value_info(value.name, dtype, list(shape)))
+    found = _branch_types(model, node, body, types, given, f"the body of Loop node '{node.name}'", formal)
+    if found is None:
+        return None
+    sized, warnings = found
+    declared = dict(sized)
+    declared.update((value.name, types[name]) for value, name in zip(body.input[2:], node.input[2:], strict=False))
+    results = [(sized[out.name][0], _sized_shape(sized, out.name)) if out.name in sized else None
+               for out in body.output[1:]]
+    if [None if result is None else result[1] for result in results[:carried]] != \
+            [_sized_shape(types, name) for name in node.input[2:2 + carried]]:
+        return None
+    trips = _constant_ints(model, node.input[:1]).get(0) if node.input and node.input[0] else None
+    for position, (name, result) in enumerate(zip(node.output, results, strict=False)):
+        if not name or result is None or result[1] is None:
+            continue
+        dtype, shape = result[0], result[1]
+        if position >= carried:  # (a scan output: every iteration's, stacked)
+            if trips is None or len(trips) != 1 or trips[0] < 0:
+                continue
+            shape = (trips[0], *shape)
+        declared[name] = (dtype, shape, tensor_bytes(dtype, math.prod(shape)))
+    return declared, warnings
 
 
 @dataclass(frozen=True)
