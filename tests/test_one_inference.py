@@ -99,7 +99,7 @@ def _count_inferences(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return count
 
 
-@pytest.mark.parametrize("name", ["lstm", "unet", "if_subgraph"])
+@pytest.mark.parametrize("name", ["lstm", "unet", "if_subgraph", "transformer_contrib"])
 @pytest.mark.parametrize("provider", ["cpu", "cuda"])
 def test_sizing_infers_no_more_than_the_planner_did(name: str, provider: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +109,11 @@ def test_sizing_infers_no_more_than_the_planner_did(name: str, provider: str,
 
     count = _count_inferences(monkeypatch)
     found = analysis(str(FIXTURES / f"{name}.onnx"), {}, default_dim=3, provider=provider)
-    planner_rounds = 1 if name == "unet" else 0  # (its Concat's dims merged as onnxruntime does: one round)
+    from onnxmem.targets.ort import planner
+
+    # the planner's rounds (unet's Concat dims merged as onnxruntime does, transformer_contrib's contrib
+    # operators typed by rules) infer again unless their types are carried node by node (shapes.carry)
+    planner_rounds = 0 if hasattr(planner, "carried_types") else {"unet": 1, "transformer_contrib": 4}.get(name, 0)
     assert count[0] == 1 + planner_rounds
     assert all(t.nbytes is not None for t in found.graph.tensors if t.shape is not None)
 
@@ -135,3 +139,65 @@ def test_data_propagation_is_skipped_only_where_no_shape_is_read_from_a_value() 
     with_values = onnx.shape_inference.infer_shapes(plain_model, data_prop=True)
     assert without.SerializeToString() == with_values.SerializeToString()
     assert not _reads_no_shape_value(_if_model(then_reads_shape=True))  # a Reshape to a computed shape
+
+
+def _round(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, list[onnx.ValueInfoProto]]:
+    """One planner round as planner._planner_rounds makes it: the model inferred, the rules' and Concat merges'
+    types learned, and appended to the model's declared values."""
+    from onnxmem.ir.tensor_types import TypeDecoder
+    from onnxmem.shapes.infer import _collect_types, _inferred, rule_value_infos
+    from onnxmem.targets.ort.planner import _merged_dims
+
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    types = _collect_types(_inferred(light, data_prop=False).graph, TypeDecoder())
+    learned = rule_value_infos([n for n in light.graph.node if n.domain == "com.microsoft"], types)
+    learned += [v for n in light.graph.node if n.op_type == "Concat" if (v := _merged_dims(n, types)) is not None]
+    light.graph.value_info.extend(learned)
+    return light, types, learned
+
+
+def _carry_model(after_concat: str) -> onnx.ModelProto:
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
+             helper.make_node("Relu", ["cat"], ["r"]),
+             helper.make_node("SkipLayerNormalization", ["h", "h", "gamma"], ["ln"], domain="com.microsoft"),
+             helper.make_node("MatMul", ["ln", "w"], ["z"])]
+    if after_concat == "reshape":  # a dim inference cannot name (a Reshape to a value) after a learned type
+        nodes.append(helper.make_node("Reshape", ["r", "flat"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Add", ["r", "r"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "carry",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8]),
+         helper.make_tensor_value_info("skip", TensorProto.FLOAT, ["batch", 4, 16, 16]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", "seq", 16]),
+         helper.make_tensor_value_info("flat", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        initializer=[scales, numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+                     numpy_helper.from_array(np.ones((16, 8), np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_carried_types_are_what_inferring_the_graph_again_gives() -> None:
+    from onnxmem.ir.tensor_types import TypeDecoder
+    from onnxmem.shapes.carry import carried_types
+    from onnxmem.shapes.infer import _collect_types, _inferred
+
+    light, types, learned = _round(_carry_model("add"))
+    assert {v.name for v in learned} == {"cat", "ln"}  # a Concat's dims merged, a contrib operator's rule
+    assert types["z"][1] is None and types["y"][1][0].startswith("unk__")  # (before: ONNX knew neither)
+    again = _collect_types(_inferred(light, data_prop=False).graph, TypeDecoder())
+    carried = carried_types(light, types, learned)
+    assert carried == again and list(carried) == list(again)  # the same types, in the same order
+    assert carried["y"][1] == ("batch", 8, 16, 16) and carried["z"][1] == ("batch", "seq", 8)
+
+
+def test_carried_types_leave_a_name_only_inference_makes_to_it() -> None:
+    from onnxmem.shapes.carry import carried_types
+
+    light, types, learned = _round(_carry_model("reshape"))
+    assert carried_types(light, types, learned) is None  # the Reshape to a value: inference names its dims
