@@ -2,6 +2,7 @@
 
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
+                                             [--gemm-conv-first-use]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -42,6 +43,13 @@ allocated after: behind targets/torch/cpu/gemm.py counting fp16's flash-attentio
 each shape in a fresh process after warm_up) of a frozen nn.LSTM's forward on CPU, where nothing needs a gradient
 and PyTorch runs oneDNN's inference primitive: behind targets/torch/cpu/tables.py FROZEN_LSTM_FORWARD_HEAP and the
 unmodelled-kernel warning.
+
+--gemm-conv-first-use: what the first weight gradient by oneDNN's gemm convolution (x64:gemm:jit: a kernel larger
+than the input, as a 3x3 convolution on the 2x2 maps at the end of a CNN over 64x64 images) keeps in a process:
+two convolutions in one fresh process (after warm_up; malloc counter, fp32, one thread), each one forward and
+backward, and what each backward keeps beyond the gradients it returns; the second convolution's is its own
+primitives, so the first's less that (same kind of convolution) is the one-time part. Behind tables.py
+OnednnPrimitives.gemm_first_use and gemm_dense_first_use.
 """
 
 from __future__ import annotations
@@ -344,6 +352,59 @@ def frozen_lstm() -> None:
         print(f"| {' | '.join(map(str, shape))} | {int(peak):,} | {int(output):,} |")
 
 
+# (in channels, out channels, kernel, image size, batch, groups): the first, then the second, in one process
+GEMM_CONV_PAIRS = (((128, 128, 3, 2, 4, 1), (64, 64, 3, 2, 4, 1)), ((64, 64, 3, 2, 4, 1), (128, 128, 3, 2, 4, 1)),
+                   ((32, 32, 3, 2, 8, 1), (128, 128, 3, 2, 4, 1)), ((64, 64, 5, 2, 4, 1), (128, 128, 3, 2, 4, 1)),
+                   ((64, 64, 7, 4, 4, 64), (32, 32, 7, 4, 4, 32)), ((32, 32, 7, 4, 4, 32), (64, 64, 7, 4, 4, 64)),
+                   ((64, 64, 7, 4, 4, 64), (128, 128, 3, 2, 4, 1)), ((128, 128, 3, 2, 4, 1), (64, 64, 7, 4, 4, 64)))
+
+
+def gemm_conv_first_use_one(specs: list[int]) -> None:
+    """Print what each convolution's first backward keeps beyond its gradients, in this fresh process."""
+    import ctypes
+    import gc
+
+    from benchmarks.accuracy_training import warm_up
+
+    counter = ctypes.CDLL(None)
+    counter.mc_current.restype = ctypes.c_int64
+    warm_up()
+    kept = []
+    for at in range(0, len(specs), 6):
+        cin, cout, kernel, size, batch, groups = specs[at:at + 6]
+        torch.manual_seed(0)
+        conv = nn.Conv2d(cin, cout, kernel, padding=kernel // 2, bias=False, groups=groups)
+        x = torch.randn(batch, cin, size, size, requires_grad=True)
+        y = conv(x)
+        gradient = torch.ones_like(y)
+        gc.collect()
+        base = counter.mc_current()
+        y.backward(gradient)
+        assert x.grad is not None and conv.weight.grad is not None
+        kept.append(counter.mc_current() - base - 4 * (x.grad.numel() + conv.weight.grad.numel()))
+    print("@@", *kept)
+
+
+def gemm_conv_first_use() -> None:
+    from onnxmem.targets.torch.cpu.isa import detect_cpu_isa
+    from onnxmem.targets.torch.cpu.tables import CPU_ISAS
+
+    sizes = CPU_ISAS[detect_cpu_isa()].primitives
+
+    def name(spec: tuple[int, ...]) -> str:
+        cin, cout, kernel, size, batch, groups = spec
+        return f"{cin}->{cout} {kernel}x{kernel} on {size}x{size}, batch {batch}{', depthwise' if groups > 1 else ''}"
+
+    print("| first | second | first keeps | second keeps | difference | rule (first use) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for first, second in GEMM_CONV_PAIRS:
+        out = subprocess.run([sys.executable, __file__, "--gemm-conv-first-use-one", *map(str, first + second)],
+                             capture_output=True, text=True, check=True).stdout
+        a, b = (int(v) for v in next(line for line in out.splitlines() if line.startswith("@@")).split()[1:])
+        rule = sizes.gemm_first_use + (sizes.gemm_dense_first_use if first[5] == 1 else 0)
+        print(f"| {name(first)} | {name(second)} | {a:,} | {b:,} | {a - b:+,} | {rule:,} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -356,6 +417,8 @@ def main() -> None:
     parser.add_argument("--flash-fp16-one", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--gemm-conv-first-use", action="store_true")
+    parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.frozen_lstm_one:
@@ -375,6 +438,15 @@ def main() -> None:
 
         under_malloc_counter()
         conv_channels_last()
+        return
+    if args.gemm_conv_first_use_one:
+        gemm_conv_first_use_one(args.gemm_conv_first_use_one)
+        return
+    if args.gemm_conv_first_use:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        gemm_conv_first_use()
         return
     if args.frozen_lstm:
         from benchmarks.accuracy_training import under_malloc_counter

@@ -279,7 +279,7 @@ def test_depthwise_and_1x1_convolutions_take_their_kernels_primitives() -> None:
 
     def made(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], input_grad: bool = True) -> list[int]:
         return [size for key, size, _ in cpu_convolution_primitives(x, w, y, 4, input_grad, True, 1, AVX2)
-                if key[0] != "reorder"]
+                if key[0] not in ("reorder", "gemm convolution first use")]
 
     # depthwise 3x3: jit_dw throughout; 5x5: the weights' gradient by oneDNN's gemm convolution
     assert made((4, 32, 8, 8), (32, 1, 3, 3), (4, 32, 8, 8)) == [
@@ -293,6 +293,26 @@ def test_depthwise_and_1x1_convolutions_take_their_kernels_primitives() -> None:
     # an image input (3 channels) needs no gradient: no backward-data primitive
     assert made((4, 3, 32, 32), (16, 3, 3, 3), (4, 16, 32, 32), input_grad=False) == [
         p.forward_jit, p.backward_weights_jit]
+
+
+def test_the_first_gemm_convolution_of_a_process_makes_onednns_sgemm_kernels_once() -> None:
+    # tables.py OnednnPrimitives.gemm_first_use / gemm_dense_first_use (training_single_ops.py
+    # --gemm-conv-first-use): one key for every convolution, so a step counts them once, at the first
+    p = PRIMITIVES
+
+    def first_use(x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], weight_grad: bool = True) \
+            -> dict[tuple[object, ...], int]:
+        return {key: size for key, size, backward in cpu_convolution_primitives(x, w, y, 4, True, weight_grad, 1, AVX2)
+                if key[0] == "gemm convolution first use" and backward}
+
+    dense = first_use((4, 128, 2, 2), (128, 128, 3, 3), (4, 128, 2, 2))  # a kernel larger than the input
+    assert sum(dense.values()) == p.gemm_first_use + p.gemm_dense_first_use
+    assert first_use((8, 32, 2, 2), (32, 32, 3, 3), (8, 32, 2, 2)) == dense  # another shape: the same keys
+    depthwise = first_use((4, 64, 4, 4), (64, 1, 7, 7), (4, 64, 4, 4))
+    assert list(depthwise.values()) == [p.gemm_first_use] and set(depthwise) < set(dense)
+    # no weight gradient, or a jit kernel (3x3 on 8x8): no gemm convolution
+    assert first_use((4, 128, 2, 2), (128, 128, 3, 3), (4, 128, 2, 2), weight_grad=False) == {}
+    assert first_use((4, 64, 8, 8), (64, 64, 3, 3), (4, 64, 8, 8)) == {}
 
 
 def test_the_cpu_instruction_set_is_read_from_the_cpu_flags(tmp_path: Path) -> None:

@@ -236,6 +236,10 @@ def cpu_convolution_primitives(x: tuple[int, ...], w: tuple[int, ...], y: tuple[
                                  else kernel[-1] >= rule.jit_max_kernel_width)
         made.append((("backward weights", *conv), getattr(sizes, f"backward_weights_{'gemm' if gemm else kind}"),
                      True))
+        if gemm:  # oneDNN's sgemm kernels, JIT-made once per process (the same key for every convolution)
+            made.append((("gemm convolution first use",), sizes.gemm_first_use, True))
+            if not depthwise:
+                made.append((("gemm convolution first use", "dense"), sizes.gemm_dense_first_use, True))
         if not gemm:
             if not flat:
                 reorder("to blocked", x, True)

@@ -62,6 +62,14 @@ class OnednnPrimitives:
     backward_weights_one_by_one: int = 41_350
     backward_weights_gemm: int = 12_500
     reorder: int = 11_300  # a blocked reorder (jit:uni, jit:blk); a plain copy is 10,216
+    # the process's first weight gradient by oneDNN's gemm convolution (x64:gemm:jit) JITs oneDNN's own sgemm
+    # kernels, kept from then on: `gemm_first_use` at the first one of any kind, and `gemm_dense_first_use` more at
+    # the first that is not depthwise. Measured with the malloc counter (fresh processes after warm_up, fp32, one
+    # thread: what the first call of a convolution's backward keeps beyond a later new shape's primitives,
+    # benchmarks/training_single_ops.py --gemm-conv-first-use): dense 3x3 on 2x2 (32-128 channels, batch 4-8) and
+    # 5x5 on 2x2 keep 311.2-311.6 KB once; a depthwise 7x7 on 4x4 59.9 KB once, and a dense one after it 251.3 KB
+    gemm_first_use: int = 59_900
+    gemm_dense_first_use: int = 251_300
     # the exact (erf) GELU: ATen runs it in oneDNN's eltwise (jit:avx2) on a contiguous fp32 tensor of over one
     # element (not channels-last, not bf16 on AVX2, not tanh), one forward_training and one backward_data primitive
     # per distinct shape; measured with the malloc counter over six shapes, each in one process after the same
