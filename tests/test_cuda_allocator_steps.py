@@ -108,9 +108,43 @@ def test_adamw_states_and_foreach_temporaries_allocated_per_parameter_match_the_
         assert emitted[name]["phases"]["optimizer"].reserved <= measured - 4 * MIB, name
 
 
-@pytest.mark.xfail(strict=True, reason="the step model's convolution backward: one temporary per conv where cuDNN "
-                   "makes a data and a filter workspace of their own sizes (singleop/conv rows), and tiny_cnn's "
-                   "allocated peak itself 21% under; see BENCHMARKS.md 'CUDA reserved: the allocator replay'")
+def test_a_convolution_backward_takes_its_two_cudnn_workspaces_between_its_gradients() -> None:
+    # resnet18's layer2.1.conv1 (3x3, 128 channels on 16 x 16, the rows' rules cover it): grad_input, the
+    # backward-data workspace taken and freed, grad_weight, the backward-filter workspace taken and freed
+    run = score_reserved.first_step_run(*_resnet18("sgd", "fp32"))
+    at = next(e for e, label in enumerate(run.events.label) if label.endswith(" node_conv2d_8") and
+              run.events.phase[e] == "backward")
+    temporaries = next(i for i, b in enumerate(run.buffers) if b.name == "node_conv2d_8 (backward temporaries)")
+    scratch, weights = run.convolutions["node_conv2d_8 (backward temporaries)"]
+    assert weights == ("layer2.1.conv1.weight",)
+    assert scratch.backward_data == (4 + 4 + 0.5625) * MIB  # x + y + w: [32, 128, 16, 16] fp32 and 128x128x3x3
+    assert scratch.backward_filter == scratch.backward_data + 128 * 31 * 1024
+    names = {i: b.name for i, b in enumerate(run.buffers)}
+    order = []
+    for _, name, _, is_free in score_reserved.torch_events(run, "sgd"):
+        label = names.get(name) if isinstance(name, int) else name[1] if name[0] == temporaries else None
+        if label in ("grad relu_6", "data", "grad layer2.1.conv1.weight", "filter"):
+            order.append((label, is_free))
+    # (the weight's gradient is freed at the step's end)
+    assert order[:7] == [("grad relu_6", False), ("data", False), ("data", True),
+                         ("grad layer2.1.conv1.weight", False), ("filter", False), ("filter", True),
+                         ("grad relu_6", True)]
+    assert all(b.name != "node_conv2d_8 (backward temporaries)" or b.start == b.end == at for b in run.buffers)
+
+
+@pytest.mark.xfail(strict=True, reason="the convolutions no single-op row covers (strided: resnet18's stem and "
+                   "downsampling, tiny_cnn's second conv, mobilenet's and convnext's stems; 1x1 over 256 channels "
+                   "or under 14x14 positions: convnext's and mobilenet's) carry no workspace in the replay, and "
+                   "tiny_cnn's allocated peak itself is 21% under; the covered ones take their two cuDNN workspaces "
+                   "(see BENCHMARKS.md 'CUDA reserved: cuDNN's two backward workspaces')")
 def test_convolution_steps_reserve_max_memory_reserved_within_5_percent() -> None:
     for s in scored(CONVOLUTIONS):
         assert abs(s["replay_reserved"] - s["reserved"]) <= 0.05 * s["reserved"], s["row"]
+
+
+def _resnet18(optimizer: str, precision: str) -> tuple[Any, dict[str, Any]]:
+    rows = {r["key"]: r for r in score_reserved.read_rows([score_reserved.RESULTS])}
+    exports = score_reserved.find_exports([score_reserved.RESULTS], [])
+    if "resnet18.full.onnx" not in exports:
+        pytest.skip("no committed resnet18 export")
+    return exports["resnet18.full.onnx"], rows[f"training/resnet18/full/{optimizer}/{precision}"]

@@ -47,15 +47,22 @@ HELD_BEFORE_MODEL = (MIB,)
 DEVICE_STATES = {"adamw": 2, "adam": 2}
 CPU_STEP_BYTES = 4
 STATE_SUFFIX = " (optimizer state)"
+TEMPORARIES_SUFFIX = " (backward temporaries)"
+# the buffers of a parameter's gradient a node's backward makes: the gradient, or under autocast the 16-bit one
+# (the fp32 gradient follows from its cast, after the node)
+GRADIENT_NAMES = ("{} (low-precision gradient)", "grad {}")
 FOREACH_TEMPORARIES = "update temporaries"
 
 Event = tuple[str, Hashable, int, bool]  # phase, name, bytes, is a free
 
 
 def first_step_run(export: Path, row: dict[str, Any]) -> Any:
-    """Give the first step onnxmem simulates for a training row (its events and buffers)."""
+    """Give the first step onnxmem simulates for a training row (its events and buffers), with `convolutions`
+    set on it: the cuDNN workspaces of each convolution's backward, by the name of its temporaries' buffer
+    (TorchCuda's convolution_backwards)."""
     import onnxmem
     from benchmarks.cuda.measure import training_options
+    from onnxmem.targets.torch.cuda.device import convolution_backwards
     from onnxmem.training import step as step_module
 
     captured: list[Any] = []
@@ -64,6 +71,10 @@ def first_step_run(export: Path, row: dict[str, Any]) -> Any:
     def capture(model: Any, options: Any, rule: Any, first_step: bool, *args: Any, **kwargs: Any) -> Any:
         run = simulate(model, options, rule, first_step, *args, **kwargs)
         if first_step and not args and not kwargs and not captured:
+            found = convolution_backwards(model.nodes, model.values, model.needs_grad, options.precision)
+            run.convolutions = {f"{model.nodes[n].name}{TEMPORARIES_SUFFIX}": (
+                scratch, tuple(model.values[t].name for t in model.nodes[n].inputs[1:]
+                               if t >= 0 and t in set(model.params))) for n, scratch in found.items()}
             captured.append(run)
         return run
 
@@ -89,6 +100,7 @@ def torch_events(run: Any, optimizer: str, as_emitted: bool = False) -> list[Eve
     parameter's two states of 9 MiB (kLargeBuffer segments) become one request of 18 MiB (a segment of its own).
     With as_emitted, the buffers are replayed as the step model emits them."""
     phase, buffers = run.events.phase, run.buffers
+    convolutions = {} if as_emitted else getattr(run, "convolutions", {})
     weight_bytes = {b.name: b.nbytes for b in buffers if b.category == "weights"}
     states_per_param = 0 if as_emitted else DEVICE_STATES.get(optimizer, 0)
     starts: dict[int, list[int]] = {}
@@ -99,12 +111,36 @@ def torch_events(run: Any, optimizer: str, as_emitted: bool = False) -> list[Eve
             ends.setdefault(buffer.end, []).append(index)
     split_states: dict[int, int] = {}  # buffer -> the parameter's bytes, for the state buffers allocated per tensor
     split_temporaries: set[int] = set()
+    made_early: set[int] = set()  # weight gradients allocated between a convolution's two workspaces
     events: list[Event] = []
     for event in range(len(phase)):
         at = phase[event]
         parameters: list[int] = []  # the bytes of the parameters whose states start here, in order
         for index in starts.get(event, ()):
             buffer = buffers[index]
+            if index in made_early:
+                continue
+            if buffer.name in convolutions and buffer.start == buffer.end:
+                scratch, weights = convolutions[buffer.name]
+                # cuDNN's order: grad_input (made before), the backward-data workspace, grad_weight, the
+                # backward-filter workspace; each workspace freed at once
+                made_here = {buffers[i].name: i for i in starts.get(event, ()) if i > index}
+                grads = [next(made_here[p.format(w)] for p in GRADIENT_NAMES if p.format(w) in made_here)
+                         for w in weights if any(p.format(w) in made_here for p in GRADIENT_NAMES)]
+                rest = buffer.nbytes - scratch.backward
+                if scratch.backward_data:
+                    events.extend([(at, (index, "data"), scratch.backward_data, False),
+                                   (at, (index, "data"), scratch.backward_data, True)])
+                events.extend((at, i, buffers[i].nbytes, False) for i in grads)
+                made_early.update(grads)
+                if scratch.backward_filter:
+                    events.extend([(at, (index, "filter"), scratch.backward_filter, False),
+                                   (at, (index, "filter"), scratch.backward_filter, True)])
+                if rest > 0:
+                    events.append((at, index, rest, False))
+                else:
+                    split_temporaries.add(index)
+                continue
             param = weight_bytes.get(buffer.name.removesuffix(STATE_SUFFIX), 0) \
                 if buffer.category == "optimizer state" and buffer.name.endswith(STATE_SUFFIX) else 0
             if states_per_param and param and buffer.nbytes == states_per_param * param + CPU_STEP_BYTES:

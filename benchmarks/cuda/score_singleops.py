@@ -170,11 +170,13 @@ def _value(name: str, shape: tuple[int, ...], element: int) -> Any:
     return StepValue(name, shape, numel, numel * element, True, "activation")
 
 
-def conv_prediction(row: dict[str, Any]) -> dict[str, int] | None:
+def conv_prediction(row: dict[str, Any]) -> dict[str, Any] | None:
     """Give onnxmem's CUDA device's transients for a conv row (TorchCuda.node_facts on the row's shapes, at the
-    step's precision: fp32 tensors, autocast's 16-bit kernels), or None where its rules do not cover the shape."""
+    step's precision: fp32 tensors, autocast's 16-bit kernels), and as "scratch" its backward's two cuDNN
+    workspaces (device.convolution_backwards; None: none), or None where its rules do not cover the shape."""
     from onnxmem.targets.torch.base import NodeContext
     from onnxmem.targets.torch.cuda import TorchCuda
+    from onnxmem.targets.torch.cuda.device import convolution_backwards
     from onnxmem.training.values import StepNode
 
     s = row.get("sizes") or {}
@@ -190,7 +192,67 @@ def conv_prediction(row: dict[str, Any]) -> dict[str, int] | None:
     if device.unmodelled([node], values, [cin != 3, True, True], [True], precision):
         return None
     facts = device.node_facts(context)
-    return {"forward": facts.forward_temporaries, "backward": facts.backward_temporaries}
+    return {"forward": facts.forward_temporaries, "backward": facts.backward_temporaries,
+            "scratch": convolution_backwards([node], values, [cin != 3, True, True], precision).get(0)}
+
+
+CLEAN_SLACK = 3 * MIB  # a row whose forward starts with at most this much cached room (the warm-up's 1 MiB and the
+# inputs' segments rounded to 2 MiB): its allocator state is the replay's; a larger room is an earlier row's segment
+
+
+def conv_sequence(row: dict[str, Any]) -> dict[str, Any] | None:
+    """Replay an fp32 conv row's allocations through onnxmem's CachingAllocator and give the backward's peak reserved
+    above its start, measured and replayed: the warm-up's 1 MiB small-pool leftover, the inputs x and w, the
+    forward (y, and the measured forward transient taken and freed), the ones-like output gradient, then the
+    backward as cuDNN allocates it by the device's rules (grad_input where x needs one, the backward-data
+    workspace freed, grad_weight, the backward-filter workspace freed). `clean`: the row's forward started with
+    no earlier row's cached segment (at most CLEAN_SLACK of room), so its allocator state is the replay's. None
+    for a row the rules do not cover, or not fp32."""
+    from onnxmem.targets.torch.cuda.allocator import CachingAllocator
+
+    s, c, run = row.get("sizes") or {}, row.get("config") or {}, (row.get("runs") or {}).get("first") or {}
+    forward, backward = run.get("forward"), run.get("backward")
+    ours = conv_prediction(row)
+    if c.get("dtype") != "fp32" or ours is None or not isinstance(forward, dict) or not isinstance(backward, dict):
+        return None
+    batch, cin, cout, side, size, groups = (int(s[k]) for k in ("batch", "in", "out", "side", "size", "groups"))
+    x, y, w = batch * cin * side * side * 4, batch * cout * side * side * 4, cout * cin // groups * size * size * 4
+    allocator = CachingAllocator()
+    for nbytes in (MIB, x, w):
+        allocator.malloc(nbytes)
+    allocator.malloc(y)
+    transient = forward["peak_allocated_above"] - forward["end_allocated_above"]
+    if transient > 0:
+        allocator.free(allocator.malloc(transient))
+    allocator.malloc(y)  # the ones-like output gradient
+    start = allocator.reserved
+    allocator.reset_peaks()
+    scratch = ours["scratch"]
+    if cin != 3:  # the rows' stems take no input gradient
+        allocator.malloc(x)
+    if scratch is not None and scratch.backward_data:
+        allocator.free(allocator.malloc(scratch.backward_data))
+    allocator.malloc(w)
+    if scratch is not None and scratch.backward_filter:
+        allocator.free(allocator.malloc(scratch.backward_filter))
+    return {"config": _tail(row), "clean": forward["base_reserved"] - forward["base_allocated"] <= CLEAN_SLACK,
+            "ruled": batch >= 32 and side >= 56, "measured": backward["peak_reserved_above"],
+            "replay": allocator.peak_reserved - start}
+
+
+def conv_sequence_summary(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """Give, for the fp32 conv rows the rules cover: all, the clean ones (their allocator state is the replay's),
+    and the clean ones on the shapes the workspace rules are written for (batch 32 or more, 56 x 56 positions or
+    more): rows, rows whose backward peak reserved the replay gives to the byte, and the largest miss in MiB."""
+    found = [r for r in (conv_sequence(row) for row in rows if row.get("group") == "conv"
+                         and row.get("error") is None) if r is not None]
+    out = []
+    for label, members in (("all", found), ("clean", [r for r in found if r["clean"]]),
+                           ("clean, batch >= 32, >= 56x56", [r for r in found if r["clean"] and r["ruled"]])):
+        misses = [(r["replay"] - r["measured"]) / MIB for r in members]
+        out.append([label, len(members), sum(1 for r in members if r["replay"] == r["measured"]),
+                    f"{max(misses, key=abs):+.0f}" if misses else "-"])
+    return out
 
 
 def sdpa_prediction(row: dict[str, Any], backend_name: str) -> int | None:
@@ -333,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     predictions = render_predictions(rows, args.group, args.every)
     if predictions:
         print("\n" + predictions)
+    if args.group in (None, "conv"):
+        sequences = conv_sequence_summary(rows)
+        if sequences[0][1]:
+            print("\nconv backward, fp32: the row's allocations replayed through the caching allocator with cuDNN's "
+                  "two workspaces (onnxmem/targets/torch/cuda/convolution.py) against the backward's "
+                  "peak reserved\n" + table(("rows", "lines", "reserved exact", "worst MiB"), sequences))
     return 0
 
 

@@ -6,9 +6,10 @@ element), autocast's fp32 list is CUDA's (tables.py AUTOCAST_FP32) and the cross
 logits' width (tables.py LOSS_AT_INPUT_WIDTH), the optimizer update defaults to foreach (temporaries over all
 parameters at once), a recurrent op keeps cuDNN's reserve space (tables.py CUDA_RESERVE_VALUES), and the autograd
 graph is host memory, not the GPU's (not counted). No library keeps buffers in the step's count. From the H100
-single-op rows (benchmarks/cuda/score_singleops.py): a convolution's cuDNN transposes and its 1x1 weight-gradient
-partials (convolution.py), and each fused attention backend's backward scratch (attention.py backward_scratch); the
-convolutions those rows do not cover carry a note. Checked against the H100 rows: benchmarks/cuda/score.py.
+single-op rows (benchmarks/cuda/score_singleops.py): a convolution's cuDNN workspaces, its NHWC copies and its
+backward's two calls (convolution.py; convolution_backwards gives them to a replay of the caching allocator), and
+each fused attention backend's backward scratch (attention.py backward_scratch); the convolutions those rows do not
+cover carry a note. Checked against the H100 rows: benchmarks/cuda/score.py.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ if TYPE_CHECKING:
 CAVEAT = ("the CUDA device model is checked against one GPU (H100 80GB, PyTorch 2.11, CUDA 13: "
           "benchmarks/cuda/score.py): it counts the tensors of the step, which scaled_dot_product_attention backend "
           "runs (cuDNN, flash, memory-efficient or math) and what each keeps, cuDNN's recurrent reserve space and the "
-          "foreach update, each fused attention backend's backward scratch, and cuDNN's NHWC copies in 2-D "
-          "convolutions (cudnn.benchmark off); it does not count the rest of cuDNN's convolution workspaces (the "
-          "backward's algorithm workspace: 2-10 MiB per 3x3 convolution, up to 220 MiB for a 7x7 one on the H100; "
-          "cudnn.benchmark's search), the convolutions the rows do not cover (strided, grouped but not "
+          "foreach update, each fused attention backend's backward scratch, and cuDNN's convolution workspaces in "
+          "2-D convolutions (cudnn.benchmark off: the NHWC copies, the backward-filter call's scratch); it does not "
+          "count the other engines cuDNN takes on some shapes (up to 184 MiB more on a 7x7 one at batch 1, 786 MiB "
+          "on a 1x1 one on 224 x 224 positions, on the H100), "
+          "cudnn.benchmark's search, the convolutions the rows do not cover (strided, grouped but not "
           "depthwise, transposed, 1-D or 3-D), or autocast's weight cache beyond one 16-bit copy per weight; "
           "held_bytes replays the caching allocator (memory_reserved) but the report does not use it yet")
 
@@ -144,7 +146,22 @@ def _convolution_scratch(node: StepNode, values: list[StepValue], needs_grad: li
     if width <= 0:
         return None
     element = min(width, 2) if precision != "fp32" else width
-    return convolution.convolution_scratch(x, w, y, element, needs_grad[inputs[1]])
+    return convolution.convolution_scratch(x, w, y, element, needs_grad[inputs[1]], needs_grad[inputs[0]],
+                                           precision.startswith("amp-"))
+
+
+def convolution_backwards(nodes: list[StepNode], values: list[StepValue], needs_grad: list[bool],
+                          precision: str) -> dict[int, convolution.ConvolutionScratch]:
+    """Give the cuDNN workspaces of each convolution's backward the rows cover (convolution.py), by node: what a
+    replay of the caching allocator takes between the backward's gradients (grad_input, the backward-data
+    workspace, grad_weight, the backward-filter workspace, each workspace freed before the next tensor)."""
+    found = {}
+    for n, node in enumerate(nodes):
+        if node.op_type in CUDNN_CONVOLUTIONS:
+            scratch = _convolution_scratch(node, values, needs_grad, precision)
+            if scratch is not None and (scratch.backward_data or scratch.backward_filter):
+                found[n] = scratch
+    return found
 
 
 def _attention_call(context: NodeContext) -> attention.AttentionCall:
