@@ -205,9 +205,11 @@ def conv_sequence(row: dict[str, Any]) -> dict[str, Any] | None:
     above its start, measured and replayed: the warm-up's 1 MiB small-pool leftover, the inputs x and w, the
     forward (y, and the measured forward transient taken and freed), the ones-like output gradient, then the
     backward as cuDNN allocates it by the device's rules (grad_input where x needs one, the backward-data
-    workspace freed, grad_weight, the backward-filter workspace freed). `clean`: the row's forward started with
-    no earlier row's cached segment (at most CLEAN_SLACK of room), so its allocator state is the replay's. None
-    for a row the rules do not cover, or not fp32."""
+    workspace freed, grad_weight, the backward-filter workspace freed); `one_temporary`: the same with the step
+    model's one temporary (the sequence's peak above the gradients) taken after both gradients, as a replay of its
+    buffers without the workspaces would. `clean`: the row's forward started with no earlier row's cached segment
+    (at most CLEAN_SLACK of room), so its allocator state is the replay's. None for a row the rules do not cover,
+    or not fp32."""
     from onnxmem.targets.torch.cuda.allocator import CachingAllocator
 
     s, c, run = row.get("sizes") or {}, row.get("config") or {}, (row.get("runs") or {}).get("first") or {}
@@ -217,41 +219,50 @@ def conv_sequence(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     batch, cin, cout, side, size, groups = (int(s[k]) for k in ("batch", "in", "out", "side", "size", "groups"))
     x, y, w = batch * cin * side * side * 4, batch * cout * side * side * 4, cout * cin // groups * size * size * 4
-    allocator = CachingAllocator()
-    for nbytes in (MIB, x, w):
-        allocator.malloc(nbytes)
-    allocator.malloc(y)
-    transient = forward["peak_allocated_above"] - forward["end_allocated_above"]
-    if transient > 0:
-        allocator.free(allocator.malloc(transient))
-    allocator.malloc(y)  # the ones-like output gradient
-    start = allocator.reserved
-    allocator.reset_peaks()
     scratch = ours["scratch"]
-    if cin != 3:  # the rows' stems take no input gradient
-        allocator.malloc(x)
-    if scratch is not None and scratch.backward_data:
-        allocator.free(allocator.malloc(scratch.backward_data))
-    allocator.malloc(w)
-    if scratch is not None and scratch.backward_filter:
-        allocator.free(allocator.malloc(scratch.backward_filter))
+    data, filter_ = (scratch.backward_data, scratch.backward_filter) if scratch is not None else (0, 0)
+
+    def backward_reserved(sequence: list[tuple[int, bool]]) -> int:
+        allocator = CachingAllocator()
+        for nbytes in (MIB, x, w):
+            allocator.malloc(nbytes)
+        allocator.malloc(y)
+        transient = forward["peak_allocated_above"] - forward["end_allocated_above"]
+        if transient > 0:
+            allocator.free(allocator.malloc(transient))
+        allocator.malloc(y)  # the ones-like output gradient
+        start = allocator.reserved
+        allocator.reset_peaks()
+        for nbytes, freed in sequence:
+            if nbytes:
+                block = allocator.malloc(nbytes)
+                if freed:
+                    allocator.free(block)
+        return allocator.peak_reserved - start
+
+    grad_input = x if cin != 3 else 0  # the rows' stems take no input gradient
     return {"config": _tail(row), "clean": forward["base_reserved"] - forward["base_allocated"] <= CLEAN_SLACK,
             "ruled": batch >= 32 and side >= 56, "measured": backward["peak_reserved_above"],
-            "replay": allocator.peak_reserved - start}
+            "replay": backward_reserved([(grad_input, False), (data, True), (w, False), (filter_, True)]),
+            "one_temporary": backward_reserved([(grad_input, False), (w, False), (ours["backward"], True)])}
 
 
 def conv_sequence_summary(rows: list[dict[str, Any]]) -> list[list[Any]]:
     """Give, for the fp32 conv rows the rules cover: all, the clean ones (their allocator state is the replay's),
     and the clean ones on the shapes the workspace rules are written for (batch 32 or more, 56 x 56 positions or
-    more): rows, rows whose backward peak reserved the replay gives to the byte, and the largest miss in MiB."""
+    more): rows, rows whose backward peak reserved the replay gives to the byte, and the largest miss in MiB; the
+    same two for one temporary in place of the two workspaces."""
     found = [r for r in (conv_sequence(row) for row in rows if row.get("group") == "conv"
                          and row.get("error") is None) if r is not None]
     out = []
     for label, members in (("all", found), ("clean", [r for r in found if r["clean"]]),
                            ("clean, batch >= 32, >= 56x56", [r for r in found if r["clean"] and r["ruled"]])):
-        misses = [(r["replay"] - r["measured"]) / MIB for r in members]
-        out.append([label, len(members), sum(1 for r in members if r["replay"] == r["measured"]),
-                    f"{max(misses, key=abs):+.0f}" if misses else "-"])
+        line: list[Any] = [label, len(members)]
+        for field in ("replay", "one_temporary"):
+            misses = [(r[field] - r["measured"]) / MIB for r in members]
+            line += [sum(1 for r in members if r[field] == r["measured"]),
+                     f"{max(misses, key=abs):+.0f}" if misses else "-"]
+        out.append(line)
     return out
 
 
@@ -400,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         if sequences[0][1]:
             print("\nconv backward, fp32: the row's allocations replayed through the caching allocator with cuDNN's "
                   "two workspaces (onnxmem/targets/torch/cuda/convolution.py) against the backward's "
-                  "peak reserved\n" + table(("rows", "lines", "reserved exact", "worst MiB"), sequences))
+                  "peak reserved (and with the step model's one temporary in their place)\n"
+                  + table(("rows", "lines", "reserved exact", "worst MiB", "one temporary: exact", "worst MiB"),
+                          sequences))
     return 0
 
 
