@@ -15,6 +15,7 @@ from onnx import ModelProto, ValueInfoProto
 from onnxmem.ir.graph import Origin
 from onnxmem.ir.load import initializer_type
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType, TypeDecoder
+from onnxmem.shapes.carry import carried_types
 from onnxmem.shapes.dims import InputDim, input_dims
 from onnxmem.shapes.infer import (
     _collect_types,
@@ -406,6 +407,10 @@ def _planner_rounds(light: Callable[[], ModelProto], inferred: ModelProto | None
             return types
         learned_before.update(v.name for v in learned)
         light().graph.value_info.extend(learned)
+        carried = carried_types(light(), types, learned)  # (the learned types carried node by node, where told)
+        if carried is not None:
+            types = carried
+            continue
         try:
             inferred = _inferred(light(), data_prop=False)
         except Exception:  # noqa: BLE001 - keep what the rounds before found
