@@ -335,7 +335,10 @@ def test_gpus_must_be_positive(tmp_path: Path) -> None:
 # then waits there for the signal, so that the signal lands at that stage whatever the machine's load: "imports",
 # once console.run has set its early handlers and starts importing the CLI; "analysis", as the model is opened.
 _STOPPED_AT = """
-import os, sys, time
+import os, signal, sys, time
+# as a command typed at a terminal starts: a shell's background job (nohup, &, a CI runner's) is started with SIGINT
+# ignored, which console.run rightly keeps ignored; this test is about the signal arriving, so it starts as typed
+signal.signal(signal.SIGINT, signal.default_int_handler)
 stage, ready = sys.argv.pop(1), int(sys.argv.pop(1))
 model = sys.argv[2]
 fired = []
@@ -384,6 +387,35 @@ def test_a_signal_at_any_time_ends_with_one_line(tmp_path: Path, signum: int, co
             os.close(write_end)
     assert process.returncode == code, err[-2000:]
     assert err == f"onnxmem: {word}\n"
+
+
+def test_a_background_jobs_ignored_sigint_stays_ignored(tmp_path: Path) -> None:
+    # A shell starts a background job with SIGINT ignored (a Ctrl-C at the terminal is not for it): the command keeps
+    # it so, and still ends on SIGTERM with one line. Both signals are pending when the child next runs; Linux
+    # delivers the lower-numbered first, so an SIGINT that were handled would give 130, not 143.
+    import select
+
+    path = save(graphs.symbolic_mlp(), tmp_path / "m.onnx")
+    stopped_at = _STOPPED_AT.replace("signal.signal(signal.SIGINT, signal.default_int_handler)",
+                                     "signal.signal(signal.SIGINT, signal.SIG_IGN)")
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen([sys.executable, "-c", stopped_at, "analysis", str(write_end), "report", path,
+                                    "--dim", "batch=2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   pass_fds=(write_end,), cwd=Path(__file__).resolve().parent.parent)
+        os.close(write_end)
+        write_end = -1
+        assert select.select([read_end], [], [], 120)[0], "the command never reached the stage"
+        assert os.read(read_end, 16) == b"ready\n"
+        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert process.returncode == 143, err[-2000:]
+    assert err == "onnxmem: terminated\n"
 
 
 def test_an_option_click_refuses_is_also_a_json_error_where_json_was_asked(tmp_path: Path) -> None:
