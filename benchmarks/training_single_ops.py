@@ -2,7 +2,7 @@
 
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
-                                             [--gemm-conv-first-use]
+                                             [--gemm-conv-first-use] [--sdpa-dropout-backward]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -50,6 +50,12 @@ two convolutions in one fresh process (after warm_up; malloc counter, fp32, one 
 backward, and what each backward keeps beyond the gradients it returns; the second convolution's is its own
 primitives, so the first's less that (same kind of convolution) is the one-time part. Behind tables.py
 OnednnPrimitives.gemm_first_use and gemm_dense_first_use.
+
+--sdpa-dropout-backward: the heap peak of F.scaled_dot_product_attention's backward with dropout on CPU (the math
+path; q, k, v split from one fused projection as a transformer does; fp32, and under autocast to bf16) over what was
+live before it (malloc counter, one thread, a fresh process per row after warm_up, the first call), against the
+rule: the gradients of q, k and v the step makes at that event plus targets/torch/cpu/device.py's
+_attention_backward (tables.py CpuKernel.attention_backward).
 """
 
 from __future__ import annotations
@@ -405,6 +411,55 @@ def gemm_conv_first_use() -> None:
         print(f"| {name(first)} | {name(second)} | {a:,} | {b:,} | {a - b:+,} | {rule:,} |")
 
 
+SDPA_DROPOUT_SHAPES = ((4, 4, 199, 16), (4, 4, 64, 32), (2, 8, 128, 64), (8, 2, 100, 8), (4, 4, 32, 32))
+
+
+def sdpa_dropout_backward_one(batch: int, heads: int, tokens: int, width: int, autocast: int) -> None:
+    """Print the backward's heap peak above what was live before it, and the gradient bytes of the fused q/k/v input,
+    in this fresh process."""
+    import ctypes
+    import gc
+
+    from benchmarks.accuracy_training import warm_up
+
+    counter = ctypes.CDLL(None)
+    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
+    warm_up()
+    torch.manual_seed(0)
+    x = torch.randn(batch, tokens, 3 * heads * width, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16, enabled=bool(autocast)):
+        fused = x.to(torch.bfloat16) if autocast else x * 1.0
+        q, k, v = fused.view(batch, tokens, 3, heads, width).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    assert y.grad_fn is not None and "Flash" not in y.grad_fn.name()
+    gradient = torch.ones_like(y)
+    gc.collect()
+    base = counter.mc_current()
+    counter.mc_reset_peak()
+    torch.autograd.backward(y, gradient, inputs=[fused])
+    assert fused.grad is not None
+    print(f"@@ {counter.mc_peak() - base} {fused.grad.numel() * fused.grad.element_size()}")
+
+
+def sdpa_dropout_backward() -> None:
+    from onnxmem.targets.torch.cpu.tables import CPU_KERNELS
+
+    kernel = CPU_KERNELS["aten::scaled_dot_product_attention(dropout)"]
+    print("| batch | heads | tokens | head dim | step | backward peak | q, k, v gradients | rule | rule - peak |")
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for shape in SDPA_DROPOUT_SHAPES:
+        for autocast in (0, 1):
+            out = subprocess.run([sys.executable, __file__, "--sdpa-dropout-backward-one", *map(str, shape),
+                                  str(autocast)], capture_output=True, text=True, check=True).stdout
+            peak, grads = (int(v) for v in next(line for line in out.splitlines() if line.startswith("@@")).split()[1:])
+            batch, heads, tokens, width = shape
+            query = 4 * batch * heads * tokens * width
+            probabilities, queries = kernel.attention_backward_autocast if autocast else kernel.attention_backward
+            rule = max(grads, probabilities * query // width * tokens + queries * query)
+            print(f"| {' | '.join(map(str, shape))} | {'autocast bf16' if autocast else 'fp32'} | {peak:,} "
+                  f"| {grads:,} | {rule:,} | {rule - peak:+,} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -418,6 +473,8 @@ def main() -> None:
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use", action="store_true")
+    parser.add_argument("--sdpa-dropout-backward", action="store_true")
+    parser.add_argument("--sdpa-dropout-backward-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -438,6 +495,15 @@ def main() -> None:
 
         under_malloc_counter()
         conv_channels_last()
+        return
+    if args.sdpa_dropout_backward_one:
+        sdpa_dropout_backward_one(*args.sdpa_dropout_backward_one)
+        return
+    if args.sdpa_dropout_backward:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        sdpa_dropout_backward()
         return
     if args.gemm_conv_first_use_one:
         gemm_conv_first_use_one(args.gemm_conv_first_use_one)

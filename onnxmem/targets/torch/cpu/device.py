@@ -10,6 +10,7 @@ intra-op threads and the CPU's instruction set change which kernels run: the dev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,10 +32,11 @@ from onnxmem.targets.torch.cpu.tables import (
     CPU_RECURRENT,
     FROZEN_LSTM_FORWARD_HEAP,
     CpuIsa,
+    CpuKernel,
     CpuRecurrent,
 )
 from onnxmem.training.rules import TYPE_PROMOTING
-from onnxmem.training.values import RecurrentDims, StepNode, StepValue, saves_rule
+from onnxmem.training.values import RecurrentDims, StepNode, StepValue, known_shape, saves_rule
 
 CAVEAT = ("the CPU device model counts PyTorch's CPU heap as measured with a malloc counter on torch 2.13 (AVX2, "
           "one thread; AVX-512's primitives and MKL blocks taken as AVX2's)")
@@ -124,6 +126,7 @@ class TorchCpu:
                     input_bytes = channel_padded(values[first_input], input_bytes, block) \
                         if first_input is not None else 0
                 backward = per_output * output_bytes + per_input * input_bytes
+            backward += _attention_backward(context, kernel)
         recurrent = CPU_RECURRENT.get(context.recurrent) if context.recurrent else None
         if recurrent is not None:
             dims = context.recurrent_dims
@@ -223,6 +226,25 @@ def _promoted_input_copies(context: NodeContext) -> int:
         if v is not None and v.is_float and v.numel and v.numel > 1 and v.nbytes // v.numel < width:
             copies += v.numel * width
     return copies
+
+
+def _attention_backward(context: NodeContext, kernel: CpuKernel) -> int:
+    """Give what the math attention's backward holds at its peak besides the gradients of q, k and v the step
+    makes at that event (tables.py CpuKernel.attention_backward: fp32 [..., q_len, kv_len] and query-sized tensors);
+    0 in a bf16 step (not measured) or where the shapes are not known."""
+    node, values, needs_grad = context.node, context.values, context.needs_grad
+    probabilities, queries = kernel.attention_backward_autocast if context.precision.startswith("amp-") \
+        else kernel.attention_backward
+    inputs = node.inputs
+    if not probabilities and not queries or context.precision == "bf16" or len(inputs) < 3 or min(inputs[:3]) < 0:
+        return 0
+    q_shape, k_shape = known_shape(values[inputs[0]]), known_shape(values[inputs[1]])
+    if q_shape is None or k_shape is None or len(q_shape) < 2 or len(k_shape) < 2 or not q_shape[-1]:
+        return 0
+    query = 4 * math.prod(q_shape)
+    peak = probabilities * query // q_shape[-1] * k_shape[-2] + queries * query
+    made = sum(values[t].nbytes for t in inputs[:3] if needs_grad[t])
+    return max(0, peak - made)
 
 
 def _onednn_ld(n: int) -> int:

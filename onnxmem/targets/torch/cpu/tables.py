@@ -326,6 +326,13 @@ class CpuKernel:
     # the op computes in fp32 from 16-bit inputs (the math path's query.to(float), under autocast too): the copies
     # and [..., q_len, kv_len] tensors its rule keeps are fp32
     fp32: bool = False
+    # the math attention's backward (BmmBackward, the dropout's MulBackward, SoftmaxBackward, BmmBackward in turn,
+    # each freeing what it kept as it ends) peaks at this many fp32 [..., q_len, kv_len] tensors and fp32 query-sized
+    # ones over what was live before it (fp32 step; under autocast, where q, k and v's fp32 gradients are cast to
+    # 16 bits, the second figure), within 9 KB: measured with the malloc counter on five shapes (batch 2-8, 2-8
+    # heads, 32-199 tokens, head dim 8-64; benchmarks/training_single_ops.py --sdpa-dropout-backward)
+    attention_backward: tuple[int, int] = (0, 0)
+    attention_backward_autocast: tuple[int, int] = (0, 0)
 
 
 CPU_KERNELS: dict[str, CpuKernel] = {
@@ -334,7 +341,8 @@ CPU_KERNELS: dict[str, CpuKernel] = {
     "Dropout": CpuKernel(extra_like_output=True),
     # sdpa with dropout runs PyTorch's math path, in fp32 on CPU (measured under autocast to bf16: BmmBackward keeps
     # fp32 tensors)
-    "aten::scaled_dot_product_attention(dropout)": CpuKernel(fp32=True),
+    "aten::scaled_dot_product_attention(dropout)": CpuKernel(fp32=True, attention_backward=(1, 1),
+                                                            attention_backward_autocast=(1, 2)),
     # and so does the math path it takes for k and v broadcast to more query heads (attention.py)
     "aten::scaled_dot_product_attention(math-gqa)": CpuKernel(fp32=True),
     "aten::scaled_dot_product_attention(dropout-gqa)": CpuKernel(fp32=True),
