@@ -1,6 +1,9 @@
 """The KV cache in plans: what-ifs for a smaller cache (int8, fp8, grouped-query heads) and how it grows with the
 searched dim.
 
+The shared-buffer what-if is the step as onnxruntime-genai runs a model builder's decoder (past_present_share_buffer,
+genai_config.json beside the model): past and present one buffer of max_length positions, updated in place.
+
 Each what-if is the same Sizing with the cache tensors re-sized (shapes.kvcache.resized_cache: the past inputs and
 present outputs at their new bytes, every other tensor as it is), analysed again by the passes after sizing: the
 peak it gives is the report's, not a formula on the cache's total.
@@ -9,6 +12,8 @@ peak it gives is the report's, not a formula on the cache's total.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from onnxmem.ir.dtypes import element_bits
 from onnxmem.passes.pipeline import Sizing
@@ -23,6 +28,7 @@ from onnxmem.shapes.kvcache import (
     kv_cache_of,
     kv_heads,
     resized_cache,
+    shared_buffer_size,
 )
 from onnxmem.views.report import KVCache
 
@@ -51,6 +57,15 @@ def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
             resized = resized_cache(graph, found, size)
             if resized is not None:
                 changes.append((change, dataclasses.replace(at, graph=resized), detail))
+    length = shared_buffer_length(at.loaded.path)
+    shared = shared_buffer_size(found, graph, length) if length is not None else None
+    resized_shared = resized_cache(graph, found, shared) if shared is not None else None
+    if resized_shared is not None:
+        changes.append((f"KV cache in one buffer of {length} positions (onnxruntime-genai)",
+                        dataclasses.replace(at, graph=resized_shared),
+                        "past and present share one buffer of max_length positions per cache tensor, which "
+                        "GroupQueryAttention updates in place (genai_config.json: past_present_share_buffer): the "
+                        "past inputs at max_length, no present allocated"))
     heads = kv_heads(found, graph)
     if not found.shared and heads is not None and heads > 1:
         group = max(g for g in range(1, MAX_GROUP + 1) if heads % g == 0)
@@ -62,6 +77,29 @@ def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
                             f"{group} query heads share each KV head (the model has one KV head per query head): the "
                             "cache tensors re-sized, the K and V projections as they are"))
     return changes
+
+
+GENAI_CONFIG = "genai_config.json"
+
+
+def shared_buffer_length(model_path: Path | None) -> int | None:
+    """Give the length of the shared past/present buffer onnxruntime-genai runs the model with: search.max_length
+    (else model.context_length) of the genai_config.json beside the model, where it says past_present_share_buffer
+    (its default: true); None where there is no such file or it says otherwise."""
+    if model_path is None:
+        return None
+    config_path = Path(model_path).parent / GENAI_CONFIG
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    search = config.get("search") if isinstance(config, dict) else None
+    search = search if isinstance(search, dict) else {}
+    model = config.get("model") if isinstance(config, dict) else None
+    if search.get("past_present_share_buffer", True) is not True:
+        return None
+    length = search.get("max_length") or (model.get("context_length") if isinstance(model, dict) else None)
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
 
 
 def kv_growth_note(search: str, value: int, step: int, family: ModelFamily) -> str | None:

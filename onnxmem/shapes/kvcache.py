@@ -6,6 +6,9 @@ kv_cache_of gives its bytes as onnxruntime holds them in one step: the past inpu
 the run) and the present outputs the step allocates (past + the step's positions, held from their Concat to the end
 of the run), both held when the step ends. resized_cache gives the same graph with the cache tensors at another
 element size or head count: the what-ifs of a lower-precision or grouped-query cache (plan.kv).
+shared_buffer_size gives the cache as a server that updates it in place holds it: onnxruntime-genai
+(past_present_share_buffer) feeds each GroupQueryAttention past buffers of max_length positions and binds the
+presents to the same buffers, so the step allocates no present.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ _ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"
                         "DecoderMaskedSelfAttention", "PackedMultiHeadAttention", "SparseAttention"})
 # ops that repeat a shared cache for the query heads that read it (grouped-query attention in plain ops)
 _REPEATS = frozenset({"Expand", "Tile"})
+# attention ops whose present output may be the past input's buffer (the kernel writes the new positions into it
+# where the caller binds both to one buffer of max_length positions: onnxruntime's GroupQueryAttention, as
+# onnxruntime-genai runs the model builder's decoders; measured, benchmarks/kv_exports.py genai)
+_IN_PLACE_ATTENTION = frozenset({"GroupQueryAttention"})
 _REPEAT_PASSES = _PASSES | {"Slice"}  # what the walk to the repeat goes through (a Slice over all heads included)
 _COMPUTES = frozenset({"MatMul", "Einsum", "Softmax", "Gemm"})
 _DEPTH = 6
@@ -45,6 +52,8 @@ class CacheTensors:
     # (the other of axes 1 and 2 of a rank-4 cache: [batch, heads, seq, head] or [batch, seq, heads, head])
     heads_axes: dict[int, int]
     shared: bool  # the attention repeats the cache for its query heads (grouped-query) or says it shares it
+    # every present is written by an attention op that can write it into its past's buffer (_IN_PLACE_ATTENTION)
+    in_place: bool = False
 
 
 def _float(t: Tensor) -> bool:
@@ -96,6 +105,7 @@ def cache_tensors(graph: ModelGraph) -> CacheTensors | None:
     taken: set[int] = set()
     heads_axes: dict[int, int] = {}
     shared = False
+    writers: set[str] = set()  # the op types that write the presents found by the wiring
     for i in graph.inputs:
         t = graph.tensors[i]
         if t.kind != INPUT or not _float(t):
@@ -106,15 +116,19 @@ def cache_tensors(graph: ModelGraph) -> CacheTensors | None:
             made = op.outputs[:1] if op.op_type == "Concat" else op.outputs[1:]
             for out in made:
                 end = _to_output(graph, out, outputs) if out >= 0 else -1
-                if end < 0 or end in taken:
+                if end < 0:
+                    continue
+                axis = _heads_axis(t, graph.tensors[end])
+                if axis is not None:  # (an attention op's key and value pasts both pair with its presents)
+                    heads_axes.setdefault(i, axis)
+                if end in taken:
                     continue
                 paired = True
+                writers.add(op.op_type)
                 present.append(end)
                 taken.add(end)
-                axis = _heads_axis(t, graph.tensors[end])
                 if axis is not None:
                     heads_axes[end] = axis
-                    heads_axes.setdefault(i, axis)
                 shared = shared or op.op_type == "GroupQueryAttention" or _repeated(graph, end)
         if paired or _PAST_NAME.search(t.name):
             past.append(i)
@@ -125,7 +139,18 @@ def cache_tensors(graph: ModelGraph) -> CacheTensors | None:
             present.append(o)
     if not past and not present:
         return None
-    return CacheTensors(tuple(past), tuple(present), heads_axes, shared)
+    in_place = bool(writers) and writers <= _IN_PLACE_ATTENTION and len(present) == len(taken)
+    return CacheTensors(tuple(past), tuple(present), heads_axes, shared, in_place)
+
+
+# a decoder's total length, a dim of its own beside the lengths it adds up (the model builder's decoders: attention
+# mask [batch_size, total_sequence_length], presents [.., total_sequence_length, ..]) -> those lengths
+TOTAL_LENGTHS: dict[str, tuple[str, str]] = {"total_sequence_length": ("past_sequence_length", "sequence_length")}
+
+
+def is_past_cache_name(name: str) -> bool:
+    """Say whether an input's name is a KV cache's past as exporters name them (past_key_values.0.key, ...)."""
+    return bool(_PAST_NAME.search(name))
 
 
 def _heads_axis(past: Tensor, present: Tensor) -> int | None:
@@ -205,6 +230,28 @@ def resized_cache(graph: ModelGraph, found: CacheTensors, size: Callable[[Tensor
         else:
             sizes.append(t.nbytes)
     return graph.with_sizes([t.shape for t in graph.tensors], sizes)
+
+
+def shared_buffer_size(found: CacheTensors, graph: ModelGraph, length: int) -> Callable[[Tensor], int | None] | None:
+    """Give the size of each cache tensor where past and present are one buffer of `length` positions, updated in
+    place (onnxruntime-genai's past_present_share_buffer, max_length `length`): each past input at `length`
+    positions, each present output 0 bytes (written into its past's buffer); None where the attention cannot
+    update the cache in place (found.in_place) or a past's sequence axis is not known."""
+    if not found.in_place:
+        return None
+    sizes: dict[int, int] = {t: 0 for t in found.present}
+    for t in found.past:
+        tensor, axis = graph.tensors[t], found.heads_axes.get(t)
+        bits = element_bits(tensor.dtype)
+        positions = [d for d in tensor.shape or () if isinstance(d, int)]
+        if axis is None or not bits or tensor.shape is None or len(positions) != 4 or len(tensor.shape) != 4:
+            return None
+        positions[3 - axis] = length  # (the sequence axis: the other of axes 1 and 2)
+        elements = 1
+        for d in positions:
+            elements *= d
+        sizes[t] = elements * bits // 8
+    return lambda t: sizes.get(t.index, t.nbytes)
 
 
 def fewer_heads(found: CacheTensors, graph: ModelGraph, factor: int) -> Callable[[Tensor], int | None] | None:
