@@ -2,7 +2,7 @@
 
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
-                                             [--gemm-conv-first-use] [--sdpa-dropout-backward]
+                                             [--gemm-conv-first-use] [--sdpa-dropout-backward] [--clone]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -56,6 +56,12 @@ path; q, k, v split from one fused projection as a transformer does; fp32, and u
 live before it (malloc counter, one thread, a fresh process per row after warm_up, the first call), against the
 rule: the gradients of q, k and v the step makes at that event plus targets/torch/cpu/device.py's
 _attention_backward (tables.py CpuKernel.attention_backward).
+
+--clone: what the Linear after a head merge keeps for backward (saved-tensor hooks: the distinct storages, not the
+parameters) when its input is `.transpose(1, 2).contiguous()` of another Linear's output (aten.clone: a copy, written
+as an Identity by the dynamo exporter), `.reshape()` of it (also a copy), a plain view, or nn.Dropout(p=0) (the
+exporter writes a clone; F.dropout returns its input); beside onnxmem's saved bytes at the start of backward
+(training/model.py _is_copy). Behind an Identity marked aten.clone being a new storage outside Dropout modules.
 """
 
 from __future__ import annotations
@@ -460,6 +466,64 @@ def sdpa_dropout_backward() -> None:
                   f"| {grads:,} | {rule:,} | {rule - peak:+,} |")
 
 
+class HeadMerge(nn.Module):
+    """Linear -> tanh (which keeps its output) -> split heads -> transpose -> (how) -> merge heads -> Linear, as an
+    attention's output is merged for its output projection."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a, self.b, self.how, self.drop = nn.Linear(64, 64), nn.Linear(64, 64), how, nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        base = torch.tanh(self.a(x))
+        if self.how == "contiguous":
+            h = base.view(b, t, 4, 16).transpose(1, 2).contiguous().view(b, t, 64)
+        elif self.how == "reshape":
+            h = base.view(b, t, 4, 16).transpose(1, 2).reshape(b, t, 64)
+        elif self.how == "dropout p=0":
+            h = self.drop(base)
+        else:  # a view
+            h = base.view(b, t, 4, 16).view(b, t, 64)
+        return self.b(h)
+
+
+def clone() -> None:
+    import onnx
+
+    import onnxmem
+    from onnxmem.targets.torch import TorchCpu
+    from onnxmem.torch import export_for_training
+    from onnxmem.training.step import TrainingOptions
+
+    print("| input of the second Linear | export writes | PyTorch saves, the input batch too (B) "
+          "| onnxmem saved at backward start (B) |")
+    print("|---|---|---:|---:|")
+    x = torch.randn(8, 32, 64)
+    for how in ("contiguous", "reshape", "view", "dropout p=0"):
+        torch.manual_seed(0)
+        model = HeadMerge(how).train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, storages: dict[int, int] = storages, params: set[int] = params) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x)
+        with tempfile.TemporaryDirectory() as folder, quiet():
+            path = Path(folder) / "merge.onnx"
+            export_for_training(model, (x[:2],), path, {"batch": 0})
+            ops = sorted({n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node
+                          if n.op_type in ("Identity", "Transpose", "Reshape", "Dropout")})
+            report = onnxmem.analyze(path, {"batch": 8}, training=TrainingOptions(
+                optimizer="sgd", device=TorchCpu(threads=1), loss="mean"))
+        assert report.training is not None
+        print(f"| {how} | {', '.join(ops)} | {sum(storages.values()):,} | {report.training.saved_activation_bytes:,} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -473,6 +537,7 @@ def main() -> None:
     parser.add_argument("--frozen-lstm", action="store_true")
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use", action="store_true")
+    parser.add_argument("--clone", action="store_true")
     parser.add_argument("--sdpa-dropout-backward", action="store_true")
     parser.add_argument("--sdpa-dropout-backward-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -495,6 +560,9 @@ def main() -> None:
 
         under_malloc_counter()
         conv_channels_last()
+        return
+    if args.clone:
+        clone()
         return
     if args.sdpa_dropout_backward_one:
         sdpa_dropout_backward_one(*args.sdpa_dropout_backward_one)

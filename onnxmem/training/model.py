@@ -29,6 +29,7 @@ from onnxmem.training.rules import (
     ATEN_VIEWS,
     AUTOCAST_LOW_PRECISION,
     DEFAULT_SAVES,
+    EVAL_MODULES,
     GRAD_REENABLING_MODULES,
     GRAPH_SIGNATURE_PROPERTY,
     LOSSES,
@@ -473,6 +474,8 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
 
     for node in nodes:
         source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if source is not None and _is_copy(node):
+            continue
         if source is None and node.graph_op is not None and not node.restored \
                 and aten_op(graph.ops[node.graph_op].origin) in ATEN_VIEWS:
             tensors = [i for i, t in enumerate(node.inputs) if t >= 0 and is_tensor(values[t])]
@@ -488,6 +491,16 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
                 if out < len(node.outputs) and node.outputs[out] >= 0 and inp < len(node.inputs):
                     root[node.outputs[out]] = find(node.inputs[inp])
     return [find(t) for t in range(len(values))]
+
+
+def _is_copy(node: StepNode) -> bool:
+    """Say whether an Identity is a copy in PyTorch: the dynamo exporter writes aten.clone (`.contiguous()` of a
+    transposed tensor, `.clone()`, `.reshape()` of an expanded one) as an Identity, and clone always makes a new
+    storage; not inside a Dropout module, where the clone stands for F.dropout(p=0), which returns its input
+    (rules.py EVAL_MODULES). Measured: StableLM's attention output, transposed then `.contiguous()`, is a second
+    storage beside the attention's output while o_proj keeps it (benchmarks/training_single_ops.py --clone)."""
+    return node.op_type == "Identity" and node.aten == "clone" and not node.restored \
+        and not any(c in EVAL_MODULES for c in module_classes(node.layer))
 
 
 def _reenabled_inputs(values: list[StepValue], nodes: list[StepNode]) -> tuple[list[int], tuple[str, ...]]:
