@@ -54,7 +54,7 @@ ARCHS: dict[str, tuple[str, str, dict[str, object]]] = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
               "vocab_size": 512, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
-              "pad_token_id": 0}),
+              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
 }
 # name -> (exporter, arch, precision, held out)
 EXPORTS: dict[str, tuple[str, str, str, bool]] = {
@@ -216,6 +216,17 @@ def measure(args: argparse.Namespace) -> None:
     print("onnxruntime CPU, level disable, 1 thread, arena on, memory pattern on; activations in bytes; "
           "report: onnxmem.analyze(provider='cpu') on the file as exported")
     print(markdown_table(HEADERS, rows))
+    summary = []
+    for entry in entries:
+        own = [r for r in rows if r[0] == entry["name"]]
+        ran = [r for r in own if r[4] != "-"]
+        summary.append([str(entry["name"]), "yes" if entry["held_out"] else "no", str(len(own)), str(len(ran)),
+                        str(sum(1 for r in ran if r[5] == "+0")), str(sum(1 for r in ran if r[6] == "+0 / +0")),
+                        str(sum(1 for r in ran if "differs" not in r[8])),
+                        "; ".join(sorted({r[9].split(":")[0] for r in own if r[4] == "-"}))])
+    print("\nPer export:")
+    print(markdown_table(("export", "held out", "steps", "measured", "report exact", "validate exact (both runs)",
+                          "KV cache exact", "refused or failed"), summary))
     measured = [r for r in rows if r[4] != "-"]
     exact_report = sum(1 for r in measured if r[5] == "+0")
     exact_validate = sum(1 for r in measured if r[6] == "+0 / +0")
@@ -302,6 +313,19 @@ def genai_estimate(path: Path, dims: dict[str, int], max_length: int) -> tuple[i
     return arena.peak_activation_bytes, total.peak_bytes
 
 
+def plain_activations(path: Path, dims: dict[str, int]) -> str:
+    """Give the plain report's activations at a step (the presents and the logits allocated by onnxruntime), or
+    the reason it gives none."""
+    import onnxmem
+
+    try:
+        inference = onnxmem.analyze(str(path), dims, provider="cpu").inference
+    except onnxmem.OnnxMemError as exc:
+        return type(exc).__name__
+    assert inference is not None
+    return f"{inference.peak_activation_bytes:,}"
+
+
 def genai(args: argparse.Namespace) -> None:
     """Print the table of onnxruntime-genai's generator against the shared-buffer estimate, per run."""
     import tempfile
@@ -309,6 +333,7 @@ def genai(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from tables import markdown_table
 
+    sys.path.insert(0, str(HERE.parent))
     if args.genai_python is None:
         raise SystemExit("kv_exports: genai needs --genai-python (a Python with onnxruntime-genai)")
     zoo = Path(args.out).expanduser()
@@ -332,14 +357,16 @@ def genai(args: argparse.Namespace) -> None:
                             "total_sequence_length": total_length}
                     arena, total = genai_estimate(zoo / entry["file"], dims, args.max_length)
                     step = f"prefill {prompt}" if run == 0 else f"decode past {prompt}"
+                    plain = plain_activations(zoo / entry["file"], step_dims(entry, folder, batch, *(
+                        (0, prompt) if run == 0 else (prompt, 1))))
                     rows.append([str(entry["name"]), "yes" if entry["held_out"] else "no", str(batch), step,
-                                 f"{peak:,}", f"{arena:,}", f"{arena - peak:+,}", f"{total:,}"])
+                                 f"{peak:,}", plain, f"{arena:,}", f"{arena - peak:+,}", f"{total:,}"])
     print(f"onnxruntime-genai {args.genai_version or ''} generator (past_present_share_buffer, max_length "
           f"{args.max_length}), its session profiled: arena activations in bytes (the prepacked weights apart; the "
           "KV cache and the logits are the generator's own buffers, outside the arena)")
-    print(markdown_table(("export", "held out", "batch", "run", "genai arena peak B", "estimate B", "est-meas B",
-                          "what-if total peak B"), rows))
-    exact = sum(1 for r in rows if r[6] == "+0")
+    print(markdown_table(("export", "held out", "batch", "run", "genai arena peak B", "plain report B",
+                          "shared-buffer estimate B", "est-meas B", "what-if total peak B"), rows))
+    exact = sum(1 for r in rows if r[7] == "+0")
     print(f"\n{exact} of {len(rows)} runs exact")
 
 
