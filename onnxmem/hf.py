@@ -394,11 +394,11 @@ def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: l
     from onnxmem.frontends.layers import repeat_layers
     from onnxmem.torch import name_dims
 
+    _drop_unread_metadata(proto.graph)  # (first: the copies of the layers never carry it)
     if stacks and not repeat_layers(proto, stacks, per_layer):
         raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
                            "repeat_layers=False (every layer traced)")
     name_dims(proto, axes)
-    _drop_unread_metadata(proto.graph)
     if not training:
         _fold_weight_transposes(proto.graph)
     _store_weights_outside(proto, target)

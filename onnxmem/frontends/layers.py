@@ -73,14 +73,15 @@ def repeat_layers(proto: Any, stacks: dict[str, int], per_layer: Mapping[str, st
     layer ('past_key_values.{}.key'): each copy reads and writes its own, added to the graph's inputs and outputs
     after the second layer's."""
     graph = proto.graph
-    if any(_plan(graph, prefix) is None for prefix in stacks):
+    plans = [_plan(graph, prefix) for prefix in stacks]
+    if any(plan is None for plan in plans):
         return False
-    for prefix, count in stacks.items():  # (each stack's copies move the nodes after it: planned again)
-        plan = _plan(graph, prefix)
+    for index, (prefix, count) in enumerate(stacks.items()):
+        # (each stack's copies move the nodes after it: a later stack is planned again)
+        plan = plans[0] if index == 0 else _plan(graph, prefix)
         assert plan is not None
         _repeat(graph, prefix, count, *plan, per_layer=dict(per_layer or {}))
     return True
-
 
 def _plan(graph: Any, prefix: str) -> tuple[list[int], dict[str, str]] | None:
     """Give the positions of the second layer's nodes and, per value the first layer made, the second's that
@@ -138,38 +139,16 @@ def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart:
             return per_layer[value].format(layer)
         return value if layer == 1 else f"{value}{_SUFFIX}{layer}"
 
+    namer = _Namer(named, made_set, per_layer, counterpart, initializers, layer1)
+    templates = [_NodeTemplate(graph.node[n], namer, scope_pattern) for n in second]
     copies: list[Any] = []
     for layer in range(KEPT_LAYERS, count):
         scope = f"{prefix}.{layer}"
-
-        def renamed(value: str, layer: int = layer, scope: str = scope) -> str:
-            if value in made_set or value in per_layer:
-                return named(value, layer)
-            if value in counterpart:  # what the previous layer made
-                return named(counterpart[value], layer - 1)
-            if value in initializers:
-                return scope + value[len(layer1):]
-            return value
-
-        for n in second:
-            node = onnx.NodeProto()
-            node.CopyFrom(graph.node[n])
-            node.name = named(node.name, layer)
-            node.input[:] = [renamed(i) if i else i for i in node.input]
-            node.output[:] = [renamed(o) if o else o for o in node.output]
-            properties = [(p.key, p.value) for p in node.metadata_props if p.key not in _DROPPED_KEYS]
-            del node.metadata_props[:]
-            for key, value in properties:
-                if key in _SCOPE_KEYS:
-                    value = scope_pattern.sub(scope, value)
-                elif key == _FX_NODE_KEY:
-                    value = _fx_node_renamed(value, renamed, layer)
-                node.metadata_props.add(key=key, value=value)
-            copies.append(node)
+        copies += [template.copy(layer, scope) for template in templates]
         for name, tensor in initializers.items():
             copy = onnx.TensorProto()
             copy.CopyFrom(tensor)
-            copy.name = renamed(name)
+            copy.name = namer(name, layer, scope)
             graph.initializer.append(copy)
         for name, info in value_info.items():
             copy_info = onnx.ValueInfoProto()
@@ -192,6 +171,92 @@ def _repeat(graph: Any, prefix: str, count: int, second: list[int], counterpart:
     _extend_signature(graph, layer1, prefix, count)
 
 
+class _Namer:
+    """The name of a value the second layer reads or writes in another layer's copy: its own results and cache
+    (named), what the previous layer made where the second read the first's (counterpart), its parameters (under the
+    copy's scope), and anything else (shared) as it is. Each value is classified once."""
+
+    OWN, PREVIOUS, PARAMETER, SHARED = range(4)
+
+    def __init__(self, named: Any, made: set[str], per_layer: Mapping[str, str], counterpart: Mapping[str, str],
+                 initializers: Mapping[str, Any], layer1: str) -> None:
+        self.named, self.counterpart, self.layer1 = named, counterpart, layer1
+        self.made, self.per_layer, self.initializers = made, per_layer, initializers
+        self.kinds: dict[str, int] = {}
+
+    def kind(self, value: str) -> int:
+        found = self.kinds.get(value)
+        if found is None:
+            found = self.OWN if value in self.made or value in self.per_layer else \
+                self.PREVIOUS if value in self.counterpart else \
+                self.PARAMETER if value in self.initializers else self.SHARED
+            self.kinds[value] = found
+        return found
+
+    def __call__(self, value: str, layer: int, scope: str) -> str:
+        kind = self.kind(value)
+        if kind == self.OWN:
+            return str(self.named(value, layer))
+        if kind == self.PREVIOUS:  # what the previous layer made
+            return str(self.named(self.counterpart[value], layer - 1))
+        if kind == self.PARAMETER:
+            return scope + value[len(self.layer1):]
+        return value
+
+
+# An fx node's text names its arguments as %name (frontends/layers.py renames them per copy).
+_FX_ARGUMENT = re.compile(r"%([\w.~]+)")
+
+
+class _NodeTemplate:
+    """A second-layer node, taken apart once, that makes its copy in any layer: the node without its metadata, and
+    each metadata entry's text split at what a copy renames (the module scope, the fx node's own name and
+    arguments)."""
+
+    def __init__(self, node: Any, namer: _Namer, scope_pattern: re.Pattern[str]) -> None:
+        import onnx
+
+        self.namer, self.name = namer, node.name
+        self.inputs, self.outputs = list(node.input), list(node.output)
+        self.bare = onnx.NodeProto()
+        self.bare.CopyFrom(node)
+        del self.bare.metadata_props[:]
+        # per entry: (key, kind, parts): kind "scope" (text pieces around each scope), "fx" (own name; the rest's
+        # pieces, every odd one an argument's name), "" (kept as it is)
+        self.properties: list[tuple[str, str, Any]] = []
+        for p in node.metadata_props:
+            if p.key in _DROPPED_KEYS:
+                continue
+            if p.key in _SCOPE_KEYS:
+                self.properties.append((p.key, "scope", scope_pattern.split(p.value)))
+            elif p.key == _FX_NODE_KEY:
+                own, _, rest = p.value.partition(" ")
+                self.properties.append((p.key, "fx", (own[1:], _FX_ARGUMENT.split(rest))))
+            else:
+                self.properties.append((p.key, "", p.value))
+
+    def copy(self, layer: int, scope: str) -> Any:
+        """Give this node's copy in layer `layer` (its module scope `scope`)."""
+        import onnx
+
+        namer = self.namer
+        node = onnx.NodeProto()
+        node.CopyFrom(self.bare)
+        node.name = namer.named(self.name, layer)
+        node.input[:] = [namer(i, layer, scope) if i else i for i in self.inputs]
+        node.output[:] = [namer(o, layer, scope) if o else o for o in self.outputs]
+        for key, kind, parts in self.properties:
+            if kind == "scope":
+                value = scope.join(parts)
+            elif kind == "fx":
+                own, pieces = parts
+                value = _fx_node_text(own, pieces, lambda name: namer(name, layer, scope), layer)
+            else:
+                value = parts
+            node.metadata_props.add(key=key, value=value)
+        return node
+
+
 def _add_own_values(values: Any, own: list[Any], named: Any, count: int) -> None:
     """Add to a graph's inputs or outputs each copy's own (the second layer's `own`, renamed per layer), after the
     second layer's last."""
@@ -212,14 +277,13 @@ def _add_own_values(values: Any, own: list[Any], named: Any, count: int) -> None
     values.extend([*kept[:at], *added, *kept[at:]])
 
 
-def _fx_node_renamed(fx_node: str, renamed: Any, layer: int) -> str:
-    """Give an fx node's text with its own name and arguments named as in layer `layer` ('%linear_7 : ... args =
-    (%mul_3, ...)'): the node's own name made unique per layer even where it names no ONNX value."""
-    own, _, rest = fx_node.partition(" ")
-    name = own[1:]
+def _fx_node_text(name: str, pieces: list[str], renamed: Any, layer: int) -> str:
+    """Give an fx node's text ('%linear_7 : ... args = (%mul_3, ...)', its own name `name` and the rest split at its
+    arguments' names: `pieces`) with its own name and arguments named as in layer `layer`: the node's own name made
+    unique per layer even where it names no ONNX value."""
     mapped = renamed(name)
     own = "%" + (mapped if mapped != name else f"{name}{_SUFFIX}{layer}")
-    rest = re.sub(r"%([\w.~]+)", lambda m: "%" + renamed(m.group(1)), rest)
+    rest = "".join(piece if i % 2 == 0 else "%" + renamed(piece) for i, piece in enumerate(pieces))
     return f"{own} {rest}"
 
 
