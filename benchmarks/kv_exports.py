@@ -2,7 +2,8 @@
 decode and checked against onnxruntime on CPU (issue 30, part 2).
 
     python benchmarks/kv_exports.py build --genai-python VENV/bin/python --optimum-python VENV2/bin/python
-    python benchmarks/kv_exports.py measure [--set dev|held-out|all] [--batches 1 4] [--contexts 32 96 200]
+    python benchmarks/kv_exports.py measure [--set dev|held-out|all] [--batches 1 4] [--prefill 32 200]
+                                            [--contexts 32 96 200]
     python benchmarks/kv_exports.py genai --genai-python VENV/bin/python
 
 build: tiny random-weight decoders made from transformers' config classes (Llama, Qwen2, Mistral with one KV head,
@@ -12,7 +13,7 @@ onnx --task text-generation-with-past`, into --out (default ~/.cache/onnxmem-kv-
 exporters pin different transformers releases (optimum-onnx 0.1: transformers < 4.58), so each runs in the Python
 given for it; this script's own Python needs neither.
 
-measure: per export, a prefill step (past 0, --prefill tokens) and a decode step (one token) over each --contexts
+measure: per export, prefill steps (past 0, each --prefill's tokens) and a decode step (one token) over each --contexts
 cache, at each --batches: `onnxmem.analyze(..., provider="cpu")` (what `report --provider cpu` prints) against
 onnxruntime CPU's first run at level disable, `onnxmem.validate` (first and steady runs, the profiler's allocator
 statistics: notes/measuring-onnxruntime-memory.md), and the report's KV cache against the bytes of the past arrays
@@ -174,7 +175,7 @@ def measure_row(entry: dict[str, object], zoo: Path, batch: int, past: int, seq:
         result = onnxmem.validate(str(path), dims, provider="cpu")
         full = onnxmem.analyze(str(path), dims, provider="cpu")
     except onnxmem.OnnxMemError as exc:
-        return [*head, "-", "-", "-", "-", "-", f"{type(exc).__name__}: {' '.join(str(exc).split())[:70]}"]
+        return [*head, "-", "-", "-", "-", "-", "-", f"{type(exc).__name__}: {' '.join(str(exc).split())[:70]}"]
     first, steady = result.runs
     measured = first.measured.peak_activation_bytes
     report = full.inference
@@ -186,12 +187,14 @@ def measure_row(entry: dict[str, object], zoo: Path, batch: int, past: int, seq:
     warnings = sorted({w.code for w in result.warnings} | {w.code for w in full.warnings})
     return [*head, f"{measured:,}", f"{report.peak_activation_bytes - measured:+,}",
             f"{first.activation_difference_bytes:+,} / {steady.activation_difference_bytes:+,}",
-            f"{first.weights_difference_bytes:+,}", kv_cell, ", ".join(warnings)]
+            f"{first.weights_difference_bytes:+,}",
+            " / ".join(f"{run.estimated.arena_held_bytes - run.measured.arena_held_bytes:+,}" for run in result.runs),
+            kv_cell, ", ".join(warnings)]
 
 
 HEADERS = ("export", "held out", "batch", "step", "ORT run 1 activations B", "report - ORT B",
-           "validate est-meas run 1 / run 2 B", "arena weights est-meas B", "KV cache report / ORT arrays B",
-           "warnings")
+           "validate est-meas run 1 / run 2 B", "arena weights est-meas B", "arena held est-meas run 1 / run 2 B",
+           "KV cache report / ORT arrays B", "warnings")
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -211,7 +214,7 @@ def measure(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     for entry in entries:
         for batch in args.batches:
-            for past, seq in ((0, args.prefill), *((n, 1) for n in args.contexts)):
+            for past, seq in (*((0, n) for n in args.prefill), *((n, 1) for n in args.contexts)):
                 rows.append(measure_row(entry, zoo, batch, past, seq))
     print("onnxruntime CPU, level disable, 1 thread, arena on, memory pattern on; activations in bytes; "
           "report: onnxmem.analyze(provider='cpu') on the file as exported")
@@ -222,17 +225,20 @@ def measure(args: argparse.Namespace) -> None:
         ran = [r for r in own if r[4] != "-"]
         summary.append([str(entry["name"]), "yes" if entry["held_out"] else "no", str(len(own)), str(len(ran)),
                         str(sum(1 for r in ran if r[5] == "+0")), str(sum(1 for r in ran if r[6] == "+0 / +0")),
-                        str(sum(1 for r in ran if "differs" not in r[8])),
-                        "; ".join(sorted({r[9].split(":")[0] for r in own if r[4] == "-"}))])
+                        str(sum(1 for r in ran if r[8] == "+0 / +0")),
+                        str(sum(1 for r in ran if "differs" not in r[9])),
+                        "; ".join(sorted({r[10].split(":")[0] for r in own if r[4] == "-"}))])
     print("\nPer export:")
     print(markdown_table(("export", "held out", "steps", "measured", "report exact", "validate exact (both runs)",
-                          "KV cache exact", "refused or failed"), summary))
+                          "arena held exact (both runs)", "KV cache exact", "refused or failed"), summary))
     measured = [r for r in rows if r[4] != "-"]
     exact_report = sum(1 for r in measured if r[5] == "+0")
     exact_validate = sum(1 for r in measured if r[6] == "+0 / +0")
-    exact_kv = sum(1 for r in measured if "differs" not in r[8])
+    exact_held = sum(1 for r in measured if r[8] == "+0 / +0")
+    exact_kv = sum(1 for r in measured if "differs" not in r[9])
     print(f"\n{len(rows)} steps, {len(rows) - len(measured)} refused or failed; of those measured: report exact "
-          f"{exact_report}, validate exact (both runs) {exact_validate}, KV cache exact {exact_kv} "
+          f"{exact_report}, validate exact (both runs) {exact_validate}, arena held exact (both runs) "
+          f"{exact_held}, KV cache exact {exact_kv} "
           f"({time.perf_counter() - started:.0f} s)")
 
 
@@ -389,7 +395,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--contexts", type=int, nargs="+", default=[32, 96, 200],
                         help="decode steps: the past cache's lengths")
-    parser.add_argument("--prefill", type=int, default=32, help="the prefill step's tokens")
+    parser.add_argument("--prefill", type=int, nargs="+", default=[32, 200],
+                        help="measure: the prefill steps' tokens")
     parser.add_argument("--max-length", type=int, default=256,
                         help="genai: the generator's max_length (the shared buffers' positions)")
     parser.add_argument("--genai-version", default="", help="genai: the onnxruntime-genai release, for the heading")

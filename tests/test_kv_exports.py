@@ -24,8 +24,9 @@ HIDDEN, HEADS, KV_HEADS, HEAD = 64, 4, 2, 16
 F = TensorProto.FLOAT
 
 
-def genai_layer() -> onnx.ModelProto:
-    """One attention layer in the model builder's form (value_info for the attention's output, as it writes)."""
+def genai_layer(rotary: bool = False, positions: int = 512) -> onnx.ModelProto:
+    """One attention layer in the model builder's form (value_info for the attention's output, as it writes);
+    `rotary`: the attention rotates Q and K itself (do_rotary, cos and sin tables of `positions` rows)."""
     rng = numpy.random.default_rng(0)
     qkv_width = (HEADS + 2 * KV_HEADS) * HEAD
     weights = [numpy_helper.from_array((rng.standard_normal((HIDDEN, qkv_width)) * 0.05).astype(numpy.float32),
@@ -34,6 +35,9 @@ def genai_layer() -> onnx.ModelProto:
                                        "o.weight"),
                numpy_helper.from_array(numpy.array([1], numpy.int64), "axis1"),
                numpy_helper.from_array(numpy.array(1, numpy.int64), "one")]
+    angles = numpy.outer(numpy.arange(positions), 1.0 / 10000 ** (numpy.arange(HEAD // 2) * 2 / HEAD))
+    tables = [numpy_helper.from_array(numpy.cos(angles).astype(numpy.float32), "cos_cache"),
+              numpy_helper.from_array(numpy.sin(angles).astype(numpy.float32), "sin_cache")] if rotary else []
     cache = ["batch_size", KV_HEADS, "past_sequence_length", "kv_cache_dim"]
     present = ["batch_size", KV_HEADS, "total_sequence_length", "kv_cache_dim"]
     nodes = [
@@ -46,9 +50,9 @@ def genai_layer() -> onnx.ModelProto:
         helper.make_node("Cast", ["total"], ["total_length"], name="total_length", to=TensorProto.INT32),
         helper.make_node("GroupQueryAttention",
                          ["qkv", "", "", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k",
-                          "total_length"],
+                          "total_length", *(["cos_cache", "sin_cache"] if rotary else [])],
                          ["attention", "present.0.key", "present.0.value"], name="gqa", domain="com.microsoft",
-                         num_heads=HEADS, kv_num_heads=KV_HEADS, scale=HEAD ** -0.5),
+                         num_heads=HEADS, kv_num_heads=KV_HEADS, scale=HEAD ** -0.5, do_rotary=int(rotary)),
         helper.make_node("MatMul", ["attention", "o.weight"], ["logits"], name="o_proj"),
     ]
     graph = helper.make_graph(
@@ -60,7 +64,7 @@ def genai_layer() -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", F, ["batch_size", "sequence_length", HIDDEN]),
          helper.make_tensor_value_info("present.0.key", F, present),
          helper.make_tensor_value_info("present.0.value", F, present)],
-        weights,
+        weights + tables,
         value_info=[helper.make_tensor_value_info("attention", F, ["batch_size", "sequence_length", HIDDEN])])
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
@@ -185,3 +189,46 @@ def test_the_plain_step_validates_exactly(tmp_path: Path, past: int) -> None:
     onnx.save(genai_layer(), str(path))
     result = onnxmem.validate(str(path), step(2, past, 1), provider="cpu")
     assert [run.activation_difference_bytes for run in result.runs] == [0, 0]
+
+
+@pytest.mark.parametrize(("rotary", "batch", "past", "seq", "grows"),
+                         [(True, 1, 1, 1024, True), (False, 1, 1, 1024, False), (True, 8, 300, 1, False)])
+def test_the_attention_kernels_scratch_grows_the_arena_as_onnxruntime_does(rotary: bool, batch: int, past: int,
+                                                                        seq: int, grows: bool) -> None:
+    # GroupQueryAttention's CPU kernel allocates the transposed QKV, its rotated copy and the flash path's buffer
+    # from the arena while it runs: the arena grows a region for them where the step's own tensors would not
+    pytest.importorskip("onnxruntime")
+    import onnxmem.targets.ort.cpu.tables as cpu_tables
+
+    model = genai_layer(rotary, positions=2048)
+    dims = step(batch, past, seq)
+    result = onnxmem.validate(model, dims, provider="cpu")
+    assert [run.estimated.arena_held_bytes - run.measured.arena_held_bytes for run in result.runs] == [0, 0]
+    rule = cpu_tables.KERNEL_SCRATCH.pop("com.microsoft::GroupQueryAttention")
+    try:
+        without = onnxmem.validate(model, dims, provider="cpu")
+    finally:
+        cpu_tables.KERNEL_SCRATCH["com.microsoft::GroupQueryAttention"] = rule
+    # (where the rotated copy of QKV is made, the prefill's scratch takes a region of its own; elsewhere it fits)
+    assert (without.runs[0].estimated.arena_held_bytes < result.runs[0].measured.arena_held_bytes) == grows
+
+
+def test_a_float16_skip_norms_weights_are_held_in_float32() -> None:
+    # SkipSimplifiedLayerNormalization's kernel converts its float16 gamma to a float32 copy in the arena when the
+    # session is made (the model builder's float16 decoders: one per norm)
+    pytest.importorskip("onnxruntime")
+    width = 96
+    gamma = numpy_helper.from_array(numpy.linspace(0.5, 1.5, width).astype(numpy.float16), "gamma")
+    h16 = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"], ["y"], name="norm",
+                          domain="com.microsoft", epsilon=1e-6)],
+        "skip_norm",
+        [helper.make_tensor_value_info("x", h16, ["batch", 8, width]),
+         helper.make_tensor_value_info("skip", h16, ["batch", 8, width])],
+        [helper.make_tensor_value_info("y", h16, ["batch", 8, width])], [gamma])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    result = onnxmem.validate(model, {"batch": 2}, provider="cpu")
+    first = result.runs[0]
+    assert first.measured.weights_bytes >= width * 4 and first.weights_difference_bytes == 0

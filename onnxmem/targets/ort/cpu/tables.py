@@ -73,6 +73,10 @@ PREPACKED: dict[str, tuple[int, ...]] = {
 FLOAT16_WEIGHTS_AS_FLOAT32: dict[str, tuple[int, ...]] = {
     "LayerNormalization": (1, 2),
     "SimplifiedLayerNormalization": (1, 2),
+    # (SkipLayerNorm::PrePack: a constant skip, gamma, beta and bias; measured: the model builder's float16 Qwen2,
+    # four SkipSimplifiedLayerNormalization gammas of [96], 1,536 B; the non-simplified kernel is the same class)
+    "com.microsoft::SkipSimplifiedLayerNormalization": (1, 2, 3, 4),
+    "com.microsoft::SkipLayerNormalization": (1, 2, 3, 4),
 }
 # Prepacked weights the kernel allocates in the arena's regions (IAllocator::Alloc) rather than reserving them at
 # their exact size outside the regions, as the others do (MakeUniquePtr with use_reserve): measured, a ConvTranspose
@@ -294,7 +298,61 @@ def where_scratch(inputs: Shapes, outputs: Shapes, element: int, attributes: Map
     return tuple(sizes)
 
 
+# GroupQueryAttention's float32 flash path tiles its work by the L2 cache onnxruntime reads from the system
+# (Env::GetL2CacheSize: sysconf's LEVEL2_CACHE_SIZE; 512 KiB on the machine measured) and gives each thread of its
+# pool a buffer (one thread: the intra-op threads validate pins)
+GQA_L2_CACHE_BYTES = 512 * 1024
+GQA_THREADS = 1
+
+
+def group_query_attention_scratch(inputs: Shapes, outputs: Shapes, element: int,
+                                  attributes: Mapping[str, object]) -> tuple[int, ...]:
+    """com.microsoft GroupQueryAttention (onnxruntime 1.32: contrib_ops/cpu/bert/group_query_attention.cc,
+    gqa_attention_base.h), from its temp-space allocator, all freed when it returns: the query (packed QKV: all
+    three) transposed to [batch, heads, seq, head], and separate K and V too; with do_rotary, the rotated copies of
+    Q and K (packed: of all three); then, in float32 over a context longer than one position (the flash path:
+    no softcap, smooth softmax, head sink or QK output), one buffer per thread, for a decode step (seq 1) the score
+    row and an accumulator, (context + head) floats, for a prefill the tile's row statistics, scores and
+    accumulator, (2 q + q kv + q head) floats with kv = min(L2 / (32 head), context) and q = min(kv, 2 head, seq);
+    otherwise the attention probabilities [batch, heads, seq, present length] in float32 (and, in float16, each
+    head's Q and K rows in float32, [head, seq + present length]). The context is taken as the present's length
+    (the step's past + seq where the presents are the step's own)."""
+    query = inputs[0] if inputs else None
+    present = outputs[1] if len(outputs) > 1 else None
+    heads, kv_heads = attributes.get("num_heads"), attributes.get("kv_num_heads")
+    if not query or len(query) != 3 or not present or len(present) != 4 or not isinstance(heads, int) or \
+            not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
+        return ()
+    batch, seq, width = query
+    packed = len(inputs) < 2 or inputs[1] is None
+    head = width // (heads + 2 * kv_heads) if packed else width // heads
+    length = present[2]
+    q_bytes = batch * heads * seq * head * element
+    kv_bytes = batch * kv_heads * seq * head * element
+    transposed = [batch * (heads + 2 * kv_heads) * seq * head * element] if packed else [q_bytes, kv_bytes, kv_bytes]
+    sizes = list(transposed)
+    if attributes.get("do_rotary", 0) == 1:
+        sizes += transposed[:1] if packed else [q_bytes, kv_bytes]
+    head_sink = len(inputs) > 11 and inputs[11] is not None
+    softcap = attributes.get("softcap", 0.0)
+    # (smooth_softmax: on only at 1, the saved graph writes its -1 default; qk_output: 0 is no output)
+    flash = element == 4 and length > 1 and not (isinstance(softcap, float) and softcap > 0) and \
+        attributes.get("smooth_softmax", 0) != 1 and not head_sink and not attributes.get("qk_output", 0)
+    if flash and seq == 1:
+        sizes.append(GQA_THREADS * (length + head) * 4)
+    elif flash:
+        kv_block = min(max(GQA_L2_CACHE_BYTES // (4 * 4 * 2 * head), 1), length)
+        q_block = min(kv_block, 2 * head, seq)
+        sizes.append(GQA_THREADS * (2 * q_block + q_block * kv_block + q_block * head) * 4)
+    else:
+        sizes.append(batch * heads * seq * length * 4)
+        if element == 2:
+            sizes.append(head * (seq + length) * 4)
+    return tuple(sizes)
+
+
 KERNEL_SCRATCH: dict[str, Callable[[Shapes, Shapes, int, Mapping[str, object]], tuple[int, ...]]] = {
+    "com.microsoft::GroupQueryAttention": group_query_attention_scratch,
     "LSTM": lstm_scratch,
     "com.microsoft::Attention": attention_scratch,
     "com.microsoft::BiasGelu": bias_gelu_scratch,
