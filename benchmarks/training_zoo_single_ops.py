@@ -1,6 +1,6 @@
 """Single-op measurements behind the training zoo's frozen-backbone misses (benchmarks/training_zoo.py, issue 27).
 
-    python benchmarks/training_zoo_single_ops.py
+    python benchmarks/training_zoo_single_ops.py [--locals]
 
 The heap peak (every malloc: ../shared/tools/malloc_counter.c under LD_PRELOAD, one
 thread) of transformers' batched_mm experts forward (Qwen2-MoE's `gate_up_proj[expert_ids]`, a bmm, the gate,
@@ -8,6 +8,12 @@ thread) of transformers' batched_mm experts forward (Qwen2-MoE's `gate_up_proj[e
 `selected_weights` until the second is made, and with `del` after its last use (what the ONNX graph shows: freed
 after its last reader), without autograd (a frozen backbone) and under autocast to bf16 with the input requiring a
 gradient. Behind training/step.py's eager-lifetimes warning.
+
+--locals: the same frozen computation written with its intermediates bound to Python variables (`h = self.a(x)`,
+held until the forward returns) and inline (`self.c(self.b(self.a(x)) * 2)`, each freed after its reader), with a
+trained head after it: the first training step's heap peak (malloc counter, a forked child per row after warm_up)
+and onnxmem's estimate of each one's recommended export, which reads the variables from the exporter's stack traces
+(training/lifetimes.py; ir/graph.py Op.frames carries them).
 """
 
 from __future__ import annotations
@@ -59,10 +65,98 @@ def rebinding() -> None:
         print(f"| {label} | {peaks[0]:,} | {peaks[1]:,} | {peaks[0] - peaks[1]:+,} |")
 
 
+class Written(torch.nn.Module):
+    """Three frozen Linears (no biases) and a trained head, with the intermediates bound to variables or inline."""
+
+    def __init__(self, bound: bool) -> None:
+        super().__init__()
+        # (no biases: the exporter writes a 3-D Linear with a bias as MatMul and Add, two outputs where PyTorch's
+        # addmm makes one, which the step counts apart from what is measured here)
+        self.a, self.b = torch.nn.Linear(128, 512, bias=False), torch.nn.Linear(512, 128, bias=False)
+        self.c, self.head = torch.nn.Linear(128, 512, bias=False), torch.nn.Linear(512, 10)
+        self.bound = bound
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bound:
+            wide = self.a(x)
+            narrow = self.b(wide)
+            doubled = narrow * 2.0
+            out = self.c(doubled)
+            return self.head(out)
+        return self.head(self.c(self.b(self.a(x)) * 2.0))
+
+
+def _locals_heap(bound: bool, state: dict[str, torch.Tensor], x: torch.Tensor) -> int:
+    """Give the first step's heap peak (only the head trains), in a forked child that has made no step."""
+    import json
+    import os
+
+    from benchmarks.accuracy_training import warm_up
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        warm_up()
+        model = Written(bound)
+        model.load_state_dict(state)
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name.startswith("head."))
+        opt = torch.optim.SGD(model.head.parameters(), lr=0.01)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            model(x).mean().backward()
+            opt.step()
+
+        os.write(write, json.dumps(heap_peak(step)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        answer = int(json.loads(stream.read()))
+    os.waitpid(pid, 0)
+    return answer
+
+
+def written_locals() -> None:
+    import contextlib
+    import io
+    import tempfile
+
+    import onnxmem
+    from onnxmem.targets.torch import TorchCpu
+    from onnxmem.torch import export_for_training
+    from onnxmem.training.step import TrainingOptions
+
+    torch.manual_seed(0)
+    state = Written(True).state_dict()
+    x = torch.randn(4, 64, 128)
+    print("| written | heap peak (truth) | estimate | error |")
+    print("|---|---:|---:|---:|")
+    for bound in (True, False):
+        model = Written(bound)
+        model.load_state_dict(state)
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/written.onnx"
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                export_for_training(model, (x[:2],), path, {"batch": 0})
+            report = onnxmem.analyze(path, {"batch": 4}, training=TrainingOptions(
+                optimizer="sgd", device=TorchCpu(threads=1), loss="mean", train=("head.*",)))
+        assert report.training is not None
+        estimate = report.training.first_step.peak_bytes - report.training.weights_bytes \
+            - report.training.input_bytes
+        truth = _locals_heap(bound, state, x)
+        print(f"| {'variables' if bound else 'inline'} | {truth:,} | {estimate:,} | "
+              f"{100 * (estimate - truth) / truth:+.1f}% |")
+
+
 def main() -> None:
     under_malloc_counter()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, CPU, one thread; heap peak above what was live before (every malloc)\n")
+    if "--locals" in sys.argv:
+        written_locals()
+        return
     rebinding()
 
 

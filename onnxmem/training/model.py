@@ -24,6 +24,7 @@ from onnxmem.training.export import (
     read_recurrent_weights,
     restore_folded,
 )
+from onnxmem.training.lifetimes import held_by_locals
 from onnxmem.training.options import BASE_PRECISIONS, TrainingOptions
 from onnxmem.training.rules import (
     ATEN_VIEWS,
@@ -88,7 +89,8 @@ class StepModel:
     assumed: dict[str, int] = field(default_factory=dict)  # DECOMPOSED assumptions -> chains matched
     unmatched: tuple[str, ...] = ()  # freeze and train patterns that match no parameter
     # storage root -> the last node of the module calls it is an argument of (Python holds a module's arguments
-    # until its forward returns), from the dynamo export's module scopes
+    # until its forward returns), from the dynamo export's module scopes, or of the statements that bind it to a
+    # variable (lifetimes.py), whichever is later
     held_by_call: dict[int, int] = field(default_factory=dict)
     forward_temporaries: dict[int, int] = field(default_factory=dict)  # node -> bytes its forward holds a moment
     # node -> the autograd nodes PyTorch makes for it where not one (an unrolled recurrent op's cells on CPU)
@@ -161,7 +163,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     return StepModel(nodes, values, roots, members, needs_grad, differentiable, params, frozen, param_bytes,
                   needs.saved_by, needs.extras, needs.cast_copies, needs.weight_copies, needs.new_grads,
                   needs.backward_temporaries, needs.passthrough, needs.unknown, model_output, loss_value,
-                  n_graph_nodes, hidden, restored, assumed, unmatched, _held_by_calls(nodes, values, roots),
+                  n_graph_nodes, hidden, restored, assumed, unmatched, _held(graph, nodes, values, roots),
                   needs.forward_temporaries, needs.autograd_nodes,
                   device.library_uses(nodes, values, needs_grad, differentiable, options.precision),
                   tied_patterns=tied_patterns, reenabling_modules=reenabling)
@@ -172,6 +174,16 @@ def _module_scopes(layer: str) -> list[str]:
     pkg.Encoder/add: aten.add' -> [': pkg.M', ': pkg.M/enc: pkg.Encoder']); none without module classes."""
     parts = layer.split("/")[:-1] if ":" in layer else []
     return ["/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _held(graph: ModelGraph, nodes: list[StepNode], values: list[StepValue], roots: list[int]) -> dict[int, int]:
+    """Give, per activation storage, the last node during which eager code holds it besides its readers: as a module
+    call's argument (_held_by_calls) or in a Python variable (lifetimes.py), whichever is later."""
+    held = _held_by_calls(nodes, values, roots)
+    for r, n in held_by_locals(graph, nodes, values, roots).items():
+        if held.get(r, -1) < n:
+            held[r] = n
+    return held
 
 
 def _held_by_calls(nodes: list[StepNode], values: list[StepValue], roots: list[int]) -> dict[int, int]:
