@@ -582,13 +582,14 @@ def compare(before: list[ZooRow], after: list[ZooRow]) -> str:
             out.append(f"| {a.half} | {a.model} | {a.batch} | {a.variant} | {a.optimizer} | {_bytes(a.heap)} "
                        f"| {_bytes(b.estimate)} | {_percent(b.error(b.estimate))} | {_bytes(a.estimate)} "
                        f"| {_percent(a.error(a.estimate))} | {a.warned} |")
-    out += ["", "| half | variant | rows | before | after |", "|---|---|---:|---|---|"]
+    out += ["", "| half | variant | rows | before | after | MemTracker |", "|---|---|---:|---|---|---|"]
     for half in ("dev", "held-out"):
         for variant in ("fp32", *VARIANTS):
             pairs = [(b, a) for b, a in zip(before, after, strict=True) if a.variant == variant and a.half == half]
             if pairs:
                 was, now = (summary([pair[i] for pair in pairs], lambda r: r.estimate) for i in (0, 1))
-                out.append(f"| {half} | {variant} | {len(pairs)} | {was} | {now} |")
+                tracker = summary([a for _, a in pairs], lambda r: r.memtracker)
+                out.append(f"| {half} | {variant} | {len(pairs)} | {was} | {now} | {tracker} |")
     return "\n".join(out)
 
 

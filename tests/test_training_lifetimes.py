@@ -47,3 +47,23 @@ def test_inline_code_and_graphs_without_frames_bind_nothing() -> None:
     plain = SimpleNamespace(ops=[SimpleNamespace() for _ in nodes])
     graph, nodes, values = _step(["h = self.a(x)", "g = self.b(h)", "y = self.c(g)", "return self.d(y)"])
     assert held_by_locals(plain, nodes, values, list(range(len(values)))) == {}
+
+
+def test_the_exporters_stack_traces_are_the_frames_read() -> None:
+    import pytest
+    from onnx import TensorProto, helper
+
+    from onnxmem.ir.graph import Op, build_graph
+
+    if "frames" not in getattr(Op, "__dataclass_fields__", {}):
+        pytest.skip("the loaded graph's ops carry no frames (ir/graph.py reads no stack traces yet)")
+    trace = ('File "model.py", line 3, in forward\n    out = self.block(x)\n  File "block.py", line 10, in forward\n'
+             '    h = self.a(x)')
+    node = helper.make_node("Relu", ["x"], ["h"], name="relu")
+    prop = node.metadata_props.add()
+    prop.key, prop.value = "pkg.torch.onnx.stack_trace", trace
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("x", f, [2])],
+                                                [helper.make_tensor_value_info("h", f, [2])]))
+    graph = build_graph(model, {})
+    assert graph.ops[0].frames == ("model.py:3 forward\tout = self.block(x)", "block.py:10 forward\th = self.a(x)")
