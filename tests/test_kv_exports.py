@@ -97,6 +97,8 @@ def test_the_shared_buffer_holds_max_length_positions_and_no_present() -> None:
     assert resized is not None
     kv = kv_cache_of(resized)
     assert kv is not None and kv.past_bytes == 2 * 3 * KV_HEADS * 40 * HEAD * 4 and kv.present_bytes == 0
+    assert shared_buffer_size(found, at.graph, 6) is not None  # (the step's context, 5 + 1, fits 6 positions)
+    assert shared_buffer_size(found, at.graph, 5) is None
 
 
 def test_a_concat_cache_is_not_updated_in_place() -> None:

@@ -236,9 +236,15 @@ def shared_buffer_size(found: CacheTensors, graph: ModelGraph, length: int) -> C
     """Give the size of each cache tensor where past and present are one buffer of `length` positions, updated in
     place (onnxruntime-genai's past_present_share_buffer, max_length `length`): each past input at `length`
     positions, each present output 0 bytes (written into its past's buffer); None where the attention cannot
-    update the cache in place (found.in_place) or a past's sequence axis is not known."""
+    update the cache in place (found.in_place), a past's sequence axis is not known or the step's context (a
+    present's length) does not fit in `length` positions."""
     if not found.in_place:
         return None
+    for t in found.present:
+        axis, shape = found.heads_axes.get(t), graph.tensors[t].shape
+        context = shape[3 - axis] if axis is not None and shape is not None and len(shape) == 4 else None
+        if not isinstance(context, int) or context > length:
+            return None
     sizes: dict[int, int] = {t: 0 for t in found.present}
     for t in found.past:
         tensor, axis = graph.tensors[t], found.heads_axes.get(t)
