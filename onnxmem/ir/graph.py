@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -106,6 +108,9 @@ class Op:
     origin: str = ""
     provenance: Provenance = MODEL_NODE  # where it came from (the transform that made it says: NodeFacts)
     placement: Placement = Placement.DEVICE  # where it runs (ditto)
+    # the Python frames the PyTorch op behind it ran in, outermost first, each 'file:line function<TAB>source line' (the
+    # dynamo exporter's pkg.torch.onnx.stack_trace), interned; () where not known
+    frames: tuple[str, ...] = ()
 
 
 class ModelGraph:
@@ -315,14 +320,16 @@ class _Builder:
                 op_outputs.append(existing)
             for in_id in implicit:
                 tensors[in_id].consumers.append(op_index)
+            frames: tuple[str, ...] = ()
             if metadata:
-                layer, origin = _layer_and_origin(node, name, metadata)
+                layer, origin, frames = _layer_and_origin(node, name, metadata)
             else:  # (_layer_and_origin without metadata, inlined: the scope before the name's last '/')
                 head, _, rest = name.rpartition("/")
                 layer = (head if head.strip("/") else "") if rest else _scope_of(name)
                 origin = ""
             ops.append(make_op(op_index, name, op_type, domain, tuple(op_inputs), tuple(op_outputs),
-                               tuple(implicit) if implicit else (), subgraphs, layer, origin, provenance, placement))
+                               tuple(implicit) if implicit else (), subgraphs, layer, origin, provenance, placement,
+                               frames))
             operator = op_type if not domain else (domain, op_type)  # (ONNX's domain '': by op type alone)
             is_known = known.get(operator)
             if is_known is None:
@@ -411,16 +418,30 @@ def _scope_of(name: str) -> str:
     return name.rsplit("/", 1)[0] if "/" in name and "/" in name.strip("/") else ""
 
 
-def _layer_and_origin(node: onnx.NodeProto, name: str, metadata: bool = True) -> tuple[str, str]:
+def _layer_and_origin(node: onnx.NodeProto, name: str, metadata: bool = True) -> tuple[str, str, tuple[str, ...]]:
     layer = origin = ""
+    frames: tuple[str, ...] = ()
     for prop in node.metadata_props if metadata and len(node.metadata_props) else ():
         if prop.key in ("pkg.torch.onnx.name_scopes", "namespace") and not layer:
             layer = prop.value
         elif prop.key == "pkg.torch.onnx.fx_node":
             origin = _fx_origin(prop.value)
+        elif prop.key == "pkg.torch.onnx.stack_trace":
+            frames = stack_frames(prop.value)
     if not layer:
         layer = _scope_of(name)
-    return layer, origin
+    return layer, origin, frames
+
+
+_FRAME = re.compile(r'File "([^"]*)", line (\d+), in ([^\n]*)\n([^\n]*)')
+
+
+def stack_frames(trace: str) -> tuple[str, ...]:
+    """Give the frames of a Python stack trace as the dynamo exporter writes it ('File "m.py", line 12, in forward\n
+    x = self.fc(x)' per frame), outermost first, each 'm.py:12 forward<TAB>x = self.fc(x)', interned (nodes share
+    them)."""
+    return tuple(sys.intern(f"{path}:{line} {function.strip()}\t{code.strip()}")
+                 for path, line, function, code in _FRAME.findall(trace))
 
 
 def _fx_origin(fx_node: str) -> str:
