@@ -61,13 +61,14 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
               default_dim: int | None = None) -> tuple[dict[str, int], tuple[Warning, ...]]:
     """Give the value of every free input dim: given, computed from an expression of given ones, or defaulted."""
     names = {d.name for d in free}
-    _check_dim_values(dims, default_dim, names)
+    _check_dim_values(dims, default_dim, names, _cache_lengths(free))
     unknown = sorted(set(dims) - names)
     if unknown:
         known = ", ".join(sorted(names)) or "none (every input dim is fixed)"
         raise DimError(f"unknown dim {', '.join(unknown)}: the model's symbolic dims are {known}")
     bound = dict(dims)
     _bind_expressions(free, bound)
+    _bind_cache_totals(names, bound)
     where: dict[str, list[InputDim]] = {}  # each unbound name, where it occurs
     for d in free:
         if d.name not in bound:
@@ -93,6 +94,18 @@ def bind_dims(free: list[InputDim], dims: Mapping[str, int],
     defaulted = ", ".join(sorted(asked))
     return bound, (Warning("default-dim", f"dims {defaulted} were not given and took the default dim {default_dim} "
                                           "(--default-dim, or default_dim= in Python)"),)
+
+
+def _bind_cache_totals(names: Iterable[str], bound: dict[str, int]) -> None:
+    """Bind a decoder's total length, not given, to the sum of the lengths it is made of (the model builder's
+    total_sequence_length = past_sequence_length + sequence_length, as onnxruntime-genai feeds it), so that a
+    step is asked with its past and its tokens only and fit's search of the past moves the total with it."""
+    from onnxmem.shapes.kvcache import TOTAL_LENGTHS
+
+    for name in names:
+        parts = TOTAL_LENGTHS.get(name)
+        if name not in bound and parts is not None and all(p in bound for p in parts):
+            bound[name] = sum(bound[p] for p in parts)
 
 
 def _bind_expressions(free: list[InputDim], bound: dict[str, int]) -> None:
@@ -139,10 +152,26 @@ def _evaluate_dim(expression: str, bound: Mapping[str, int]) -> int | None:
     return result if result is not None and result > 0 else None
 
 
-def _check_dim_values(dims: Mapping[str, int], default_dim: int | None, names: Iterable[str] = ()) -> None:
+def _cache_lengths(free: Iterable[InputDim]) -> set[str]:
+    """Give the dims that size only the length axis of a KV cache's past inputs (past_key_values.N.key, ...: axis
+    1 or 2 of [batch, heads, length, head] or [batch, length, heads, head]): the model builder's
+    past_sequence_length, which its decoders take beside total_sequence_length rather than summed with another
+    (its head size, kv_cache_dim, is on axis 3 and stays positive)."""
+    from onnxmem.shapes.kvcache import is_past_cache_name
+
+    places: dict[str, set[bool]] = {}
+    for d in free:
+        places.setdefault(d.name, set()).add(is_past_cache_name(d.input) and d.axis in (1, 2))
+    return {name for name, found in places.items() if found == {True}}
+
+
+def _check_dim_values(dims: Mapping[str, int], default_dim: int | None, names: Iterable[str] = (),
+                      cache_lengths: Iterable[str] = ()) -> None:
     # a dim may be 0 where the model's arithmetic allows it: a dim it adds to another ('past + seq': a decoder's
-    # prefill with an empty KV cache); any other dim, and --default-dim, must be positive
+    # prefill with an empty KV cache) or one that sizes only the past cache's inputs (its length); any other dim,
+    # and --default-dim, must be positive
     summed = {term for n in names if "+" in n for term in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n)}
+    summed |= set(cache_lengths)
     for name, value in [*dims.items(), *([("--default-dim", default_dim)] if default_dim is not None else [])]:
         least = 0 if name in summed else 1
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
