@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.measured_run import run_measured  # noqa: E402
+from onnxmem.ir.embedded import length_delimited as _field  # noqa: E402 (protobuf's encoding, for byte tricks)
+from onnxmem.ir.embedded import varint as _encode  # noqa: E402
 
 OPSET = 17
 
@@ -56,19 +58,6 @@ def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outpu
 def _relu(x: str = "x", y: str = "y", dims: list[int | str] | None = None) -> onnx.ModelProto:
     dims = [4, 8] if dims is None else dims
     return _model([helper.make_node("Relu", [x], [y])], [_value(x, dims)], [_value(y, dims)])
-
-
-def _encode(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _encode(number << 3 | 2) + _encode(len(payload)) + payload
 
 
 def _external(name: str, dims: list[int], **entries: str) -> TensorProto:

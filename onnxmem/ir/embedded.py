@@ -172,7 +172,7 @@ class _Rewrite:
                 continue
             tag_end = _varint(raw, tag_start, payload)[1]
             pieces.append(data[copied:tag_end])
-            pieces.append(_encode(sum(len(p) for p in inner)))
+            pieces.append(varint(sum(len(p) for p in inner)))
             pieces.extend(inner)
             copied = field_end
         if not pieces:
@@ -242,9 +242,10 @@ class _Rewrite:
         return [data[start:field_start], data[field_end:end], self._external(payload, size)]
 
     def _external(self, offset: int, length: int) -> bytes:
-        entries = b"".join(_field(_EXTERNAL_DATA, _field(1, key) + _field(2, value)) for key, value in (
-            (b"location", self.location), (b"offset", str(offset).encode()), (b"length", str(length).encode())))
-        return entries + _encode(_DATA_LOCATION << 3) + _encode(TensorProto.EXTERNAL)
+        entries = b"".join(length_delimited(_EXTERNAL_DATA, length_delimited(1, key) + length_delimited(2, value))
+                           for key, value in ((b"location", self.location), (b"offset", str(offset).encode()),
+                                              (b"length", str(length).encode())))
+        return entries + varint(_DATA_LOCATION << 3) + varint(TensorProto.EXTERNAL)
 
 
 def _varint(data: bytes | memoryview, position: int, end: int) -> tuple[int, int]:
@@ -259,7 +260,8 @@ def _varint(data: bytes | memoryview, position: int, end: int) -> tuple[int, int
     raise _GiveUp
 
 
-def _encode(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """Give protobuf's varint of a non-negative integer."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -268,5 +270,6 @@ def _encode(value: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return _encode(number << 3 | 2) + _encode(len(payload)) + payload
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Give a protobuf length-delimited field (wire type 2): its key, its length, the payload."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
