@@ -603,6 +603,22 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
     )
 
 
+def inference_peak(graph: ModelGraph, timeline: Timeline) -> tuple[int, int]:
+    """Give (peak bytes, weights bytes) of the inference report summarize_inference gives of the graph and its
+    timeline (weights, its bodies' at every depth too, plus inputs plus the activation peak), without the rest of
+    the report: what fit's what-ifs compare."""
+    weights = inputs = 0
+    for t in graph.tensors:
+        if t.kind == WEIGHT:
+            weights += t.nbytes or 0
+        elif t.kind == INPUT:
+            inputs += t.nbytes or 0
+    bodies = [sub for op in graph.ops for sub in op.subgraphs]
+    if bodies:
+        weights += _body_weights(bodies, {})
+    return weights + inputs + timeline.peak_bytes, weights
+
+
 def _live_tensor(graph: ModelGraph, t: Tensor) -> LiveTensor:
     producer = graph.ops[t.producer] if t.producer is not None else None
     return LiveTensor(

@@ -28,7 +28,16 @@ from onnxmem.ir.load import LoadedModel
 from onnxmem.passes.half_precision import half_precision, half_precision_sizing
 from onnxmem.passes.liveness import Timeline
 from onnxmem.passes.orders import DEFAULT_ORDER
-from onnxmem.passes.pipeline import Analysis, Schedules, Sizing, analysis
+from onnxmem.passes.pipeline import (
+    Analysis,
+    PipelineRun,
+    Schedules,
+    Sizing,
+    analysis,
+    inference_peak,
+    run_stages,
+    sizing,
+)
 from onnxmem.plan.family import ModelFamily
 from onnxmem.plan.gpus import find_gpu
 from onnxmem.plan.kv import kv_growth_note, kv_what_ifs
@@ -37,6 +46,7 @@ from onnxmem.plan.sizes import GiB, KiB, MiB, parse_size, size_source  # noqa: F
 from onnxmem.shapes.dims import input_dims
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider
 from onnxmem.targets.ort.arena import session_held_bytes
+from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
 from onnxmem.views.report import (
     CheckResult,
     FitPoint,
@@ -602,25 +612,41 @@ def _what_ifs(at: Sizing, base: Report | None, need: _Need, search: str, value: 
                   options: TrainingOptions | None = training) -> Analysis:
         return analysis(model, dims, **_options(run_order, at.default_dim, options, at.provider))
 
+    def add_changed(change: str, detail: str, model: Sizing | LoadedModel = at, dims: Mapping[str, int] | None = None,
+                    run_order: str = order) -> None:
+        """Add the what-if of a changed model or order: its report's peak, where a report is read (training,
+        sharding); else the declared stages up to its timeline, whose peak is the report's (pipeline.inference_peak),
+        without the summaries nobody reads (a what-if's rows and timeline)."""
+        if training is not None or shard:
+            add_report(change, report_of(model, dims, run_order), detail)
+            return
+        graph, timeline, loaded = _timeline_of(model, dims, run_order, at)
+        peak, weights = inference_peak(graph, timeline)
+        required = arena_required_bytes(graph, timeline, loaded.proto, at.provider) \
+            if target is not None and _simulates_arena(target, training, shard) else None
+        add(change, peak, detail, weights, required)
+
     if search and value >= 2:
         try:
             # (the model as given: the analysis makes onnxruntime's changes again, and the training step reads it)
-            add_report(f"{search} {value} -> {value // 2}",
-                       report_of(at.given or at.loaded, {**at.dims, search: value // 2}), f"halve {search}")
+            add_changed(f"{search} {value} -> {value // 2}", f"halve {search}", at.given or at.loaded,
+                        {**at.dims, search: value // 2})
         except (ValueError, DimError):  # half the batch is not a multiple of the micro-steps
             pass
     if order != "memory":
-        add_report("memory-aware execution order", report_of(run_order="memory"),
-                   "greedy least-peak-first order (--order memory)" if training is None else
-                   "forward ops in the greedy least-peak-first order (--order memory)")
+        add_changed("memory-aware execution order",
+                    "greedy least-peak-first order (--order memory)" if training is None else
+                    "forward ops in the greedy least-peak-first order (--order memory)", run_order="memory")
     if training is None:
         # (where the provider's changes depend on element types, the converted model is analysed whole)
         halved = half_precision_sizing(at) if at.provider.float16_keeps_graph else None
-        add_report("float32 -> float16 (weights and activations)",
-                   report_of(halved) if halved is not None else report_of(half_precision(at.loaded), at.dims),
-                   "every float32 tensor stored as float16 (the model converted, then analysed)")
+        detail = "every float32 tensor stored as float16 (the model converted, then analysed)"
+        if halved is not None:
+            add_changed("float32 -> float16 (weights and activations)", detail, halved)
+        else:
+            add_changed("float32 -> float16 (weights and activations)", detail, half_precision(at.loaded), at.dims)
         for change, resized, detail in kv_what_ifs(at):  # a decoder's KV cache, its tensors re-sized
-            add_report(change, report_of(resized), detail)
+            add_changed(change, detail, resized)
         found.sort(key=lambda w: -w.saved_bytes)
         return tuple(found)
     changes: list[tuple[str, TrainingOptions, str]] = []
@@ -666,6 +692,18 @@ def _what_ifs(at: Sizing, base: Report | None, need: _Need, search: str, value: 
             add_report(change, analysed, detail)
     found.sort(key=lambda w: -w.saved_bytes)
     return tuple(found)
+
+
+def _timeline_of(model: Sizing | LoadedModel, dims: Mapping[str, int] | None, order: str,
+                 at: Sizing) -> tuple[ModelGraph, Timeline, LoadedModel]:
+    """Give the graph, the inference timeline and the model of analysis(model, dims, order=order, ...)'s run with
+    `at`'s default dim and provider: the same declared stages (pipeline.STAGES), stopped after liveness."""
+    sized = model if isinstance(model, Sizing) else \
+        sizing(model, dims, default_dim=at.default_dim, rules=DEFAULT_INFERENCE_RULES, provider=at.provider)
+    run = run_stages(PipelineRun(sized.provider, DEFAULT_INFERENCE_RULES, sized.dims, sized.default_dim, order,
+                                 sized=sized), "order", "liveness")
+    assert run.timeline is not None
+    return sized.graph, run.timeline, sized.loaded
 
 
 def _sharded_what_ifs(training: TrainingReport, shard: str, gpus: int, offload: str, target: Target | None,
