@@ -96,6 +96,11 @@ class Lifetimes:
     transient: list[tuple[int, int]]  # (step, op) of the ops with transient bytes: subgraphs, expanded functions
 
 
+# A buffer plan made (liveness's `plans`): the lifetimes it was made from, and its tensors' owners, first and last
+# steps after it
+Plan = tuple[Lifetimes, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
 def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
               loop_body: bool = False) -> Lifetimes:
     """Give the size-free part of liveness (see Lifetimes) for the same arguments."""
@@ -175,7 +180,7 @@ def lifetimes(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, co
 def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, count_graph_outputs: bool = True,
              plan_shapes: Sequence[tuple[Dim, ...] | None] | None = None, loop_body: bool = False,
              prepared: Lifetimes | None = None, loop_peaks: Mapping[int, int] | None = None,
-             scratch: Mapping[int, int] | None = None) -> Timeline:
+             scratch: Mapping[int, int] | None = None, plans: dict[object, Plan] | None = None) -> Timeline:
     """Give the timeline of live activation bytes when the graph runs in `order` under `rules`.
 
     `plan_shapes` are the shapes a runtime's planner compares to decide reuse (onnxruntime plans before the dims
@@ -185,7 +190,9 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
     own outputs apart; a Loop without one holds its body's peak once. (The caller simulates the Loops: liveness
     does not import the loop simulation, which runs liveness on each body.) `scratch`: per op index, the bytes its
     kernel holds while it runs, above the tensors live then (a library's workspace: ExecutionProvider.op_scratch),
-    counted with the step's transient bytes.
+    counted with the step's transient bytes. `plans`: a cache its caller owns for one `prepared` (see
+    pipeline.Schedules): the buffer plan depends only on `prepared`, the rules' reuse and the size keys, so a
+    plan made for equal keys (another value of a searched dim, a what-if's sizes) is taken from it, not made again.
     """
     tensors = graph.tensors
     steps = len(order)
@@ -202,52 +209,16 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
             t = owner[t]
         return t
 
-    # The buffer plan, step by step as onnxruntime's planner makes it: each new output takes its dying first
-    # input's buffer (in place), or else a freed buffer of the same size (most recently freed first), or else a
-    # buffer of its own. A freed buffer that a later output takes stays allocated until that output dies.
+    # the buffer plan (_plan_buffers), on the sizes' keys: made once per keys where the caller keeps plans
     keys = _size_keys(graph, plan_shapes)
-    activation = prepared.activation
-    # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
-    # (by size number, above 0: a scalar's freed buffer is never taken, so it is not listed)
-    freed: dict[int, list[int]] = {}
-    is_free: set[int] = set()
-    reuse_freed = rules.reuse_freed
-    for step, (out, reads), takers, dying in zip(range(steps), prepared.in_place, prepared.take_freed,
-                                                 prepared.dying, strict=True):
-        if out >= 0:
-            source = reads if owner[reads] == reads else find(reads)
-            key = keys[out]
-            if source != out and activation[source] and last[source] == step and key != -1 and key == keys[reads]:
-                owner[out] = source
-                if last[out] > last[source]:
-                    last[source] = last[out]
-                first[out] = last[out] = -1
-        for out in takers:
-            if owner[out] != out:
-                continue  # it took its input's buffer in place, above
-            key = keys[out]
-            if key > 0 and freed.get(key):
-                target = freed[key].pop()
-                is_free.discard(target)
-                owner[out] = target
-                if last[out] > last[target]:
-                    last[target] = last[out]
-                first[out] = last[out] = -1
-        if reuse_freed:
-            for tensor_id in dying:  # inputs first, then unread outputs
-                root = owner[tensor_id]
-                if owner[root] != root:
-                    root = find(tensor_id)
-                if last[root] == step and activation[root] and root not in is_free:
-                    key = keys[root]
-                    if key > 0:
-                        found = freed.get(key)
-                        if found is None:
-                            freed[key] = [root]
-                        else:
-                            found.append(root)
-                        is_free.add(root)
-
+    plan_key = (tuple(keys), rules.reuse_freed) if plans is not None else None
+    planned = plans.get(plan_key) if plans is not None else None
+    if planned is not None and planned[0] is prepared:
+        owner, first, last = list(planned[1]), list(planned[2]), list(planned[3])
+    else:
+        _plan_buffers(prepared, keys, rules.reuse_freed, owner, first, last, steps)
+        if plans is not None:
+            plans[plan_key] = (prepared, tuple(owner), tuple(first), tuple(last))
     # onnxruntime releases a buffer after the last node that reads any tensor stored in it; a buffer that no
     # node reads at all (an unread output such as LSTM's Y_h, TopK's indices, Dropout's mask, and no later
     # tensor reused it) has no release action and stays allocated until the run ends (measured; its
@@ -308,6 +279,61 @@ def liveness(graph: ModelGraph, order: Sequence[int], rules: InferenceRules, cou
         last_step=tuple(last), unsized=tuple(unsized),
         peak_bytes=live[peak_step] if steps else 0, peak_step=peak_step,
     )
+
+
+def _plan_buffers(prepared: Lifetimes, keys: Sequence[int], reuse_freed: bool, owner: list[int], first: list[int],
+                  last: list[int], steps: int) -> None:
+    """Make the buffer plan in place (owner, first, last: lifetimes' copies), step by step as onnxruntime's planner
+    makes it: each new output takes its dying first input's buffer (in place), or else a freed buffer of the same
+    size (most recently freed first), or else a buffer of its own. A freed buffer that a later output takes stays
+    allocated until that output dies."""
+    activation = prepared.activation
+
+    def find(t: int) -> int:
+        while owner[t] != t:
+            owner[t] = owner[owner[t]]
+            t = owner[t]
+        return t
+
+    # Freed buffers by size: the planner takes the first match in its free list, the most recently freed.
+    # (by size number, above 0: a scalar's freed buffer is never taken, so it is not listed)
+    freed: dict[int, list[int]] = {}
+    is_free: set[int] = set()
+    for step, (out, reads), takers, dying in zip(range(steps), prepared.in_place, prepared.take_freed,
+                                                 prepared.dying, strict=True):
+        if out >= 0:
+            source = reads if owner[reads] == reads else find(reads)
+            key = keys[out]
+            if source != out and activation[source] and last[source] == step and key != -1 and key == keys[reads]:
+                owner[out] = source
+                if last[out] > last[source]:
+                    last[source] = last[out]
+                first[out] = last[out] = -1
+        for out in takers:
+            if owner[out] != out:
+                continue  # it took its input's buffer in place, above
+            key = keys[out]
+            if key > 0 and freed.get(key):
+                target = freed[key].pop()
+                is_free.discard(target)
+                owner[out] = target
+                if last[out] > last[target]:
+                    last[target] = last[out]
+                first[out] = last[out] = -1
+        if reuse_freed:
+            for tensor_id in dying:  # inputs first, then unread outputs
+                root = owner[tensor_id]
+                if owner[root] != root:
+                    root = find(tensor_id)
+                if last[root] == step and activation[root] and root not in is_free:
+                    key = keys[root]
+                    if key > 0:
+                        found = freed.get(key)
+                        if found is None:
+                            freed[key] = [root]
+                        else:
+                            found.append(root)
+                        is_free.add(root)
 
 
 def _size_keys(graph: ModelGraph, plan_shapes: Sequence[tuple[Dim, ...] | None] | None) -> list[int]:

@@ -20,7 +20,7 @@ from onnxmem.ir.dtypes import dtype_name
 from onnxmem.ir.graph import ACTIVATION, HOST, INPUT, OUTPUT, WEIGHT, ModelGraph, Op, Tensor, build_graph, layer_name
 from onnxmem.ir.load import LoadedModel, load_model
 from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
-from onnxmem.passes.liveness import Lifetimes, Timeline, lifetimes, liveness
+from onnxmem.passes.liveness import Lifetimes, Plan, Timeline, lifetimes, liveness
 from onnxmem.passes.loops import loop_peaks, loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from onnxmem.shapes.dims import InputDim, input_dims
@@ -57,6 +57,9 @@ class Schedules:
     def __init__(self, ops: Sequence[Op]) -> None:
         self._ops = ops
         self._made: dict[str, tuple[InferenceRules, Sequence[int], Lifetimes]] = {}
+        # the buffer plans made on those lifetimes, by size keys (liveness's `plans`: the Sizings of one wiring at
+        # other values, or a what-if's sizes, mostly plan alike)
+        self.plans: dict[object, Plan] = {}
 
     def schedule(self, graph: ModelGraph, order: str, rules: InferenceRules) -> tuple[Sequence[int], Lifetimes]:
         """Give the order of this name on the graph, and its lifetimes (each made once per order and rules)."""
@@ -271,8 +274,9 @@ def _liveness(run: PipelineRun) -> None:
     run.trips = loop_trip_counts(graph, sized.loaded.proto)
     peaks = loop_peaks(graph, run.trips, run.buffer_rules, run.mem_pattern) if run.trips else None
     run.scratch = sized.provider.op_scratch(graph, sized.loaded.proto)
+    plans = sized.schedules.plans if sized.schedules is not None and run.prepared is not None else None
     run.timeline = liveness(graph, run.steps, run.buffer_rules, plan_shapes=sized.plan_shapes, prepared=run.prepared,
-                            loop_peaks=peaks, scratch=run.scratch.bytes_by_op)
+                            loop_peaks=peaks, scratch=run.scratch.bytes_by_op, plans=plans)
     if run.timeline.peak_bytes >= BEYOND_ANY_MEMORY:
         _refuse_beyond_memory(graph)
 
