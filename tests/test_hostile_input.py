@@ -344,3 +344,26 @@ def test_dims_that_make_a_peak_beyond_any_memory_are_refused_in_one_line(tmp_pat
     assert len(err.strip().splitlines()) == 1 and "internal" not in err
     code, out, err = run("report", str(path), "--default-dim", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "beyond any memory" in err
+
+
+@pytest.mark.parametrize("attack", ["fifo", "dev-zero", "over a MiB", "deep nesting", "not utf-8"])
+def test_a_hostile_genai_config_beside_the_model_is_not_read(tmp_path: Path, attack: str) -> None:
+    # plan/kv reads onnxruntime-genai's genai_config.json beside the model: a FIFO there (no writer) must not block,
+    # a device must not be read endlessly, and nothing in it may raise; the what-if is then not offered
+    from onnxmem.plan.kv import shared_buffer_length
+
+    config = tmp_path / "genai_config.json"
+    if attack == "fifo":
+        os.mkfifo(config)
+    elif attack == "dev-zero":
+        config.symlink_to("/dev/zero")
+    elif attack == "over a MiB":
+        config.write_text('{"search": {"max_length": 64}, "pad": "' + "x" * (1 << 20) + '"}')
+    elif attack == "deep nesting":
+        config.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        config.write_bytes(b'{"search": {"max_length": 64}} \xff')
+    assert shared_buffer_length(tmp_path / "model.onnx") is None
+    config.unlink()
+    config.write_text('{"search": {"max_length": 64}}')  # the same folder with a real config: it is read
+    assert shared_buffer_length(tmp_path / "model.onnx") == 64

@@ -177,6 +177,30 @@ def _refuse_special(status: os.stat_result, where: str) -> None:
                              "hold: not an ONNX model file (its weights may be meant as external data)")
 
 
+def read_small_text(path: Path, limit: int = 1 << 20) -> str | None:
+    """Give the UTF-8 text of a small regular file beside the model (a runtime's own config), or None where there is
+    none, it is no regular file (a FIFO or a device is opened without blocking and not read) or it holds more than
+    `limit` bytes or no UTF-8."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    with open(descriptor, "rb", buffering=0) as file:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+            return None
+        try:
+            data = file.read(limit + 1)
+        except OSError:
+            return None
+    if len(data) > limit:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def _wait_for_bytes(descriptor: int, where: str) -> None:
     """Return when the pipe has bytes to read or its writer has closed it; raise after PIPE_WAIT_S without."""
     import select

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from onnxmem.ir.dtypes import element_bits
+from onnxmem.ir.load import read_small_text
 from onnxmem.passes.pipeline import Sizing
 from onnxmem.plan.family import ModelFamily
 from onnxmem.shapes.kvcache import (
@@ -88,10 +89,10 @@ def shared_buffer_length(model_path: Path | None) -> int | None:
     (its default: true); None where there is no such file or it says otherwise."""
     if model_path is None:
         return None
-    config_path = Path(model_path).parent / GENAI_CONFIG
+    text = read_small_text(Path(model_path).parent / GENAI_CONFIG)  # (a FIFO or a device is never read)
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
+        config = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
         return None
     search = config.get("search") if isinstance(config, dict) else None
     search = search if isinstance(search, dict) else {}
