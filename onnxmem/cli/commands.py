@@ -303,8 +303,10 @@ _TRAINING_OPTIONS = [
                  help="Training: micro-steps per optimizer step; the batch dim is divided by N."),
     click.option("--micro-batch", type=click.IntRange(min=1), default=None, metavar="M",
                  help="Training: the micro-batch size (the batch dim given with --dim is divided into steps of M)."),
-    click.option("--checkpoint", default=None, metavar="K|auto",
-                 help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops)."),
+    click.option("--checkpoint", default=None, metavar="K|auto|layers",
+                 help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops); "
+                      "layers: the step with each repeated block checkpointed, as transformers' "
+                      "gradient_checkpointing_enable() and timm's set_grad_checkpointing() train it."),
     click.option("--device", type=_TableChoice(lambda: list(_module("onnxmem.targets.torch").DEVICES), "cuda"),
                  default="cuda",
                  show_default=True,

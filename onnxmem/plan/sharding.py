@@ -194,14 +194,19 @@ class GatheredUnit:
 _SEPARATORS = re.compile(r"[./]")
 
 
+def numbered_levels(text: str) -> list[tuple[str, int]]:
+    """Give (prefix, index) of every numbered component of a dotted or slashed path, outermost first:
+    'stages.1.blocks.3.mlp' -> [('stages', 1), ('stages.1.blocks', 3)]; [] where there is none."""
+    parts = _SEPARATORS.split(text)
+    return [(".".join(p for p in parts[:i] if p), int(part)) for i, part in enumerate(parts)
+            if i > 0 and part.isdigit() and parts[i - 1]]
+
+
 def _block_of(text: str) -> tuple[str, int] | None:
     """Give (prefix, index) of the first numbered component of a dotted or slashed path: 'model.layers.3.mlp' ->
     ('model.layers', 3); None where there is none."""
-    parts = _SEPARATORS.split(text)
-    for i, part in enumerate(parts):
-        if i > 0 and part.isdigit() and parts[i - 1]:
-            return ".".join(p for p in parts[:i] if p), int(part)
-    return None
+    levels = numbered_levels(text)
+    return levels[0] if levels else None
 
 
 def gathered_unit(parameters: Sequence[TrainingParameter]) -> GatheredUnit:
@@ -227,7 +232,7 @@ def gathered_unit(parameters: Sequence[TrainingParameter]) -> GatheredUnit:
             words = f"{prefix}.{index}: the largest of {len(repeated[prefix])} blocks {prefix}.N, from the {source}"
             member = {i for i, p in enumerate(parameters) if (_block_of(key(p)) or ("",))[0] == prefix}
             return _with_outside(words, elements, parameters, member)
-    found_shapes = _repeated_shapes([p.shape for p in parameters])
+    found_shapes = repeated_run([p.shape for p in parameters])
     if found_shapes is not None:
         start, period, count = found_shapes
         elements = max(sum(p.elements for p in parameters[start + k * period:start + (k + 1) * period])
@@ -250,9 +255,9 @@ def _with_outside(words: str, elements: int, parameters: Sequence[TrainingParame
 _LONGEST_BLOCK = 256  # parameters in one repeated block at most (a decoder layer has about 10)
 
 
-def _repeated_shapes(shapes: Sequence[object]) -> tuple[int, int, int] | None:
-    """Give (start, period, repeats) of the run of identical shape sequences that covers most parameters (the
-    shortest period among equals), or None where nothing repeats twice."""
+def repeated_run(shapes: Sequence[object]) -> tuple[int, int, int] | None:
+    """Give (start, period, repeats) of the run of identical sequences (parameters' shapes; nodes' op types) that
+    covers most items (the shortest period among equals), or None where nothing repeats twice."""
     n = len(shapes)
     best: tuple[int, int, int, int] | None = None  # (-covered, period, start, repeats)
     for period in range(1, min(n // 2, _LONGEST_BLOCK) + 1):

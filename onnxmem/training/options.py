@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "for-loop", "fused")
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
+# --checkpoint's names: "auto" (the what-if in sqrt n segments), "layers" (each repeated block checkpointed)
+CHECKPOINT_NAMES = ("auto", "layers")
 # The parameters LoRA trains (lora=True): PEFT names every adapter tensor '<module>.lora_<part>...' (lora_A,
 # lora_B, lora_embedding_A/B, lora_magnitude_vector: DoRA's), under the module it adapts; the rest is frozen.
 LORA_PATTERNS = ("*.lora_*",)
@@ -66,7 +68,9 @@ class TrainingOptions:
     train: tuple[str, ...] = ()  # when given, only parameters matching one of these train
     grad_accum: int = 1  # micro-steps per optimizer step (the graph is bound at the micro-batch)
     micro_batch: int | None = None  # instead of grad_accum: the micro-batch size (the batch dim is divided by it)
-    checkpoint: int | str | None = None  # activation checkpointing what-if: segments, or "auto" (sqrt n)
+    # activation checkpointing: a what-if in K segments, or "auto" (sqrt n); or "layers": the step as trained with
+    # each repeated block checkpointed (transformers' gradient_checkpointing_enable(), timm's set_grad_checkpointing())
+    checkpoint: int | str | None = None
     loss: str = "cross_entropy"  # a key of training/rules.py LOSSES, applied to the model's first float output
     batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
     optimizer_impl: str = "auto"  # auto (PyTorch's default on the device) | foreach | for-loop | fused
@@ -91,6 +95,11 @@ class TrainingOptions:
 
             return device_named(self.device)
         return self.device
+
+    @property
+    def checkpoints_layers(self) -> bool:
+        """Say whether the step is trained with each repeated block checkpointed (checkpoint="layers")."""
+        return self.checkpoint == "layers"
 
     @property
     def accumulates(self) -> bool:
@@ -141,15 +150,15 @@ def micro_batch_dims(model: onnx.ModelProto, dims: dict[str, int], options: Trai
 
 def training_options(*, checkpoint: str | int | None = None, device: str = "cuda",
                      device_options: Mapping[str, object] | None = None, **values: object) -> TrainingOptions:
-    """Give TrainingOptions from command-line values ('--checkpoint 4' or 'auto'; the device by name, with its
-    declared options as strings), checked."""
+    """Give TrainingOptions from command-line values ('--checkpoint 4', 'auto' or 'layers'; the device by name, with
+    its declared options as strings), checked."""
     segments: int | str | None = checkpoint
-    if isinstance(checkpoint, str) and checkpoint != "auto":
+    if isinstance(checkpoint, str) and checkpoint not in CHECKPOINT_NAMES:
         try:
             segments = int(checkpoint)
         except ValueError:
-            raise TrainingOptionError(f"--checkpoint '{checkpoint}': expected a number of segments or 'auto'") \
-                from None
+            raise TrainingOptionError(f"--checkpoint '{checkpoint}': expected a number of segments, 'auto' or "
+                                      "'layers'") from None
     from onnxmem.targets.torch import device_named
 
     options = TrainingOptions(checkpoint=segments, device=device_named(device, device_options) if device_options
@@ -181,7 +190,7 @@ def check_options(options: TrainingOptions) -> None:
         raise TrainingOptionError("grad_accum must be at least 1")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:
         raise TrainingOptionError("checkpoint segments must be at least 1")
-    if isinstance(options.checkpoint, str) and options.checkpoint != "auto":
-        raise TrainingOptionError("checkpoint must be a number of segments or 'auto'")
+    if isinstance(options.checkpoint, str) and options.checkpoint not in CHECKPOINT_NAMES:
+        raise TrainingOptionError("checkpoint must be a number of segments, 'auto' or 'layers'")
 
 

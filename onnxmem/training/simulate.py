@@ -64,7 +64,10 @@ def simulate(model: StepModel, options: TrainingOptions, rule: OptimizerRule, fi
     """Give the live bytes at every event of one training step.
 
     `segments`: checkpointed ranges [start, end) of node positions (they keep only their inputs and are
-    recomputed in backward); `recomputed`: storage roots recomputed in backward instead of kept.
+    recomputed in backward); `recomputed`: storage roots recomputed in backward instead of kept. With
+    checkpoint="layers" the segments are PyTorch's non-reentrant checkpoints (use_reentrant=False): the forward
+    builds the autograd graph as it would without them; else (the K-segment what-if) each segment's graph is built
+    by its recompute.
     """
     step = schedule(model, options, segments or [])
     buffers = Buffers()
@@ -79,7 +82,7 @@ def simulate(model: StepModel, options: TrainingOptions, rule: OptimizerRule, fi
     _backward_buffers(model, options, step, buffers)
     optimizer_buffers(model, options, rule, step, buffers, first_step)
     device = options.device_model
-    _autograd_graph_buffers(model, device, step, buffers)
+    _autograd_graph_buffers(model, device, step, buffers, options.checkpoints_layers)
     # the device libraries' buffers are made once per process (oneDNN's primitives and MKL's blocks on CPU): with
     # gradient accumulation the micro-step simulated (a later one, see _backward_buffers) starts with those the
     # first micro-step made
@@ -135,10 +138,12 @@ def _forward_buffers(model: StepModel, step: Schedule, buffers: Buffers, recompu
                 buffers.add(v.name, "recomputed activations", v.nbytes, min(uses), max(uses))
 
 
-def _autograd_graph_buffers(model: StepModel, device: DeviceModel, step: Schedule, buffers: Buffers) -> None:
+def _autograd_graph_buffers(model: StepModel, device: DeviceModel, step: Schedule, buffers: Buffers,
+                            forward_graph: bool = False) -> None:
     """Add PyTorch's autograd graph where the device counts it (DeviceModel.autograd_node_bytes per differentiable op,
     or per autograd node it makes, and per trainable parameter; on CPU: its heap): from the op's forward (its
-    recompute inside a checkpointed segment, until its backward) or the parameter's first use, to the step's end."""
+    recompute inside a checkpointed segment, until its backward, unless `forward_graph`: non-reentrant checkpoints
+    build it in forward) or the parameter's first use, to the step's end."""
     each = device.autograd_node_bytes
     if not each:
         return
@@ -146,7 +151,7 @@ def _autograd_graph_buffers(model: StepModel, device: DeviceModel, step: Schedul
         if not model.differentiable[n]:
             continue
         nbytes = each * model.autograd_nodes.get(n, 1)
-        if step.segment_of[n] >= 0:
+        if step.segment_of[n] >= 0 and not forward_graph:
             buffers.add(f"{node.name} (autograd node)", "autograd graph", nbytes, step.rec[n], step.bwd[n])
         else:
             buffers.add(f"{node.name} (autograd node)", "autograd graph", nbytes, step.fwd[n], step.end)

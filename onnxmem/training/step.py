@@ -41,7 +41,7 @@ from onnxmem.training.options import (
 from onnxmem.training.rules import AUTOCAST_LOW_PRECISION, OptimizerRule
 from onnxmem.training.schedule import Buffer
 from onnxmem.training.simulate import Run, simulate
-from onnxmem.training.whatifs import checkpoint_what_if, hand_formula, recompute_what_if
+from onnxmem.training.whatifs import checkpoint_what_if, hand_formula, layer_segments, recompute_what_if
 from onnxmem.views.report import (
     STATE_SERIES,
     TrainingParameter,
@@ -60,9 +60,10 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     check_options(options)
     rule = options.optimizer_rule()
     model = build_model(graph, order, options)
-    first = simulate(model, options, rule, first_step=True)
-    later = simulate(model, options, rule, first_step=False)
-    recompute_rows, recompute_peak = recompute_what_if(model, options, rule)
+    segments, blocks = layer_segments(model) if options.checkpoints_layers else (None, "")
+    first = simulate(model, options, rule, True, segments)
+    later = simulate(model, options, rule, False, segments)
+    recompute_rows, recompute_peak = recompute_what_if(model, options, rule, segments)
     worst = first if first.peak >= later.peak else later
     weights_bytes = sum(v.nbytes for v in model.values if v.kind == WEIGHT)
     input_bytes = sum(v.nbytes for v in model.values if v.kind == INPUT)
@@ -101,7 +102,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         hand_formula_bytes=hand,
         assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later),
                      *_autocast_lifetimes(model, options, max(first.peak, later.peak)),
-                     *_unsized(model)),
+                     *_unsized(model), *_checkpointed(blocks)),
         # (both steps simulate the same events: only the live bytes differ)
         timeline=TrainingTimeline(tuple(first.events.phase), tuple(first.events.label), tuple(first.live),
                                   tuple(later.live), _state_series(first), _state_series(later),
@@ -140,7 +141,7 @@ def training_warnings(report: TrainingReport) -> list[Warning]:
     warnings = []
     for note in report.assumptions:
         code, _, message = note[1:].partition("] ")
-        if note.startswith("[") and code in EXPORT_WARNINGS:
+        if note.startswith("[") and code in (*EXPORT_WARNINGS, "checkpoint-layers"):
             warnings.append(Warning(code, message))
     if report.unknown_backward_ops:
         warnings.append(Warning(
@@ -180,6 +181,15 @@ def _parameter_groups(model: StepModel) -> tuple[TrainingParameterGroup, ...]:
             row[1 if trainable else 2] += model.values[t].nbytes
     return tuple(TrainingParameterGroup(k, v[0], v[1], v[2]) for k, v in groups.items())
 
+
+
+def _checkpointed(blocks: str) -> tuple[str, ...]:
+    """Give the '[checkpoint-layers] message' note naming the blocks checkpoint="layers" checkpoints ('' none)."""
+    if not blocks:
+        return ()
+    return (f"[checkpoint-layers] activation checkpointing per block: {blocks}; each keeps only its inputs in "
+            "forward and is recomputed, one block at a time, in backward (torch.utils.checkpoint, "
+            "use_reentrant=False); where the model checkpoints other modules, the estimate differs",)
 
 
 def _unsized(model: StepModel) -> tuple[str, ...]:

@@ -1,11 +1,13 @@
-"""What-ifs over the simulated step (cheap ops recomputed instead of kept, activation checkpointing in K segments)
-and the hand formula it is compared with."""
+"""What-ifs over the simulated step (cheap ops recomputed instead of kept, activation checkpointing in K segments),
+the hand formula it is compared with, and the repeated blocks that checkpoint="layers" checkpoints."""
 
 from __future__ import annotations
 
 import math
 
-from onnxmem.ir.graph import INPUT, OUTPUT, WEIGHT
+from onnxmem.errors import TrainingOptionError
+from onnxmem.ir.graph import INPUT, OUTPUT, WEIGHT, module_path
+from onnxmem.plan.sharding import numbered_levels, repeated_run
 from onnxmem.training.model import StepModel
 from onnxmem.training.options import TrainingOptions
 from onnxmem.training.rules import CHEAP_TO_RECOMPUTE, OptimizerRule
@@ -24,8 +26,8 @@ def hand_formula(model: StepModel, options: TrainingOptions, rule: OptimizerRule
     return weights_bytes + gradient_bytes + states + 2 * activations + input_bytes
 
 
-def recompute_what_if(model: StepModel, options: TrainingOptions,
-                       rule: OptimizerRule) -> tuple[tuple[RecomputeRow, ...], int | None]:
+def recompute_what_if(model: StepModel, options: TrainingOptions, rule: OptimizerRule,
+                       segments: list[tuple[int, int]] | None = None) -> tuple[tuple[RecomputeRow, ...], int | None]:
     """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then (None
     where there is none: the peak stays)."""
     kept = set(model.saved_by)
@@ -47,8 +49,8 @@ def recompute_what_if(model: StepModel, options: TrainingOptions,
                                        model.values[out].numel or 0))
     if not candidates:
         return (), None
-    first = simulate(model, options, rule, True, recomputed=frozenset(roots))
-    later = simulate(model, options, rule, False, recomputed=frozenset(roots))
+    first = simulate(model, options, rule, True, segments, frozenset(roots))
+    later = simulate(model, options, rule, False, segments, frozenset(roots))
     candidates.sort(key=lambda r: -r.saved_bytes)
     return tuple(candidates), max(first.peak, later.peak)
 
@@ -75,7 +77,7 @@ def _flops(model: StepModel, n: int) -> int:
 def checkpoint_what_if(model: StepModel, options: TrainingOptions, rule: OptimizerRule,
                         peak: int) -> CheckpointWhatIf | None:
     """Give the peak with activation checkpointing in k segments (the last segment is not checkpointed)."""
-    if options.checkpoint is None:
+    if options.checkpoint is None or options.checkpoints_layers:
         return None
     graph_nodes = [n for n in range(model.n_graph_nodes)]
     differentiable = [n for n in graph_nodes if model.differentiable[n]]
@@ -140,3 +142,48 @@ def _segment_ranges(model: StepModel, segments: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+
+
+def layer_segments(model: StepModel) -> tuple[list[tuple[int, int]], str]:
+    """Give the node ranges [start, end) of the repeated blocks PyTorch users checkpoint one by one (transformers'
+    decoder and encoder layers, timm's blocks), in order, and the words that say which: from the nodes' module
+    scopes, the numbered level ('model.layers.N', 'stages.N.blocks.M') that has the most blocks among those covering
+    at least half the nodes the widest covers (a stage holds blocks, a layer holds numbered experts); where the file
+    names no modules, from the longest repeated run of ops (op types and weight shapes: plan/sharding.py's
+    repeated_run). Raises
+    TrainingOptionError where there is none."""
+    n = model.n_graph_nodes
+    levels: dict[str, dict[str, list[int]]] = {}  # level ('stages.*.blocks') -> block ('stages.1.blocks.3') -> nodes
+    for m in range(n):
+        for prefix, index in numbered_levels(module_path(model.nodes[m].layer)):
+            level = ".".join("*" if part.isdigit() else part for part in prefix.split("."))
+            levels.setdefault(level, {}).setdefault(f"{prefix}.{index}", []).append(m)
+    repeated = {level: blocks for level, blocks in levels.items() if len(blocks) >= 2}
+    if repeated:
+        widest = max(sum(map(len, blocks.values())) for blocks in repeated.values())
+        level, blocks = max(((k, v) for k, v in repeated.items() if 2 * sum(map(len, v.values())) >= widest),
+                            key=lambda kv: (len(kv[1]), sum(map(len, kv[1].values()))))
+        ranges = _disjoint(sorted((min(nodes), max(nodes) + 1) for nodes in blocks.values()))
+        first, last = min(blocks, key=lambda b: min(blocks[b])), max(blocks, key=lambda b: min(blocks[b]))
+        return ranges, f"{len(ranges)} blocks {level}.N ({first} to {last}), from the module scopes"
+    found = repeated_run([(model.nodes[m].op_type, tuple(model.values[t].shape for t in model.nodes[m].inputs
+                                                         if t >= 0 and model.values[t].kind == WEIGHT))
+                          for m in range(n)])
+    if found is not None and found[1] >= 2 and 4 * found[1] * found[2] >= n:
+        start, period, count = found
+        return ([(start + k * period, start + (k + 1) * period) for k in range(count)],
+                f"{count} blocks of {period} ops (from {model.nodes[start].op_type} {model.nodes[start].name}), from "
+                "a repeated run of ops and weight shapes: the file names no modules")
+    raise TrainingOptionError("--checkpoint layers: no repeated block found (no numbered module scope such as "
+                              "'model.layers.N' and no repeated run of ops): checkpoint K segments instead")
+
+
+def _disjoint(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Give sorted ranges with each one starting where the previous ends at the earliest (a block whose nodes
+    interleave with the previous one's loses those nodes to it); empty ones left out."""
+    out: list[tuple[int, int]] = []
+    for start, end in ranges:
+        start = max(start, out[-1][1]) if out else start
+        if end > start:
+            out.append((start, end))
+    return out
