@@ -3,6 +3,7 @@
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
                                              [--gemm-conv-first-use] [--sdpa-dropout-backward] [--clone]
+                                             [--linear-bias]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -62,6 +63,16 @@ parameters) when its input is `.transpose(1, 2).contiguous()` of another Linear'
 as an Identity by the dynamo exporter), `.reshape()` of it (also a copy), a plain view, or nn.Dropout(p=0) (the
 exporter writes a clone; F.dropout returns its input); beside onnxmem's saved bytes at the start of backward
 (training/model.py _is_copy). Behind an Identity marked aten.clone being a new storage outside Dropout modules.
+
+--linear-bias: a Linear with a bias on 2-D, 3-D and non-contiguous 3-D input (a transposed view), fp32 and under
+autocast to bf16, trained and frozen (its input needs a gradient either way: a learned scale before it), with the
+mean as the loss: the heap peak of the forward (and loss) above what was live before it, the new storages autograd
+saves (saved-tensor hooks: neither a parameter nor the input batch) and the whole first step's peak (malloc
+counter, one thread, a forked child per measurement after warm_up), beside onnxmem's forward-phase peak, saved
+bytes at backward start and step peak (less weights and inputs) on the op's recommended export. PyTorch's
+aten.linear runs addmm on the flattened view for contiguous input (one output; it saves the input view and the
+weight, not the product before the bias) and matmul then add_ in place otherwise; the dynamo exporter writes the
+3-D cases as MatMul then Add (training/model.py _storage_roots: that Add writes into the product).
 """
 
 from __future__ import annotations
@@ -524,6 +535,138 @@ def clone() -> None:
         print(f"| {how} | {', '.join(ops)} | {sum(storages.values()):,} | {report.training.saved_activation_bytes:,} |")
 
 
+class ScaledLinear(nn.Module):
+    """A learned scale (so the Linear's input needs a gradient, as inside a model), then a Linear with a bias; with
+    `transposed`, the Linear reads a transposed view of the scaled [tokens, batch, features] input."""
+
+    def __init__(self, features: int, out: int, transposed: bool) -> None:
+        super().__init__()
+        self.scale, self.linear, self.transposed = nn.Parameter(torch.ones(features)), nn.Linear(features, out), \
+            transposed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * self.scale
+        return self.linear(h.transpose(0, 1) if self.transposed else h)
+
+
+# (input kind, rows of the product, in features, out features); 3-D inputs are [4, rows / 4, in] (transposed: the
+# batch and token axes swapped by a view)
+LINEAR_BIAS_SHAPES = (("2-D", 512, 64, 512), ("2-D", 256, 256, 1024), ("3-D", 512, 64, 512),
+                      ("3-D", 256, 256, 1024), ("3-D transposed", 512, 64, 512), ("3-D transposed", 256, 256, 1024))
+
+
+def _linear_bias_input(kind: str, rows: int, features: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rows)
+    if kind == "2-D":
+        return torch.randn(rows, features, generator=generator)
+    if kind == "3-D":
+        return torch.randn(4, rows // 4, features, generator=generator)
+    return torch.randn(rows // 4, 4, features, generator=generator)
+
+
+def _linear_bias_child(kind: str, rows: int, features: int, out: int, autocast: bool, frozen: bool,
+                       what: str) -> list[int]:
+    from benchmarks.accuracy_training import heap_peak, warm_up
+
+    warm_up()
+    torch.manual_seed(0)
+    module = ScaledLinear(features, out, kind.endswith("transposed")).train()
+    module.linear.requires_grad_(not frozen)
+    x = _linear_bias_input(kind, rows, features)
+    opt = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.01)
+    context = torch.autocast("cpu", torch.bfloat16, enabled=autocast)
+    if what == "forward":
+        parameters = {p.untyped_storage().data_ptr() for p in module.parameters()} | {x.untyped_storage().data_ptr()}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in parameters:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        kept: list[torch.Tensor] = []
+
+        def forward() -> None:
+            with context, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                kept.append(module(x).mean())
+
+        return [heap_peak(forward), sum(saved.values())]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with context:
+            y = module(x)
+            loss = y.mean()
+        loss.backward()
+        opt.step()
+
+    return [heap_peak(step)]
+
+
+def _linear_bias_forked(*args: object) -> list[int]:
+    import json
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer: object = _linear_bias_child(*args)  # type: ignore[arg-type]
+        except BaseException as error:  # noqa: BLE001
+            answer = f"{type(error).__name__}: {error}"
+        os.write(write, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        text = stream.read()
+    os.waitpid(pid, 0)
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise RuntimeError(f"linear-bias {args}: {value}")
+    return value
+
+
+def linear_bias() -> None:
+    import onnxmem
+    from onnxmem.targets.torch import TorchCpu
+    from onnxmem.torch import export_for_training
+    from onnxmem.training.step import TrainingOptions
+
+    print(f"torch {torch.__version__}, CPU, one thread, SGD, loss y.mean(); bytes above what was live before "
+          "(weights and the input); estimate: onnxmem on the recommended export, less weights and inputs\n")
+    print("| input | rows x in -> out | step | Linear | forward peak | onnxmem | saved (new) | onnxmem "
+          "| step peak | onnxmem | error |")  # forward: the forward and the loss
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as folder:
+        for kind, rows, features, out in LINEAR_BIAS_SHAPES:
+            torch.manual_seed(0)
+            path = Path(folder) / f"linear_{len(list(Path(folder).iterdir()))}.onnx"
+            x = _linear_bias_input(kind, rows, features)
+            with quiet():
+                export_for_training(ScaledLinear(features, out, kind.endswith("transposed")).train(),
+                                    (x[:, :2] if kind.endswith("transposed") else x[:2],), path,
+                                    {"batch": 1 if kind.endswith("transposed") else 0})
+            batch = x.shape[1] if kind.endswith("transposed") else x.shape[0]
+            for autocast in (False, True):
+                for frozen in (False, True):
+                    forward, saved = _linear_bias_forked(kind, rows, features, out, autocast, frozen, "forward")
+                    (step,) = _linear_bias_forked(kind, rows, features, out, autocast, frozen, "step")
+                    report = onnxmem.analyze(path, {"batch": batch}, training=TrainingOptions(
+                        optimizer="sgd", device=TorchCpu(threads=1), loss="mean",
+                        precision="amp-bf16" if autocast else "fp32", freeze=("linear.*",) if frozen else ()))
+                    training = report.training
+                    assert training is not None
+                    base = training.weights_bytes + training.input_bytes
+                    forward_peak = max(p.peak_bytes for p in training.first_step.phases
+                                       if p.phase in ("forward", "loss"))
+                    estimate = training.first_step.peak_bytes - base
+                    print(f"| {kind} | {rows} x {features} -> {out} | {'amp-bf16' if autocast else 'fp32'} "
+                          f"| {'frozen' if frozen else 'trained'} | {forward:,} | {forward_peak - base:,} "
+                          f"| {saved:,} | {training.saved_activation_bytes:,} | {step:,} | {estimate:,} "
+                          f"| {100 * (estimate - step) / step:+.1f}% |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -538,6 +681,7 @@ def main() -> None:
     parser.add_argument("--frozen-lstm-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use", action="store_true")
     parser.add_argument("--clone", action="store_true")
+    parser.add_argument("--linear-bias", action="store_true")
     parser.add_argument("--sdpa-dropout-backward", action="store_true")
     parser.add_argument("--sdpa-dropout-backward-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -563,6 +707,12 @@ def main() -> None:
         return
     if args.clone:
         clone()
+        return
+    if args.linear_bias:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        linear_bias()
         return
     if args.sdpa_dropout_backward_one:
         sdpa_dropout_backward_one(*args.sdpa_dropout_backward_one)

@@ -343,6 +343,15 @@ TRAINING_VIEWS: dict[str, int] = {
     "Split": 0, "Slice": 0, "Expand": 0, "SplitToSequence": 0, "SequenceAt": 0,
 }
 
+# ATen ops the dynamo exporter writes as a product and then an op on its result, where PyTorch's kernel writes one
+# output: that op writes into the product's storage (its output shares it; nothing more is kept for backward).
+# aten.linear with a bias on 3-D (or any N-D) input is exported as Transpose, MatMul, Add; PyTorch runs addmm on the
+# flattened view of a contiguous input, matmul then add_ in place otherwise: one output either way, and it keeps the
+# input and the weight, not the product before the bias (measured: benchmarks/training_single_ops.py --linear-bias).
+ATEN_IN_PLACE_TAIL: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "linear": (frozenset({"MatMul"}), frozenset({"Add"})),  # aten op -> (the product's op types, the tail's)
+}
+
 # ATen ops that are views in PyTorch (their result shares its input's storage), whatever ONNX op the exporter
 # writes for them: aten.select is a Gather, aten.unbind a Split and Squeezes. A node marked with one of these, reading
 # one float tensor, makes a view of it (a saved view keeps the whole base alive, as in PyTorch).
