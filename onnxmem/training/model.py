@@ -519,12 +519,13 @@ def _in_place_tails(values: list[StepValue], nodes: list[StepNode], graph: Model
                 or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or node.outputs[0] < 0:
             continue
         out = values[node.outputs[0]]
+        fx_node = graph.ops[node.graph_op].origin.split(" ", 2)[:2]
         for t in node.inputs:
             producer = values[t].producer if t >= 0 else None
-            if producer is None or nodes[producer].op_type not in rule[0] or nodes[producer].graph_op is None \
-                    or graph.ops[nodes[producer].graph_op].origin.split(" ", 2)[:2] != \
-                    graph.ops[node.graph_op].origin.split(" ", 2)[:2] \
-                    or values[t].consumers != [n] or not values[t].is_float or values[t].numel != out.numel:
+            op = nodes[producer].graph_op if producer is not None else None
+            if producer is None or op is None or nodes[producer].op_type not in rule[0] \
+                    or graph.ops[op].origin.split(" ", 2)[:2] != fx_node or values[t].consumers != [n] \
+                    or not values[t].is_float or values[t].numel != out.numel:
                 continue
             found.append((node.outputs[0], t))
             break
