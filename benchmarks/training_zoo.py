@@ -24,8 +24,11 @@ Rows: fp32 at two batch sizes with sgd and adamw (the recommended export; the de
 the small batch, against the same truth); at the small batch, sgd and adamw, every variant the CLI offers that
 PyTorch runs on CPU (VARIANTS): amp-bf16, amp-fp16 (torch.autocast('cpu', float16)), a frozen backbone (only the
 head trains: --train HEAD), a train subset (the last block and the head: --train), gradient accumulation over two
-micro-batches (--grad-accum 2). Not measured: the --checkpoint what-if (onnxmem cuts K segments where few bytes
-cross; no checkpoint placement a user writes is that plan, so a measurement would check another step).
+micro-batches (--grad-accum 2), activation checkpointing per block in fp32 and amp-bf16 (--checkpoint layers:
+transformers' gradient_checkpointing_enable(), timm's set_grad_checkpointing(), torch.utils.checkpoint around each
+hand-written block; all non-reentrant; not where the model has none: NOT_CHECKPOINTED). Not measured: the
+--checkpoint K what-if (onnxmem cuts K segments where few bytes cross; no placement a user writes is that plan).
+--variants picks variants to measure (rows of other variants are then not made).
 
 Truth: the first training step's heap peak above what was live before it (every malloc, the LD_PRELOAD counter of
 benchmarks/accuracy_training.py, which this script reuses by import: warm_up, check_measurement, heap_peak,
@@ -78,6 +81,12 @@ from benchmarks.zoo import quiet  # noqa: E402
 # Hand-written models
 
 
+def _checkpoint(block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(block, *args, use_reentrant=False)  # type: ignore[no-any-return]
+
+
 class HandGPTBlock(nn.Module):
     def __init__(self, d: int, heads: int, p: float) -> None:
         super().__init__()
@@ -105,12 +114,13 @@ class HandGPT(nn.Module):
         self.blocks = nn.ModuleList([HandGPTBlock(d, heads, 0.1) for _ in range(layers)])
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight
+        self.checkpointing = False  # torch.utils.checkpoint around each block (use_reentrant=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
-            x = block(x)
+            x = _checkpoint(block, x) if self.checkpointing else block(x)
         return self.head(self.ln_f(x))
 
 
@@ -170,13 +180,14 @@ class HandLlama(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self.checkpointing = False  # torch.utils.checkpoint around each block (use_reentrant=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         cos, sin = self.cos[:t], self.sin[:t]
         x = self.embed(ids)
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = _checkpoint(block, x, cos, sin) if self.checkpointing else block(x, cos, sin)
         return self.head(self.norm(x))
 
 
@@ -315,7 +326,26 @@ CASES = [
 HALVES = {case.name: case.half for case in CASES}
 
 # variants measured at the small batch: (label, onnxmem options beyond the optimizer)
-VARIANTS = ("amp-bf16", "amp-fp16", "frozen backbone", "train subset", "grad-accum 2")
+VARIANTS = ("amp-bf16", "amp-fp16", "frozen backbone", "train subset", "grad-accum 2", "checkpoint",
+            "checkpoint amp-bf16")
+# checkpointing each block as its library does (--checkpoint layers): transformers' gradient_checkpointing_enable()
+# (use_reentrant=False, its default), timm's set_grad_checkpointing() (timm's default: non-reentrant), the hand-written
+# models' torch.utils.checkpoint around each block; not measured where the model has no checkpointing (hand_lstm,
+# dla46_c, MobileBERT)
+NOT_CHECKPOINTED = ("hand_lstm", "dla46_c", "mobilebert_small")
+
+
+def enable_checkpointing(module: nn.Module) -> None:
+    """Checkpoint each repeated block of a zoo model, as its library (or its hand-written forward) does."""
+    inner = getattr(module, "model", None)
+    if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(module, "set_grad_checkpointing"):
+        module.set_grad_checkpointing(True)
+    elif hasattr(module, "checkpointing"):
+        module.checkpointing = True
+    else:
+        raise ValueError(f"{type(module).__name__} has no activation checkpointing")
 
 
 def case_named(name: str) -> ZooCase:
@@ -338,9 +368,11 @@ def make_step(case: ZooCase, state: dict[str, torch.Tensor], optimizer: str, bat
     if patterns is not None:
         for name, parameter in module.named_parameters():
             parameter.requires_grad_(any(fnmatch.fnmatchcase(name, p) for p in patterns))
+    if variant.startswith("checkpoint"):
+        enable_checkpointing(module)
     inputs = case.inputs(batch)
     opt = OPTIMIZERS[optimizer]([p for p in module.parameters() if p.requires_grad])
-    dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(variant)
+    dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16, "checkpoint amp-bf16": torch.bfloat16}.get(variant)
     step = variant_step(module, inputs, batch, case.loss, opt, 2 if variant == "grad-accum 2" else 1, dtype)
     return module, opt, inputs, step
 
@@ -461,9 +493,10 @@ def estimate(path: Path, dims: dict[str, int], case: ZooCase, optimizer: str, va
 
     report = onnxmem.analyze(path, dims, training=TrainingOptions(
         optimizer=optimizer, device=TorchCpu(threads=1), loss="cross_entropy",
-        precision=variant if variant.startswith("amp-") else "fp32",
+        precision=variant.removeprefix("checkpoint ") if "amp-" in variant else "fp32",
         train={"frozen backbone": case.head, "train subset": case.subset}.get(variant, ()),
-        grad_accum=2 if variant == "grad-accum 2" else 1))
+        grad_accum=2 if variant == "grad-accum 2" else 1,
+        checkpoint="layers" if variant.startswith("checkpoint") else None))
     training = report.training
     assert training is not None
     # the inference report's own (CUDA placement) warnings are not the training step's
@@ -505,7 +538,7 @@ def summary(rows: list[ZooRow], pick: Callable[[ZooRow], int | None]) -> str:
             f"{100 * max(errors):+.1f}%, {sum(e < 0 for e in errors)} of {len(errors)} under")
 
 
-def run(names: list[str], folder: Path, variants: bool) -> list[ZooRow]:
+def run(names: list[str], folder: Path, variants: bool, only: tuple[str, ...] = ()) -> list[ZooRow]:
     server = Server()
     rows: list[ZooRow] = []
     started = time.perf_counter()
@@ -518,7 +551,10 @@ def run(names: list[str], folder: Path, variants: bool) -> list[ZooRow]:
                 continue
             state = torch.load(state_path)
             plans = [(b, "fp32", o) for b in case.batches for o in ("sgd", "adamw")]
-            plans += [(case.batches[0], v, o) for v in (VARIANTS if variants else ()) for o in ("sgd", "adamw")]
+            plans += [(case.batches[0], v, o) for v in (VARIANTS if variants else ()) for o in ("sgd", "adamw")
+                      if not (v.startswith("checkpoint") and case.name in NOT_CHECKPOINTED)]
+            if only:
+                plans = [plan for plan in plans if plan[1] in only]
             for batch, variant, optimizer in plans:
                 heap = server.heap(case.name, state_path, optimizer, batch, variant)
                 if isinstance(heap, str):
@@ -630,6 +666,8 @@ def main() -> None:
     parser.add_argument("--half", choices=("dev", "held-out", "all"), default="all")
     parser.add_argument("--out", type=Path, default=Path.home() / ".cache" / "onnxmem-training-zoo")
     parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--variants", default="", help="comma-separated: measure only these variants ('fp32', "
+                        "'checkpoint', 'checkpoint amp-bf16', ...)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--merge", default="", help="comma-separated JSON files of rows (--json): render them only")
     parser.add_argument("--memtracker-again", type=Path,
@@ -674,7 +712,7 @@ def main() -> None:
     wanted = [n for n in args.models.split(",") if n] or [c.name for c in CASES
                                                            if args.half in ("all", c.half)]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = run(wanted, args.out, not args.no_variants)
+    rows = run(wanted, args.out, not args.no_variants, tuple(v for v in args.variants.split(",") if v))
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     print(f"torch {torch.__version__}, CPU, one thread; first training step; bytes above weights and inputs; truth: "

@@ -67,7 +67,9 @@ class Buffers(list[Buffer]):
 
 def schedule(model: StepModel, options: TrainingOptions, segments: list[tuple[int, int]]) -> Schedule:
     """Give the events of one step: data, each node's forward, the loss, the backward of the differentiable nodes in
-    reverse (a checkpointed segment recomputed first), the optimizer update (per parameter in a for-loop)."""
+    reverse (a checkpointed segment recomputed first; with checkpoint="layers", as PyTorch's non-reentrant
+    checkpoint: from the backward of its last node that keeps something, and up to that node only), the optimizer
+    update (per parameter in a for-loop)."""
     nodes = model.nodes
     ev = Events()
     data = ev.add("data", "data")
@@ -78,6 +80,8 @@ def schedule(model: StepModel, options: TrainingOptions, segments: list[tuple[in
             segment_of[n] = s
     bwd = [-1] * len(nodes)
     rec = [-1] * len(nodes)
+    non_reentrant = options.checkpoints_layers
+    keeps = keeping_nodes(model) if non_reentrant and segments else set()
     seed = ev.add("backward", "loss gradient")
     n = len(nodes) - 1
     while n >= 0:
@@ -88,9 +92,15 @@ def schedule(model: StepModel, options: TrainingOptions, segments: list[tuple[in
             n -= 1
             continue
         start, end = segments[s]
-        for m in range(start, end):
+        # non-reentrant (checkpoint="layers"): the recompute runs at the first unpack of a saved tensor, in the
+        # backward of the block's last op that keeps one, and stops after that op (early stop)
+        stop = max((m + 1 for m in range(start, end) if m in keeps), default=start) if non_reentrant else end
+        for m in range(end - 1, stop - 1, -1):
+            if model.differentiable[m]:
+                bwd[m] = ev.add("backward", f"backward of {nodes[m].op_type} {nodes[m].name}")
+        for m in range(start, stop):
             rec[m] = ev.add("backward", f"recompute {nodes[m].op_type} {nodes[m].name}")
-        for m in range(end - 1, start - 1, -1):
+        for m in range(stop - 1, start - 1, -1):
             if model.differentiable[m]:
                 bwd[m] = ev.add("backward", f"backward of {nodes[m].op_type} {nodes[m].name}")
         n = start - 1
@@ -100,6 +110,14 @@ def schedule(model: StepModel, options: TrainingOptions, segments: list[tuple[in
     else:
         opt_events = [ev.add("optimizer", "update (all parameters)")]
     return Schedule(ev, data, fwd, bwd, rec, seed, opt_events, len(ev.phase) - 1, segments, segment_of)
+
+
+def keeping_nodes(model: StepModel) -> set[int]:
+    """Give the nodes that keep something for backward: a tensor, a mask or statistics, an autocast copy."""
+    kept = {n for savers in model.saved_by.values() for n in savers} | set(model.extras)
+    kept |= {n for n, _ in model.cast_copies}
+    kept |= {n for t in model.weight_copies for n in model.values[t].consumers if model.differentiable[n]}
+    return kept
 
 
 def aliases(model: StepModel, root: int) -> list[int]:

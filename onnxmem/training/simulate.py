@@ -77,8 +77,8 @@ def simulate(model: StepModel, options: TrainingOptions, rule: OptimizerRule, fi
         elif v.kind == INPUT:
             buffers.add(v.name, "input batch", v.nbytes, step.data, step.end)
     _forward_buffers(model, step, buffers, recomputed)
-    _recompute_buffers(model, step, buffers)
-    _kept_extras(model, step, buffers)
+    _recompute_buffers(model, step, buffers, options.checkpoints_layers)
+    _kept_extras(model, step, buffers, options.checkpoints_layers)
     _backward_buffers(model, options, step, buffers)
     optimizer_buffers(model, options, rule, step, buffers, first_step)
     device = options.device_model
@@ -174,11 +174,18 @@ def _library_buffers(model: StepModel, device: DeviceModel, step: Schedule, buff
         buffers.add(made.name, made.category, made.nbytes, made.event if first_step else step.data, step.end)
 
 
-def _recompute_buffers(model: StepModel, step: Schedule, buffers: Buffers) -> None:
-    """Add the recompute incarnations of the activations inside checkpointed segments."""
+def _recompute_buffers(model: StepModel, step: Schedule, buffers: Buffers, non_reentrant: bool = False) -> None:
+    """Add the recompute incarnations of the activations inside checkpointed segments (`non_reentrant`:
+    checkpoint="layers")."""
     nodes, values, roots, rec, bwd = model.nodes, model.values, model.root, step.rec, step.bwd
     for start, end in step.segments:
-        for m in range(start, end):
+        recomputed = [m for m in range(start, end) if rec[m] >= 0]  # (a non-reentrant checkpoint stops early)
+        for m in recomputed:
+            if non_reentrant and m == recomputed[-1] and m not in model.extras and \
+                    not any(t >= 0 and m in model.saved_by.get(roots[t], ()) for t in nodes[m].outputs):
+                # the recompute stops when the last saved tensor is packed: where that is an input, before the
+                # op runs
+                continue
             for t in nodes[m].outputs:
                 if t < 0 or roots[t] != t or values[t].kind in (WEIGHT, INPUT):
                     continue
@@ -193,9 +200,9 @@ def _recompute_buffers(model: StepModel, step: Schedule, buffers: Buffers) -> No
                 buffers.add(values[t].name, "saved activations", values[t].nbytes, rec[m], last)
 
 
-def _kept_extras(model: StepModel, step: Schedule, buffers: Buffers) -> None:
+def _kept_extras(model: StepModel, step: Schedule, buffers: Buffers, non_reentrant: bool = False) -> None:
     """Add the masks, indices and statistics nodes keep, forward temporaries, and autocast's low-precision
-    copies."""
+    copies (`non_reentrant`: checkpoint="layers")."""
     nodes, values, fwd, rec, bwd = model.nodes, model.values, step.fwd, step.rec, step.bwd
     for n, nbytes in model.extras.items():
         name = f"{nodes[n].name} (mask/indices/statistics)"
@@ -207,13 +214,23 @@ def _kept_extras(model: StepModel, step: Schedule, buffers: Buffers) -> None:
     for n, nbytes in model.forward_temporaries.items():
         name = f"{nodes[n].name} (forward temporaries)"
         buffers.add(name, "temporaries", nbytes, fwd[n], fwd[n])
-        if step.segment_of[n] >= 0:
+        if step.segment_of[n] >= 0 and rec[n] >= 0:
             buffers.add(name, "temporaries", nbytes, rec[n], rec[n])
     for (n, t), nbytes in model.cast_copies.items():
         start = rec[n] if step.segment_of[n] >= 0 else fwd[n]
         buffers.add(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, start, bwd[n])
     for t, nbytes in model.weight_copies.items():
         users = [n for n in values[t].consumers if model.differentiable[n]]
+        if users and non_reentrant and all(step.segment_of[n] >= 0 for n in users):
+            # in a non-reentrant checkpoint, autocast's cache holds the forward's copy until the autocast region
+            # ends; the recompute (its own autocast region) makes the copy again, which the op keeps until its
+            # backward
+            name = f"{values[t].name} (low-precision copy)"
+            buffers.add(name, "low-precision weight copies", nbytes, min(fwd[n] for n in users),
+                        step.end_of_forward)
+            buffers.add(name, "low-precision weight copies", nbytes, min(rec[n] for n in users),
+                        max(bwd[n] for n in users))
+            continue
         first_use = min((fwd[n] for n in users), default=step.end_of_forward)
         last_use = max([bwd[n] for n in users] + [step.end_of_forward])
         buffers.add(f"{values[t].name} (low-precision copy)", "low-precision weight copies", nbytes, first_use,
