@@ -108,3 +108,32 @@ def test_k_segments_stay_a_what_if() -> None:
     assert plain.training is not None and what_if.training is not None
     assert what_if.training.peak_bytes == plain.training.peak_bytes
     assert what_if.training.checkpoint is not None and what_if.training.checkpoint.segments == 2
+
+
+def staged(stages: int = 2, per_stage: int = 2) -> onnx.ModelProto:
+    """`stages` stages 'stages.S' of `per_stage` blocks 'stages.S.blocks.B' (a MatMul + Relu each)."""
+    nodes, inits, previous = [], [], "x"
+    for s in range(stages):
+        for b in range(per_stage):
+            scope, w = f"/stages.{s}/blocks.{b}/", f"W{s}_{b}"
+            inits.append(graphs.external_header(w, TensorProto.FLOAT, [D, D]))
+            nodes += [oh.make_node("MatMul", [previous, w], [f"h{s}_{b}"], name=f"{scope}fc"),
+                      oh.make_node("Relu", [f"h{s}_{b}"], [f"r{s}_{b}"], name=f"{scope}act")]
+            previous = f"r{s}_{b}"
+    return graphs.model(nodes, [graphs.value("x", [R, D])], [graphs.value(previous, [R, D])], inits)
+
+
+def test_blocks_inside_stages_and_a_named_level() -> None:
+    # found: the blocks (4 of them), not the stages that hold them (2); named: the stages
+    found = train(staged(), checkpoint="layers")
+    (warning,) = [w for w in found.warnings if w.code == "checkpoint-layers"]
+    assert "4 blocks stages.*.blocks.N (stages.0.blocks.0 to stages.1.blocks.1)" in warning.message
+    stages = train(staged(), checkpoint="layers:stages")
+    (warning,) = [w for w in stages.warnings if w.code == "checkpoint-layers"]
+    assert "2 blocks stages.N" in warning.message
+    assert stages.training is not None and found.training is not None
+    # a stage keeps only its input where each block kept its own: fewer saved bytes at the loss, by the inputs of
+    # the second block of each stage ([R, D] each)
+    assert found.training.saved_activation_bytes - stages.training.saved_activation_bytes == 2 * R * D * 4
+    with pytest.raises(TrainingOptionError, match="no numbered module level matches .*stages"):
+        train(staged(), checkpoint="layers:decoder.layers")

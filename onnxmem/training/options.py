@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "for-loop", "fused")
 PHASES = ("data", "forward", "loss", "backward", "optimizer")
-# --checkpoint's names: "auto" (the what-if in sqrt n segments), "layers" (each repeated block checkpointed)
+# --checkpoint's names: "auto" (the what-if in sqrt n segments), "layers" (each repeated block checkpointed), or
+# "layers:PATTERN,..." (the blocks of the levels named)
 CHECKPOINT_NAMES = ("auto", "layers")
+LAYER_LEVELS = "layers:"
 # The parameters LoRA trains (lora=True): PEFT names every adapter tensor '<module>.lora_<part>...' (lora_A,
 # lora_B, lora_embedding_A/B, lora_magnitude_vector: DoRA's), under the module it adapts; the rest is frozen.
 LORA_PATTERNS = ("*.lora_*",)
@@ -69,7 +71,9 @@ class TrainingOptions:
     grad_accum: int = 1  # micro-steps per optimizer step (the graph is bound at the micro-batch)
     micro_batch: int | None = None  # instead of grad_accum: the micro-batch size (the batch dim is divided by it)
     # activation checkpointing: a what-if in K segments, or "auto" (sqrt n); or "layers": the step as trained with
-    # each repeated block checkpointed (transformers' gradient_checkpointing_enable(), timm's set_grad_checkpointing())
+    # each repeated block checkpointed (transformers' gradient_checkpointing_enable(), timm's set_grad_checkpointing()),
+    # or "layers:PATTERN[,PATTERN]": the blocks of the numbered levels matching (fnmatch) ('layers:stages': timm models
+    # that checkpoint whole stages; 'layers:*encoder.layers,*conv_layers')
     checkpoint: int | str | None = None
     loss: str = "cross_entropy"  # a key of training/rules.py LOSSES, applied to the model's first float output
     batch_dim: str | None = None  # the dim that grad_accum divides; default: axis 0 of the first input
@@ -98,8 +102,16 @@ class TrainingOptions:
 
     @property
     def checkpoints_layers(self) -> bool:
-        """Say whether the step is trained with each repeated block checkpointed (checkpoint="layers")."""
-        return self.checkpoint == "layers"
+        """Say whether the step is trained with each repeated block checkpointed (checkpoint="layers[:LEVELS]")."""
+        return isinstance(self.checkpoint, str) and (self.checkpoint == "layers" or
+                                                     self.checkpoint.startswith(LAYER_LEVELS))
+
+    @property
+    def checkpoint_levels(self) -> tuple[str, ...]:
+        """Give the block levels checkpoint="layers:PATTERN,..." names (none: found)."""
+        if not isinstance(self.checkpoint, str) or not self.checkpoint.startswith(LAYER_LEVELS):
+            return ()
+        return tuple(p.strip() for p in self.checkpoint.removeprefix(LAYER_LEVELS).split(",") if p.strip())
 
     @property
     def accumulates(self) -> bool:
@@ -153,12 +165,12 @@ def training_options(*, checkpoint: str | int | None = None, device: str = "cuda
     """Give TrainingOptions from command-line values ('--checkpoint 4', 'auto' or 'layers'; the device by name, with
     its declared options as strings), checked."""
     segments: int | str | None = checkpoint
-    if isinstance(checkpoint, str) and checkpoint not in CHECKPOINT_NAMES:
+    if isinstance(checkpoint, str) and checkpoint not in CHECKPOINT_NAMES and not checkpoint.startswith(LAYER_LEVELS):
         try:
             segments = int(checkpoint)
         except ValueError:
-            raise TrainingOptionError(f"--checkpoint '{checkpoint}': expected a number of segments, 'auto' or "
-                                      "'layers'") from None
+            raise TrainingOptionError(f"--checkpoint '{checkpoint}': expected a number of segments, 'auto', "
+                                      "'layers' or 'layers:PATTERN'") from None
     from onnxmem.targets.torch import device_named
 
     options = TrainingOptions(checkpoint=segments, device=device_named(device, device_options) if device_options
@@ -190,7 +202,9 @@ def check_options(options: TrainingOptions) -> None:
         raise TrainingOptionError("grad_accum must be at least 1")
     if isinstance(options.checkpoint, int) and options.checkpoint < 1:
         raise TrainingOptionError("checkpoint segments must be at least 1")
-    if isinstance(options.checkpoint, str) and options.checkpoint not in CHECKPOINT_NAMES:
-        raise TrainingOptionError("checkpoint must be a number of segments, 'auto' or 'layers'")
+    if isinstance(options.checkpoint, str) and options.checkpoint not in CHECKPOINT_NAMES and \
+            not options.checkpoint_levels:
+        raise TrainingOptionError("checkpoint must be a number of segments, 'auto', 'layers' or 'layers:PATTERN' "
+                                  "(a numbered module level: 'layers:stages', 'layers:*.layers')")
 
 

@@ -60,7 +60,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     check_options(options)
     rule = options.optimizer_rule()
     model = build_model(graph, order, options)
-    segments, blocks = layer_segments(model) if options.checkpoints_layers else (None, "")
+    segments, blocks = layer_segments(model, options.checkpoint_levels) if options.checkpoints_layers else (None, "")
     first = simulate(model, options, rule, True, segments)
     later = simulate(model, options, rule, False, segments)
     recompute_rows, recompute_peak = recompute_what_if(model, options, rule, segments)

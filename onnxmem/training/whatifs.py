@@ -3,6 +3,7 @@ the hand formula it is compared with, and the repeated blocks that checkpoint="l
 
 from __future__ import annotations
 
+import fnmatch
 import math
 
 from onnxmem.errors import TrainingOptionError
@@ -144,20 +145,22 @@ def _segment_ranges(model: StepModel, segments: int) -> list[tuple[int, int]]:
 
 
 
-def layer_segments(model: StepModel) -> tuple[list[tuple[int, int]], str]:
+def layer_segments(model: StepModel, wanted: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]], str]:
     """Give the node ranges [start, end) of the repeated blocks PyTorch users checkpoint one by one (transformers'
     decoder and encoder layers, timm's blocks), in order, and the words that say which: from the nodes' module
     scopes, the numbered level ('model.layers.N', 'stages.N.blocks.M') that has the most blocks among those covering
     at least half the nodes the widest covers (a stage holds blocks, a layer holds numbered experts); where the file
     names no modules, from the longest repeated run of ops (op types and weight shapes: plan/sharding.py's
-    repeated_run). Raises
-    TrainingOptionError where there is none."""
+    repeated_run). `wanted`: fnmatch patterns of the levels to take instead ('stages', '*.encoder.layers'), every
+    level matching. Raises TrainingOptionError where there is none."""
     n = model.n_graph_nodes
     levels: dict[str, dict[str, list[int]]] = {}  # level ('stages.*.blocks') -> block ('stages.1.blocks.3') -> nodes
     for m in range(n):
         for prefix, index in numbered_levels(module_path(model.nodes[m].layer)):
             level = ".".join("*" if part.isdigit() else part for part in prefix.split("."))
             levels.setdefault(level, {}).setdefault(f"{prefix}.{index}", []).append(m)
+    if wanted:
+        return _wanted_levels(levels, wanted)
     repeated = {level: blocks for level, blocks in levels.items() if len(blocks) >= 2}
     if repeated:
         widest = max(sum(map(len, blocks.values())) for blocks in repeated.values())
@@ -176,6 +179,19 @@ def layer_segments(model: StepModel) -> tuple[list[tuple[int, int]], str]:
                 "a repeated run of ops and weight shapes: the file names no modules")
     raise TrainingOptionError("--checkpoint layers: no repeated block found (no numbered module scope such as "
                               "'model.layers.N' and no repeated run of ops): checkpoint K segments instead")
+
+
+def _wanted_levels(levels: dict[str, dict[str, list[int]]], wanted: tuple[str, ...]) \
+        -> tuple[list[tuple[int, int]], str]:
+    """Give the node ranges of the blocks of every level matching one of `wanted` (fnmatch), and their words."""
+    taken = [level for level in levels if any(fnmatch.fnmatchcase(level, p) for p in wanted)]
+    if not taken:
+        known = ", ".join(sorted(levels)[:8]) or "none: the file names no numbered modules"
+        raise TrainingOptionError(f"--checkpoint layers:{','.join(wanted)}: no numbered module level matches "
+                                  f"(levels: {known})")
+    blocks = {block: nodes for level in taken for block, nodes in levels[level].items()}
+    ranges = _disjoint(sorted((min(nodes), max(nodes) + 1) for nodes in blocks.values()))
+    return ranges, f"{len(ranges)} blocks {', '.join(f'{level}.N' for level in taken)}, from the module scopes"
 
 
 def _disjoint(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
