@@ -110,3 +110,10 @@ def test_three_d_holds_one_product_like_two_d(exports: dict[int, Path], precisio
 def test_a_frozen_linear_keeps_nothing_new(exports: dict[int, Path]) -> None:
     training = _training(exports[3], 3, freeze=("linear.*",))
     assert training.saved_activation_bytes == 0
+
+
+def test_under_autocast_three_d_steps_like_two_d(exports: dict[int, Path]) -> None:
+    # the weight reaches the 3-D product through the export's transpose: its backward still makes the 16-bit weight
+    # gradient before the cast to the fp32 one, as the 2-D Gemm's does
+    flat, three_d = (_training(exports[rank], rank, precision="amp-bf16") for rank in (2, 3))
+    assert abs(three_d.first_step.peak_bytes - flat.first_step.peak_bytes) < OUT * FEATURES * 2 // 4

@@ -631,6 +631,15 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
                 upcast += (4 - values[t].nbytes // numel) * numel
         if upcast:
             temporaries[n] = temporaries.get(n, 0) + upcast
+    if options.precision.startswith("amp-") and node.op_type in AUTOCAST_LOW_PRECISION:
+        # a trainable weight read through a view (the export's transpose of a 3-D Linear's weight): the product's
+        # backward makes its 16-bit gradient, cast to the fp32 one, as for a weight read directly (simulate.py adds
+        # that one) (benchmarks/training_single_ops.py --linear-bias: autocast bf16, 3-D input as 2-D's)
+        for t in inputs:
+            r = roots[t] if t >= 0 else -1
+            if r >= 0 and r != t and values[r].kind == WEIGHT and values[r].is_float and needs_grad[r] \
+                    and values[t].numel:
+                temporaries[n] = temporaries.get(n, 0) + values[t].numel * 2
     if facts.backward_temporaries:
         temporaries[n] = temporaries.get(n, 0) + facts.backward_temporaries
     if facts.forward_temporaries:
