@@ -637,9 +637,9 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
         # that one) (benchmarks/training_single_ops.py --linear-bias: autocast bf16, 3-D input as 2-D's)
         for t in inputs:
             r = roots[t] if t >= 0 else -1
-            if r >= 0 and r != t and values[r].kind == WEIGHT and values[r].is_float and needs_grad[r] \
-                    and values[t].numel:
-                temporaries[n] = temporaries.get(n, 0) + values[t].numel * 2
+            numel = values[t].numel if r >= 0 else None
+            if numel and r != t and values[r].kind == WEIGHT and values[r].is_float and needs_grad[r]:
+                temporaries[n] = temporaries.get(n, 0) + numel * 2
     if facts.backward_temporaries:
         temporaries[n] = temporaries.get(n, 0) + facts.backward_temporaries
     if facts.forward_temporaries:
