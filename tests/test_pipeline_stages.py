@@ -63,7 +63,8 @@ def test_a_training_report_runs_the_same_stages(stages: list[tuple[str, Pipeline
 
 
 def test_fit_and_its_family_run_stretches_of_the_declared_stages(stages: list[tuple[str, PipelineRun]]) -> None:
-    onnxmem.fit(MODEL, memory="1GiB", reserve=0, dims={"seq": 8}, runtime="onnxruntime")
+    result = onnxmem.fit(MODEL, memory="1GiB", reserve=0, dims={"seq": 8}, runtime="onnxruntime")
+    assert result.report is not None and result.report is result.report  # made when first read, then kept
     runs = _runs(stages)
     assert runs and all(_is_stretch(run) for run in runs)
     names = {n for run in runs for n in run}

@@ -14,6 +14,7 @@ costs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -447,8 +448,8 @@ def fit(model: str | os.PathLike[str] | onnx.ModelProto, *, memory: str | int | 
         mode="training" if training is not None else "inference", target=target, budget_bytes=budget,
         max_value=answer, max_power_of_two=answer_pow2, bounded=bounded, search_limit=top * step,
         monotonic=monotonic, evaluations=len(points), curve=curve, linear=linear, sharding=needs[shown].sharding,
-        what_ifs=what_ifs, notes=notes, warnings=warnings, report_at_answer=lambda: family.report(shown),
-        step=step,
+        what_ifs=what_ifs, notes=notes, warnings=warnings, step=step,
+        report_at_answer=functools.cache(lambda: family.report(shown)),
     )
 
 

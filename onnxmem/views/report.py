@@ -456,7 +456,8 @@ class FitResult:
     warnings: tuple[Warning, ...]
     schema: str = FIT_SCHEMA
     step: int = 1  # every value searched is a multiple of this (gradient accumulation: the micro-steps or micro-batch)
-    # makes the report at max_value (at 1 where nothing fits), on first use: see `report`
+    # gives the report at max_value (at 1 where nothing fits), made on its first call and kept by the callable (fit
+    # passes a functools.cache): see `report`; the result itself is never written after it is made
     report_at_answer: Callable[[], Report] | None = dataclasses.field(default=None, compare=False, repr=False,
                                                                       metadata=_NOT_IN_JSON)
     # the verdict's sums at the answer (at the first value searched where nothing fits): made from the curve
@@ -472,14 +473,8 @@ class FitResult:
     @property
     def report(self) -> Report | None:
         """The report at max_value (at 1 where nothing fits): what the pictures of the answer draw. Made on first
-        use (the search itself needs no summaries), then kept."""
-        if self.report_at_answer is None:
-            return None
-        made = self.__dict__.get("_report")
-        if made is None:
-            made = self.report_at_answer()
-            object.__setattr__(self, "_report", made)
-        return made
+        use (the search itself needs no summaries) by report_at_answer, which keeps it."""
+        return None if self.report_at_answer is None else self.report_at_answer()
 
     def to_dict(self) -> dict[str, Any]:
         """Give the result as JSON-ready builtins (the documented schema)."""
