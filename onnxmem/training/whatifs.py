@@ -31,7 +31,9 @@ def recompute_what_if(model: StepModel, options: TrainingOptions, rule: Optimize
                        segments: list[tuple[int, int]] | None = None) -> tuple[tuple[RecomputeRow, ...], int | None]:
     """Give the cheap ops whose kept output could be recomputed from inputs kept anyway, and the peak then (None
     where there is none: the peak stays)."""
-    kept = set(model.saved_by)
+    checkpointed = {n for start, end in segments or [] for n in range(start, end)}
+    # (what only checkpointed blocks keep is recomputed already)
+    kept = {r for r, savers in model.saved_by.items() if not checkpointed or not set(savers) <= checkpointed}
     candidates: list[RecomputeRow] = []
     roots: set[int] = set()
     for n, node in enumerate(model.nodes):
