@@ -43,6 +43,7 @@ parameters, buffers and inputs. error = (estimate - truth) / truth.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import json
 import os
@@ -681,8 +682,14 @@ def main() -> None:
     parser.add_argument("--compare", default="",
                         help="BEFORE.json,AFTER.json (rows in the same order, --estimate-again of a copy): print the "
                              "rows whose estimate changed and each half's summary before and after")
+    parser.add_argument("--checkpointed", default="",
+                        help="MODEL=SPEC[;MODEL=SPEC]: estimate MODEL's checkpoint rows with --checkpoint SPEC instead "
+                             "of its own (the placement its library uses, where the rule takes another)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for item in filter(None, args.checkpointed.split(";")):
+        model, _, spec = item.partition("=")
+        CASES[CASES.index(case_named(model))] = dataclasses.replace(case_named(model), checkpointed=spec)
     if args.estimate_again:
         estimate_again(args.estimate_again, args.out)
         return
