@@ -306,7 +306,8 @@ _TRAINING_OPTIONS = [
     click.option("--checkpoint", default=None, metavar="K|auto|layers",
                  help="Training: what-if of activation checkpointing in K segments, or auto (sqrt of the ops); "
                       "layers: the step with each repeated block checkpointed, as transformers' "
-                      "gradient_checkpointing_enable() and timm's set_grad_checkpointing() train it."),
+                      "gradient_checkpointing_enable() and timm's set_grad_checkpointing() train it; "
+                      "layers:PATTERN,...: the numbered module levels named (layers:stages)."),
     click.option("--device", type=_TableChoice(lambda: list(_module("onnxmem.targets.torch").DEVICES), "cuda"),
                  default="cuda",
                  show_default=True,
