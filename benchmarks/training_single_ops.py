@@ -72,7 +72,7 @@ counter, one thread, a forked child per measurement after warm_up), beside onnxm
 bytes at backward start and step peak (less weights and inputs) on the op's recommended export. PyTorch's
 aten.linear runs addmm on the flattened view for contiguous input (one output; it saves the input view and the
 weight, not the product before the bias) and matmul then add_ in place otherwise; the dynamo exporter writes the
-3-D cases as MatMul then Add (training/model.py _storage_roots: that Add writes into the product).
+3-D cases as MatMul then Add (training/export.py in_place_tails: that Add writes into the product).
 """
 
 from __future__ import annotations

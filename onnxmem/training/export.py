@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from onnxmem.ir.graph import ACTIVATION, WEIGHT, ModelGraph, fx_arguments
 from onnxmem.training.rules import (
+    ATEN_IN_PLACE_TAIL,
     ATEN_SAVED_FOR_BACKWARD,
     ATEN_WITH_DROPOUT,
     DECOMPOSED,
@@ -225,6 +226,30 @@ def fuse_aten_groups(nodes: list[StepNode], values: list[StepValue], graph: Mode
     if not fused:
         return nodes, []
     return [fused.get(n, node) for n, node in enumerate(nodes) if n not in removed], hidden
+
+
+def in_place_tails(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph) -> list[tuple[int, int]]:
+    """Give (output, product) for each node that writes into the product before it, as PyTorch's one kernel does
+    (rules.py ATEN_IN_PLACE_TAIL: a Linear's bias Add after its MatMul, one addmm): a tail op of the same fx node
+    reading that product's float output, which it alone reads and whose size its output has."""
+    found = []
+    for n, node in enumerate(nodes):
+        rule = ATEN_IN_PLACE_TAIL.get(node.aten)
+        if rule is None or node.restored or node.graph_op is None or node.op_type not in rule[1] \
+                or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or node.outputs[0] < 0:
+            continue
+        out = values[node.outputs[0]]
+        fx_node = graph.ops[node.graph_op].origin.split(" ", 2)[:2]
+        for t in node.inputs:
+            producer = values[t].producer if t >= 0 else None
+            op = nodes[producer].graph_op if producer is not None else None
+            if producer is None or op is None or nodes[producer].op_type not in rule[0] \
+                    or graph.ops[op].origin.split(" ", 2)[:2] != fx_node or values[t].consumers != [n] \
+                    or not values[t].is_float or values[t].numel != out.numel:
+                continue
+            found.append((node.outputs[0], t))
+            break
+    return found
 
 
 def _producers_of(members: list[int], wanted: set[int], nodes: list[StepNode]) -> set[int]:

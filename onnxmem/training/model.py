@@ -21,13 +21,13 @@ from onnxmem.training.export import (
     Restored,
     fuse_aten_groups,
     fuse_decomposed,
+    in_place_tails,
     read_recurrent_weights,
     restore_folded,
 )
 from onnxmem.training.lifetimes import held_by_locals
 from onnxmem.training.options import BASE_PRECISIONS, TrainingOptions
 from onnxmem.training.rules import (
-    ATEN_IN_PLACE_TAIL,
     ATEN_VIEWS,
     AUTOCAST_LOW_PRECISION,
     DEFAULT_SAVES,
@@ -498,7 +498,7 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
         for t in node.outputs:
             if t >= 0:
                 root[t] = find(node.inputs[source])
-    for out, product in _in_place_tails(values, nodes, graph):
+    for out, product in in_place_tails(values, nodes, graph):
         root[out] = find(product)
     for node in nodes:
         if node.op_type == "BatchNormalization":
@@ -506,30 +506,6 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
                 if out < len(node.outputs) and node.outputs[out] >= 0 and inp < len(node.inputs):
                     root[node.outputs[out]] = find(node.inputs[inp])
     return [find(t) for t in range(len(values))]
-
-
-def _in_place_tails(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph) -> list[tuple[int, int]]:
-    """Give (output, product) for each node that writes into the product before it, as PyTorch's one kernel does
-    (rules.py ATEN_IN_PLACE_TAIL: a Linear's bias Add after its MatMul, one addmm): a tail op of the same fx node
-    reading that product's float output, which it alone reads and whose size its output has."""
-    found = []
-    for n, node in enumerate(nodes):
-        rule = ATEN_IN_PLACE_TAIL.get(node.aten)
-        if rule is None or node.restored or node.graph_op is None or node.op_type not in rule[1] \
-                or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or node.outputs[0] < 0:
-            continue
-        out = values[node.outputs[0]]
-        fx_node = graph.ops[node.graph_op].origin.split(" ", 2)[:2]
-        for t in node.inputs:
-            producer = values[t].producer if t >= 0 else None
-            op = nodes[producer].graph_op if producer is not None else None
-            if producer is None or op is None or nodes[producer].op_type not in rule[0] \
-                    or graph.ops[op].origin.split(" ", 2)[:2] != fx_node or values[t].consumers != [n] \
-                    or not values[t].is_float or values[t].numel != out.numel:
-                continue
-            found.append((node.outputs[0], t))
-            break
-    return found
 
 
 def _is_copy(node: StepNode) -> bool:
