@@ -100,7 +100,7 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
         recompute_peak_bytes=max(first.peak, later.peak) if recompute_peak is None else recompute_peak,
         checkpoint=checkpoint,
         hand_formula_bytes=hand,
-        assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(model, first, later),
+        assumptions=(*_assumptions(graph, model, options, rule), *_eager_lifetimes(graph, model, first, later),
                      *_autocast_lifetimes(model, options, max(first.peak, later.peak)),
                      *_unsized(model), *_checkpointed(blocks)),
         # (both steps simulate the same events: only the live bytes differ)
@@ -206,21 +206,30 @@ def _unsized(model: StepModel) -> tuple[str, ...]:
             f"lower bound: {shown}; bind their dims (--dim) or give the operators that make them shapes",)
 
 
-def _eager_lifetimes(model: StepModel, *runs: Run) -> tuple[str, ...]:
+def _eager_lifetimes(graph: ModelGraph, model: StepModel, *runs: Run) -> tuple[str, ...]:
     """Give the '[eager-lifetimes] message' note where a step's peak is at a forward op that runs without autograd
     (a frozen part: nothing is kept there, so the peak is what is live at that moment): the step counts each tensor
-    freed after its last reader, while eager model code frees it when its Python variable is rebound or the
-    forward that holds it returns, which the graph does not show (benchmarks/training_zoo_single_ops.py)."""
+    freed after its last reader, except a module's arguments (held until the module returns) and, where the export
+    carries the exporter's stack traces (Op.frames), a variable a statement binds (held until rebound or its frame
+    returns: training/lifetimes.py); eager code may hold others longer (benchmarks/training_zoo_single_ops.py)."""
     for run in runs:
         node = run.peak_event - 1  # (event 0 is the data; each node's forward follows in order)
         if run.peak_phase == "forward" and 0 <= node < len(model.nodes) and not model.differentiable[node]:
             op = model.nodes[node]
+            if any(o.frames for o in graph.ops):
+                held = ("a module's arguments are counted held until it returns, and a variable a statement binds "
+                        "until it is rebound or its function returns, read from the export's stack traces; a tensor "
+                        "held otherwise is not (in an attribute or a container, or where the traces do not tell the "
+                        "frames apart: Qwen2-MoE's batched_mm experts hold one gathered copy of the expert weights "
+                        "while gathering the next)")
+            else:
+                held = ("a module's arguments are counted held until it returns; Python variables are not, as the "
+                        "export carries no stack traces to read them from (the dynamo exporter's "
+                        "pkg.torch.onnx.stack_trace: onnxmem.torch.export_for_training keeps them)")
             return (f"[eager-lifetimes] the step's peak is at {op.op_type} {op.name}, which runs without autograd "
                     "(nothing is kept for backward there): each tensor is counted as freed after its last reader, "
                     "but eager model code frees it only when its variable is rebound or the forward holding it "
-                    "returns (a module's arguments are counted held until it returns; other locals are not: "
-                    "Qwen2-MoE's batched_mm experts hold one gathered copy of the expert weights while gathering "
-                    "the next), so the peak may be higher than estimated",)
+                    f"returns ({held}), so the peak may be higher than estimated",)
     return ()
 
 
