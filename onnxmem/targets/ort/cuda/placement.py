@@ -343,4 +343,4 @@ def on_cuda(loaded: LoadedModel) -> tuple[LoadedModel, list[Warning]]:
     return changed, [Warning(
         "cuda-host-nodes",
         f"onnxruntime's CUDA provider runs {'; '.join(parts)}: tensors in host memory are not counted as device "
-        "bytes (from onnxruntime's source, not measured on a GPU: onnxmem/rules/cuda.py)")]
+        "bytes (onnxruntime's placement, from its source: onnxmem/targets/ort/cuda/placement.py)")]
