@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxmem.errors import ModelFileError, OnnxMemError, require_extra
+from onnxmem.errors import ModelFileError, OnnxMemError, one_line, require_extra
+from onnxmem.ir.load import read_small_text
 
 CONFIG_FILE = "config.json"
+CONFIG_LIMIT = 16 << 20  # a transformers config is a few KiB: more is no config
 # The task of an architecture, by the end of its class name (config.architectures[0]); the first that ends it.
 ARCHITECTURE_TASKS = (
     ("ForCausalLM", "causal-lm"),
@@ -113,10 +115,13 @@ def _transformers() -> Any:
 
 def _config_data(path: Path) -> dict[str, Any]:
     """Give the JSON object a config.json holds; raises ModelFileError where it is no transformers config."""
+    text = read_small_text(path, CONFIG_LIMIT)  # (a FIFO or a device is never read)
+    if text is None:
+        raise ModelFileError(f"{path}: not a config file (a regular UTF-8 file of at most {CONFIG_LIMIT >> 20} MiB)")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelFileError(f"{path}: not a JSON config ({error})") from None
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise ModelFileError(f"{path}: not a JSON config ({one_line(str(error) or type(error).__name__)})") from None
     if not isinstance(data, dict) or not data.get("model_type"):
         raise ModelFileError(f"{path}: no model_type: not a transformers config")
     return data

@@ -156,6 +156,20 @@ def test_a_config_transformers_does_not_know_is_one_line(tmp_path: Path) -> None
     assert err.count("\n") == 1 and "does not take this config" in err
 
 
+@pytest.mark.parametrize("attack", ["deep nesting", "over 16 MiB", "not utf-8"])
+def test_a_hostile_config_is_one_line(tmp_path: Path, attack: str) -> None:
+    config = tmp_path / "config.json"
+    if attack == "deep nesting":  # json.loads raised RecursionError: a traceback
+        config.write_text("[" * 100_000 + "]" * 100_000)
+    elif attack == "over 16 MiB":  # read whole before
+        config.write_text('{"model_type": "llama", "pad": "' + "x" * (16 << 20) + '"}')
+    else:
+        config.write_bytes(b'{"model_type": "llama"} \xff')
+    code, _, err = run("report", "--hf", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert ("not a JSON config" if attack == "deep nesting" else "not a config file") in err
+
+
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64,
            "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
            "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 128}
