@@ -367,3 +367,21 @@ def test_a_hostile_genai_config_beside_the_model_is_not_read(tmp_path: Path, att
     config.unlink()
     config.write_text('{"search": {"max_length": 64}}')  # the same folder with a real config: it is read
     assert shared_buffer_length(tmp_path / "model.onnx") == 64
+
+
+def test_an_input_beyond_any_memory_that_no_activation_follows_is_refused_in_one_line(tmp_path: Path) -> None:
+    # read only by a Shape: the activations' timeline stays small while the input alone is 2^3002 bytes at
+    # --default-dim 2 (the fuzz found one: an internal ValueError from the JSON writer); with the same dims fixed,
+    # the load refuses it in a short line (it printed every dim, and str() may refuse the count itself)
+    for dims, error in (([f"d{i}" for i in range(3000)], onnxmem.DimError), ([2] * 3000, onnxmem.ModelFileError)):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+        y = helper.make_tensor_value_info("y", TensorProto.INT64, [3000])
+        model = helper.make_model(helper.make_graph([helper.make_node("Shape", ["x"], ["y"])], "g", [x], [y]))
+        path = tmp_path / "wide_input.onnx"
+        path.write_bytes(model.SerializeToString())
+        with pytest.raises(error, match="beyond any memory|more than 64-bit sizes can count") as raised:
+            onnxmem.analyze(path, default_dim=2)
+        assert len(str(raised.value)) < 400 and "2^300" in str(raised.value)
+        for fmt in ("json", "table"):
+            code, _, err = run("report", str(path), "--default-dim", "2", "--format", fmt)
+            assert code == 2 and len(err.strip().splitlines()) == 1 and "internal" not in err

@@ -628,8 +628,9 @@ def _type_problem(type_proto: onnx.TypeProto, what: str) -> tuple[str, dict[str,
         return "bad-elem-type", {"dtype": tensor_type.elem_type}
     dims = [d.dim_value for d in tensor_type.shape.dim if d.HasField("dim_value")]
     count = math.prod(d for d in dims if d > 0)
-    if count >= 1 << 62:
-        return "too-many-elements", {"dims": dims, "count": count}
+    if count >= 1 << 62:  # (said in a short line: thousands of dims, a count str() may refuse to write)
+        shown = str(dims) if len(dims) <= 8 else f"[{', '.join(map(str, dims[:4]))}, ... ({len(dims):,} dims)]"
+        return "too-many-elements", {"dims": shown, "count": f"2^{count.bit_length() - 1} or more"}
     if what == "input" and tensor_type.elem_type in _INT_TYPES and len(tensor_type.shape.dim) == 1 \
             and count > LONGEST_INT_VECTOR:
         return "long-int-vector", {"length": count, "limit": LONGEST_INT_VECTOR}

@@ -281,9 +281,10 @@ def _liveness(run: PipelineRun) -> None:
         _refuse_beyond_memory(graph)
 
 
-# A peak of 2^1000 bytes or more (a tensor with thousands of symbolic dims, each given --default-dim) is refused in
-# one line: no view can print it (float() overflows past 2^1024, str() refuses ints of over 4300 digits). Smaller
-# absurd peaks (a Loop of 2^62 trips, an Expand to 2^64 elements) are answered: the figure says it all.
+# A peak of 2^1000 bytes or more (a tensor with thousands of symbolic dims, each given --default-dim: an activation,
+# or an input only a Shape reads, which the timeline leaves out) is refused in one line: no view can print it
+# (float() overflows past 2^1024, str() refuses ints of over 4300 digits). Smaller absurd peaks (a Loop of 2^62
+# trips, an Expand to 2^64 elements) are answered: the figure says it all.
 BEYOND_ANY_MEMORY = 2**1000
 
 
@@ -572,6 +573,8 @@ def summarize_inference(graph: ModelGraph, timeline: Timeline) -> InferenceRepor
                 continue
         if kind == HOST and view_of[index] == index:
             host_bytes += t.nbytes or 0
+    if input_bytes + sum(by_dtype.values()) >= BEYOND_ANY_MEMORY:  # (the timeline's peak leaves them out)
+        _refuse_beyond_memory(graph)
     for op in ops:
         if op.subgraphs:  # the weights of its bodies, at every depth: the op that holds them is their reader
             weights_of[op.index] += _body_weights(op.subgraphs, by_dtype)
