@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -209,6 +209,16 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
     def opset() -> int:
         return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
+    def learned(shape: tuple[Dim, ...], sizes: Sequence[int | None]) -> bool:
+        """Record the size each symbolic dim of `shape` takes; False where one disagrees with a size learned
+        before (None: the rule gives none for that axis)."""
+        for d, size in zip(shape, sizes, strict=True):
+            if isinstance(d, str) and size is not None:
+                if values.get(d) not in (None, size):
+                    return False
+                values[d] = size
+        return True
+
     for name in sorted(unknown, key=producer.__getitem__):
         found = _evaluate_type(symbolic[name], values, bound)
         op = wiring.ops[producer[name]]
@@ -220,11 +230,8 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
                 initializers.update((t.name, t) for t in model.graph.initializer)
             value = computed_ints(op.inputs[0]) if op.inputs and op.inputs[0] >= 0 else None
             if value is not None and len(value) == len(shape) and all(length >= 0 for length in value):
-                for d, length in zip(shape, value, strict=True):
-                    if isinstance(d, str):
-                        if values.get(d) not in (None, length):
-                            return unknown  # the value disagrees with a size learned before: infer instead
-                        values[d] = length
+                if not learned(shape, value):
+                    return unknown  # the value disagrees with a size learned before: infer instead
                 found = _evaluate_type(symbolic[name], values, bound)
         elif found is None and rule in ("slice", "resize") and shape is not None:
             first = tensors[op.inputs[0]].name if op.inputs and op.inputs[0] >= 0 else ""
@@ -237,11 +244,8 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
                 else:
                     sizes = _resized(ints, node, [constant_ints(j) if j >= 0 else None for j in op.inputs[3:4]],
                                      [float_values(j) if j >= 0 else None for j in op.inputs[2:3]], opset())
-                for d, size in zip(shape, sizes, strict=True):
-                    if isinstance(d, str) and size is not None:
-                        if values.get(d) not in (None, size):
-                            return unknown  # the rule disagrees with a size learned before: infer instead
-                        values[d] = size
+                if not learned(shape, sizes):
+                    return unknown  # the rule disagrees with a size learned before: infer instead
                 found = _evaluate_type(symbolic[name], values, bound)
         elif found is None and rule is not None and shape is not None:
             inputs = [(types.get(n) or sized.get(n) or UNKNOWN_TYPE)[1] for n in
@@ -255,11 +259,8 @@ def _size_from_inputs(model: ModelProto, wiring: ModelGraph, symbolic: Mapping[s
                 else:  # layers repeat their shapes: each case is worked out once
                     case = (rule, len(shape), tuple(inputs), attrs.get("axis", 0))
                     sizes = by_rule.get(case) or by_rule.setdefault(case, _dims_by_rule(*case))  # type: ignore[arg-type]
-                for d, size in zip(shape, sizes, strict=True):
-                    if isinstance(d, str) and size is not None:
-                        if values.get(d) not in (None, size):
-                            return unknown  # the rule disagrees with a size learned before: infer instead
-                        values[d] = size
+                if not learned(shape, sizes):
+                    return unknown  # the rule disagrees with a size learned before: infer instead
                 found = _evaluate_type(symbolic[name], values, bound)
         if found is not None:
             sized[name] = found
