@@ -86,7 +86,7 @@ DECODE_COMMANDS = (
 )
 # The CLI in a process of its own; the shim that lets torchvision (imported by transformers) load is imported when
 # torchvision is first looked for (a command that reads its export from the cache imports neither).
-RUNNER = """import importlib.abc, sys
+SHIM_FINDER = """import importlib.abc, sys
 class Shim(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "torchvision" or name.startswith("torchvision."):
@@ -96,7 +96,8 @@ class Shim(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Shim())
 sys.path.insert(0, {root!r})
-from onnxmem.cli.commands import main
+"""
+RUNNER = SHIM_FINDER + """from onnxmem.cli.commands import main
 main(sys.argv[1:])
 """
 

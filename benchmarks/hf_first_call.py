@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from hf_config import COMMANDS, CONFIGS  # noqa: E402
+from hf_config import COMMANDS, CONFIGS, SHIM_FINDER  # noqa: E402
 from tables import markdown_table  # noqa: E402
 from zoo import SHIM_DIR  # noqa: E402
 
@@ -45,17 +45,7 @@ RUNNER = r'''import sys, time
 marks = [("start", time.process_time(), time.perf_counter())]
 def mark(label):
     marks.append((label, time.process_time(), time.perf_counter()))
-import importlib.abc
-class Shim(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
-            sys.meta_path.remove(self)
-            sys.path.insert(0, {shim!r})
-            import tvshim
-        return None
-sys.meta_path.insert(0, Shim())
-sys.path.insert(0, {root!r})
-import onnxmem.cli.commands as commands
+''' + SHIM_FINDER + r'''import onnxmem.cli.commands as commands
 import onnxmem.hf as hf
 mark("imports (onnxmem)")
 def after(function, label):
