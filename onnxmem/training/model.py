@@ -677,8 +677,12 @@ def _kept_for_backward(n: int, node: StepNode, rule: Saves, values: list[StepVal
             continue
         if v.quantized:
             continue  # bitsandbytes keeps the quantized weight itself (a parameter: nothing new)
-        if low and v.is_float and v.numel and v.kind == WEIGHT:
-            needs.weight_copies[t] = v.numel * 2  # the cached cast copy is what the op keeps
+        w = t if v.kind == WEIGHT else roots[t]
+        if low and v.is_float and v.numel and (v.kind == WEIGHT or values[w].kind == WEIGHT and needs_grad[w]
+                                               and values[w].numel == v.numel and values[w].is_float):
+            # the cached cast copy is what the op keeps: autocast casts a trainable weight once per forward, a
+            # transposed view (a 3-D Linear's export) reading that copy (benchmarks/training_autocast_cache.py)
+            needs.weight_copies[w] = (values[w].numel or 0) * 2
             continue
         if low and v.is_float and v.numel and values[roots[t]].nbytes // max(values[roots[t]].numel or 1, 1) == 4:
             needs.cast_copies[(n, t)] = v.numel * 2  # a cast copy of an fp32 activation is what the op keeps

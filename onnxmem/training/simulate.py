@@ -220,7 +220,7 @@ def _kept_extras(model: StepModel, step: Schedule, buffers: Buffers, non_reentra
         start = rec[n] if step.segment_of[n] >= 0 else fwd[n]
         buffers.add(f"{values[t].name} (low-precision copy)", "saved activations", nbytes, start, bwd[n])
     for t, nbytes in model.weight_copies.items():
-        users = [n for n in values[t].consumers if model.differentiable[n]]
+        users = [n for n in _copy_readers(model, t) if model.differentiable[n]]
         if users and non_reentrant and all(step.segment_of[n] >= 0 for n in users):
             # in a non-reentrant checkpoint, autocast's cache holds the forward's copy until the autocast region
             # ends; the recompute (its own autocast region) makes the copy again, which the op keeps until its
@@ -235,6 +235,22 @@ def _kept_extras(model: StepModel, step: Schedule, buffers: Buffers, non_reentra
         last_use = max([bwd[n] for n in users] + [step.end_of_forward])
         buffers.add(f"{values[t].name} (low-precision copy)", "low-precision weight copies", nbytes, first_use,
                     last_use)
+
+
+def _copy_readers(model: StepModel, t: int) -> list[int]:
+    """Give the nodes that read weight `t`'s autocast copy: its consumers that autocast runs in 16 bits, directly or
+    through a view of the whole weight (a 3-D Linear's transpose)."""
+    readers: list[int] = []
+    stack = [t]
+    while stack:
+        for n in model.values[stack.pop()].consumers:
+            views = [o for o in model.nodes[n].outputs if o >= 0 and model.root[o] == t]
+            if views:
+                stack.extend(views)
+            else:
+                readers.append(n)
+    low = [n for n in readers if model.nodes[n].op_type in AUTOCAST_LOW_PRECISION]
+    return low or readers  # a tied embedding's Gather reads the fp32 weight, not the copy
 
 
 def _backward_buffers(model: StepModel, options: TrainingOptions, step: Schedule, buffers: Buffers) -> None:
