@@ -17,9 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # The run's parent: sets the address-space limit, forks the command, and writes its exit status and peak RSS; it
 # dies of the signal that killed the command, so the runner sees the same exit.
@@ -73,3 +74,29 @@ def run_measured(command: Sequence[str], timeout: float, memory_bytes: int, env:
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
     return Measured(process.returncode, time.perf_counter() - start, int(text) if text else 0, stderr, timed_out)
+
+
+def in_fork(function: Callable[..., Any], *args: Any) -> Any:
+    """Give function(*args) computed in a forked child, so that each measurement starts from the parent's heap and
+    leaves nothing behind (caches, a library's buffers), passed back as JSON. Raises RuntimeError with the child's
+    error, named by the function and its arguments."""
+    import json
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer: dict[str, Any] = {"value": function(*args)}
+        except BaseException as error:  # noqa: BLE001 - said to the parent, which raises it
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        os.write(write, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        text = stream.read()
+    os.waitpid(pid, 0)
+    answer = json.loads(text) if text else {"error": "the child wrote nothing"}
+    if "error" in answer:
+        raise RuntimeError(f"{function.__name__}{args}: {answer['error']}")
+    return answer["value"]

@@ -17,8 +17,6 @@ step peak (recommended export, less weights and inputs; "error" compares onnxmem
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +28,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.measured_run import in_fork  # noqa: E402
 from benchmarks.zoo import quiet  # noqa: E402
 
 FEATURES = 256
@@ -101,21 +100,7 @@ def _child(kind: str, shared: bool, autocast: bool, checkpointing: bool) -> list
 
 
 def _forked(*args: object) -> list[int]:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            answer: object = _child(*args)  # type: ignore[arg-type]
-        except BaseException as error:  # noqa: BLE001
-            answer = f"{type(error).__name__}: {error}"
-        os.write(write, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as stream:
-        text = stream.read()
-    os.waitpid(pid, 0)
-    value = json.loads(text)
+    value = in_fork(_child, *args)
     if not isinstance(value, list):
         raise RuntimeError(f"autocast-cache {args}: {value}")
     return value

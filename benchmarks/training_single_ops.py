@@ -92,6 +92,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.measured_run import in_fork  # noqa: E402
 from benchmarks.torch_memory import c10_peak  # noqa: E402
 from benchmarks.zoo import quiet  # noqa: E402
 
@@ -604,24 +605,7 @@ def _linear_bias_child(kind: str, rows: int, features: int, out: int, autocast: 
 
 
 def _linear_bias_forked(*args: object) -> list[int]:
-    import json
-    import os
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            answer: object = _linear_bias_child(*args)  # type: ignore[arg-type]
-        except BaseException as error:  # noqa: BLE001
-            answer = f"{type(error).__name__}: {error}"
-        os.write(write, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as stream:
-        text = stream.read()
-    os.waitpid(pid, 0)
-    value = json.loads(text)
+    value = in_fork(_linear_bias_child, *args)
     if not isinstance(value, list):
         raise RuntimeError(f"linear-bias {args}: {value}")
     return value

@@ -15,14 +15,11 @@ inputs. error = (estimate - truth) / truth.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -39,6 +36,7 @@ from benchmarks.accuracy_training import (  # noqa: E402
     variant_step,
     warm_up,
 )
+from benchmarks.measured_run import in_fork  # noqa: E402
 
 BATCH, TOKENS, HIDDEN = 4, 32, 128
 DTYPES = {"fp32": None, "amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
@@ -196,21 +194,7 @@ def _measure_child(op: Op, state: dict[str, torch.Tensor], variant: str, optimiz
 
 def measure(op: Op, state: dict[str, torch.Tensor], variant: str, optimizer: str) -> int:
     """Give the heap peak of the op's first step, in a forked child that has made no step."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            answer: Any = _measure_child(op, state, variant, optimizer)
-        except BaseException as error:  # noqa: BLE001
-            answer = f"{type(error).__name__}: {error}"
-        os.write(write, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as stream:
-        text = stream.read()
-    os.waitpid(pid, 0)
-    value = json.loads(text)
+    value = in_fork(_measure_child, op, state, variant, optimizer)
     if not isinstance(value, int):
         raise RuntimeError(f"{op.name} {variant}: {value}")
     return value
