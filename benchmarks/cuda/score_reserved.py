@@ -70,7 +70,7 @@ def first_step_run(export: Path, row: dict[str, Any]) -> Any:
 
     def capture(model: Any, options: Any, rule: Any, first_step: bool, *args: Any, **kwargs: Any) -> Any:
         run = simulate(model, options, rule, first_step, *args, **kwargs)
-        if first_step and not args and not kwargs and not captured:
+        if first_step and not any(args) and not any(kwargs.values()) and not captured:  # (no checkpoint segments)
             found = convolution_backwards(model.nodes, model.values, model.needs_grad, options.precision)
             run.convolutions = {f"{model.nodes[n].name}{TEMPORARIES_SUFFIX}": (
                 scratch, tuple(model.values[t].name for t in model.nodes[n].inputs[1:]

@@ -141,7 +141,7 @@ def build_model(graph: ModelGraph, order: Sequence[int], options: TrainingOption
     params, frozen, unmatched, tied_patterns = _parameters(graph, values, nodes, options)
     _size_at_precision(values, nodes, params + frozen, options, device)
     quantized = _quantize_base(values, nodes, frozen, model_output, options)
-    roots = _storage_roots(values, nodes, graph)
+    roots = _storage_roots(values, nodes, graph, device.clone_makes_storage)
     seeds, reenabling = _reenabled_inputs(values, nodes)
     needs_grad, differentiable = _gradient_flow(values, nodes, params, seeds)
     if reenabling:  # named where it makes frozen weighted ops run a backward (else the modules train anyway)
@@ -473,10 +473,12 @@ def _dequantize_temporaries(nodes: list[StepNode], values: list[StepValue], quan
                 needs.backward_temporaries[n] = needs.backward_temporaries.get(n, 0) + numel * width
 
 
-def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph) -> list[int]:
+def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelGraph,
+                   clones_copy: bool = True) -> list[int]:
     """Give each value's storage root: PyTorch's views share their input's storage (the ONNX ops that are views in
     PyTorch, and any node the exporter marks with an ATen view op), and BatchNormalization's running statistics are
-    updated in place."""
+    updated in place; an exported aten.clone is a storage of its own where `clones_copy` (the device's
+    clone_makes_storage)."""
     root = list(range(len(values)))
 
     def find(t: int) -> int:
@@ -487,7 +489,7 @@ def _storage_roots(values: list[StepValue], nodes: list[StepNode], graph: ModelG
 
     for node in nodes:
         source = TRAINING_VIEWS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if source is not None and _is_copy(node):
+        if source is not None and clones_copy and _is_copy(node):
             continue
         if source is None and node.graph_op is not None and not node.restored \
                 and aten_op(graph.ops[node.graph_op].origin) in ATEN_VIEWS:

@@ -107,6 +107,12 @@ class DeviceModel(Protocol):
         ...
 
     @property
+    def clone_makes_storage(self) -> bool:
+        """Whether an exported aten.clone (an Identity: `.contiguous()` of a transposed attention output,
+        `.clone()`) is counted as a second storage there, or as a view of its input."""
+        ...
+
+    @property
     def caveat(self) -> str:
         """What the model does not cover, for the report's reader."""
         ...

@@ -62,6 +62,9 @@ class TorchCpu:
     threads: int = 1
     isa: str | None = None
     name: str = "cpu"
+    # measured: StableLM's attention output, transposed then .contiguous(), is a second storage while o_proj keeps it
+    # (benchmarks/training_single_ops.py --clone)
+    clone_makes_storage: bool = True
     options: Sequence[DeviceOption] = (
         DeviceOption("threads", int, "PyTorch's intra-op threads (torch.get_num_threads()); they pick the "
                      "convolution kernel and multiply its scratch (default 1)", minimum=1),
