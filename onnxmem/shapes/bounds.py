@@ -281,10 +281,7 @@ def _branch_types(model: onnx.ModelProto, node: onnx.NodeProto, branch: onnx.Gra
     made = {out for n in branch.node for out in n.output} | {t.name for t in branch.initializer} | \
         {value.name for value in formal}
     outer = list(dict.fromkeys(name for n in branch.node for name in n.input if name and name not in made))
-    constants = {t.name: t for t in model.graph.initializer if t.name in outer}
-    constants.update((n.output[0], n.attribute[0].t) for n in model.graph.node
-                     if n.op_type == "Constant" and n.output and n.output[0] in outer and n.attribute
-                     and n.attribute[0].name == "value")
+    constants = _constant_tensors(model, wanted=set(outer))  # (the main graph's, which the branch reads)
     inputs = list(formal)
     for name in outer:
         if name in constants:
