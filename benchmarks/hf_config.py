@@ -121,6 +121,15 @@ def run_cli(arguments: list[str], cache: str) -> tuple[float, int, int, str]:
         (errors[-1] if errors else "")
 
 
+def write_config(folder: Path, name: str) -> tuple[Path, dict[str, Any], dict[str, int]]:
+    """Write CONFIGS[name]'s config.json in a folder of its own under `folder`; give its path, values and dims."""
+    values, dims = CONFIGS[name]
+    config = folder / name / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(values))
+    return config, values, dims
+
+
 def parameters_of(config: Path) -> tuple[int, int]:
     """Give the elements and bytes of the parameters of the model the config builds (meta device)."""
     import onnxmem.hf as hf
@@ -160,10 +169,7 @@ def main() -> None:
     checks = []
     caches = []
     for name in args.configs.split(","):
-        values, dims = CONFIGS[name]
-        config = folder / name / "config.json"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps(values))
+        config, values, dims = write_config(folder, name)
         count, nbytes = parameters_of(config)
         bound = [a for d, v in dims.items() for a in ("--dim", f"{d}={v}")]
         rows = [(label, command, None) for label, command in COMMANDS]

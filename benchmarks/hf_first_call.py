@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from hf_config import COMMANDS, CONFIGS, SHIM_FINDER  # noqa: E402
+from hf_config import COMMANDS, SHIM_FINDER, write_config  # noqa: E402
 from tables import markdown_table  # noqa: E402
 from zoo import SHIM_DIR  # noqa: E402
 
@@ -119,10 +119,7 @@ def main() -> None:
     commands = dict(COMMANDS)
     rows = []
     for name in args.configs.split(","):
-        values, dims = CONFIGS[name]
-        config = folder / name / "config.json"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps(values))
+        config, _, dims = write_config(folder, name)
         for label in args.commands.split(","):
             command = commands[label]
             bound = {d: v for d, v in dims.items() if command[0] != "fit" or d != "batch"}
