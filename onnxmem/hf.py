@@ -75,8 +75,6 @@ EXPORT_FIXES = (
 EXPERTS_IMPLEMENTATION = "batched_mm"
 # The rank of the adapters --lora adds to a config's model (PEFT's LoraConfig default).
 LORA_RANK = 8
-# Where the training step's estimate reads that the graph was traced in train mode (training/rules.py).
-_EXPORT_MODE_PROPERTY = "onnxmem.export_mode"
 
 
 @dataclass(frozen=True)
@@ -373,7 +371,7 @@ def _export_decode(model: Any, name: str, config: Any, target: Path, *, repeat: 
     decode.with_decode_forward(model, config)
     proto = _exported_proto(model, name, inputs, dynamic, names=(input_names, output_names))
     axes = [*axes[:2], *(axes[2] for _ in range(2 * layers))]  # (every layer's cache, once repeated)
-    _finish(proto, name, target, stacks, axes, training=False, per_layer=decode.per_layer_names())
+    _finish(proto, name, target, stacks, axes, properties={}, per_layer=decode.per_layer_names())
     return axes
 
 
@@ -382,16 +380,19 @@ def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[
     import torch
 
     from onnxmem.frontends.layers import cut_layer_stacks
+    from onnxmem.torch import training_properties
 
     model.train(training)
+    # (read before the layers are cut: the repeated layers' copies take the names of every layer)
+    properties = training_properties(model) if training else {}
     stacks = cut_layer_stacks(model) if repeat else {}
     dynamic = {key: {axis: torch.export.Dim.DYNAMIC for axis in per_input} for key, per_input in axes.items()}
     proto = _exported_proto(model, name, inputs, dynamic)
-    _finish(proto, name, target, stacks, list(axes.values()), training=training)
+    _finish(proto, name, target, stacks, list(axes.values()), properties=properties)
 
 
 def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: list[dict[int, str]], *,
-            training: bool, per_layer: Mapping[str, str] | None = None) -> None:
+            properties: Mapping[str, str], per_layer: Mapping[str, str] | None = None) -> None:
     """Repeat the layers of an export (`per_layer`: frontends/layers.py's), name its dims, drop what onnxmem does not
     read, store its weights outside and write it at `target`."""
     import onnx
@@ -404,13 +405,10 @@ def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: l
         raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
                            "repeat_layers=False (every layer traced)")
     name_dims(proto, axes)
-    if not training:
+    if not properties:  # an inference export
         _fold_weight_transposes(proto.graph)
     _store_weights_outside(proto, target)
-    properties = {p.key: p.value for p in proto.metadata_props}
-    if training:
-        properties[_EXPORT_MODE_PROPERTY] = "training"
-    onnx.helper.set_model_props(proto, properties)
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **properties})
     onnx.save(proto, str(target))
 
 

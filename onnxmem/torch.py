@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxmem.errors import OnnxMemError, require_extra
-from onnxmem.training.rules import EXPORT_MODE_PROPERTY
+from onnxmem.training.rules import CHECKPOINT_LAYERS_PROPERTY, EXPORT_MODE_PROPERTY
 
 # An axis per dim name: the same axis of every input of higher rank, or one entry per input (None: not there).
 DynamicAxes = Mapping[str, int | Sequence[int | None]]
@@ -70,6 +70,7 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     axes = _axes_per_input(inputs, dynamic or {}, torch.Tensor)
     dynamic_shapes = tuple({axis: torch.export.Dim.DYNAMIC for axis in per_input} or None for per_input in axes)
     target = Path(path)
+    properties = training_properties(model)
     was_training = model.training
     model.train()
     say = progress or (lambda line: None)
@@ -88,11 +89,25 @@ def export_for_training(model: Any, example_inputs: Any, path: str | Path, dynam
     name_dims(proto, axes)
     # the mode the graph was traced in: a train-mode trace writes nn.Dropout(p=0) as a copy (aten.clone), as an
     # eval-mode trace writes every Dropout; the estimate reads which it was here
-    properties = {prop.key: prop.value for prop in proto.metadata_props}
-    onnx.helper.set_model_props(proto, {**properties, EXPORT_MODE_PROPERTY: "training"})
+    onnx.helper.set_model_props(proto, {**{prop.key: prop.value for prop in proto.metadata_props}, **properties})
     onnx.save(proto, str(target))
     say(f"exported {type(model).__name__} in {time.perf_counter() - start:.1f} s: {target}")
     return target
+
+
+def training_properties(model: Any) -> dict[str, str]:
+    """Give the model properties of a train-mode export of `model`: the mode it was traced in and the modules its
+    library checkpoints one by one (transformers' GradientCheckpointingLayer instances, outermost, as
+    model.named_modules() names them; none for models whose library marks none)."""
+    properties = {EXPORT_MODE_PROPERTY: "training"}
+    layers: list[str] = []
+    for name, module in model.named_modules():
+        if name and not any(name.startswith(outer + ".") for outer in layers[-1:]) and any(
+                cls.__name__ == "GradientCheckpointingLayer" for cls in type(module).__mro__):
+            layers.append(name)
+    if layers:
+        properties[CHECKPOINT_LAYERS_PROPERTY] = ",".join(layers)
+    return properties
 
 
 def _axes_per_input(inputs: tuple[Any, ...], dynamic: DynamicAxes, tensor_type: type) -> list[dict[int, str]]:

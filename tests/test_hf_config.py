@@ -86,6 +86,20 @@ def test_the_training_report_counts_the_models_parameters(made: hf.HfModel) -> N
     assert "missing-external-data" not in {w.code for w in report.warnings}
 
 
+def test_the_export_names_the_layers_transformers_checkpoints(made: hf.HfModel) -> None:
+    # every decoder layer (GradientCheckpointingLayer), though two were traced: --checkpoint layers takes them
+    from onnxmem.training.rules import CHECKPOINT_LAYERS_PROPERTY
+
+    proto = onnx.load(str(made.path), load_external_data=False)
+    properties = {p.key: p.value for p in proto.metadata_props}
+    layers = [f"model.layers.{i}" for i in range(LLAMA["num_hidden_layers"])]
+    assert properties[CHECKPOINT_LAYERS_PROPERTY] == ",".join(layers)
+    report = onnxmem.analyze(made.path, {"batch": 1, "seq": 32},
+                             training=TrainingOptions(device="cpu", checkpoint="layers"))
+    (warning,) = [w for w in report.warnings if w.code == "checkpoint-layers"]
+    assert f"{len(layers)} blocks model.layers.N, as the model's library checkpoints them" in warning.message
+
+
 def test_repeated_layers_answer_as_every_layer_traced(config: Path, made: hf.HfModel, tmp_path: Path) -> None:
     traced = hf.export_config(config, tmp_path / "traced.onnx", training=True, repeat_layers=False)
     options = TrainingOptions(device="cpu")

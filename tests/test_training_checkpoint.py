@@ -137,3 +137,59 @@ def test_blocks_inside_stages_and_a_named_level() -> None:
     assert found.training.saved_activation_bytes - stages.training.saved_activation_bytes == 2 * R * D * 4
     with pytest.raises(TrainingOptionError, match="no numbered module level matches .*stages"):
         train(staged(), checkpoint="layers:decoder.layers")
+
+
+def declaring(model: onnx.ModelProto, layers: str) -> onnx.ModelProto:
+    from onnxmem.training.rules import CHECKPOINT_LAYERS_PROPERTY
+
+    onnx.helper.set_model_props(model, {CHECKPOINT_LAYERS_PROPERTY: layers})
+    return model
+
+
+def test_the_modules_the_export_declares_are_the_blocks() -> None:
+    # the library's own placement (transformers' GradientCheckpointingLayer, written by the export) is taken over
+    # the level found: here the stages, as `layers:stages` takes them
+    declared = train(declaring(staged(), "stages.0,stages.1"), checkpoint="layers")
+    (warning,) = [w for w in declared.warnings if w.code == "checkpoint-layers"]
+    assert "2 blocks stages.N, as the model's library checkpoints them" in warning.message
+    stages = train(staged(), checkpoint="layers:stages")
+    assert declared.training is not None and stages.training is not None
+    assert declared.training.peak_bytes == stages.training.peak_bytes
+    assert declared.training.saved_activation_bytes == stages.training.saved_activation_bytes
+    # two declared levels, each block where the export names it; a level named with --checkpoint layers:PATTERN
+    # is taken instead of the declared ones
+    mixed = train(declaring(staged(), "stages.0.blocks.0,stages.0.blocks.1,stages.1"), checkpoint="layers")
+    (warning,) = [w for w in mixed.warnings if w.code == "checkpoint-layers"]
+    assert "3 blocks stages.N.blocks.N, stages.N, as" in warning.message
+    named = train(declaring(staged(), "stages.0,stages.1"), checkpoint="layers:stages.*.blocks")
+    (warning,) = [w for w in named.warnings if w.code == "checkpoint-layers"]
+    assert "4 blocks stages.*.blocks.N" in warning.message
+
+
+def test_declared_modules_the_file_does_not_name_fall_back_to_the_levels() -> None:
+    report = train(declaring(staged(), "encoder.layers.0,encoder.layers.1"), checkpoint="layers")
+    (warning,) = [w for w in report.warnings if w.code == "checkpoint-layers"]
+    assert "4 blocks stages.*.blocks.N" in warning.message and "from the module scopes" in warning.message
+
+
+def test_the_export_declares_the_outermost_checkpointing_layers() -> None:
+    torch = pytest.importorskip("torch")
+    from onnxmem.torch import training_properties
+    from onnxmem.training.rules import CHECKPOINT_LAYERS_PROPERTY, EXPORT_MODE_PROPERTY
+
+    class GradientCheckpointingLayer(torch.nn.Module):  # the name transformers' layers derive from
+        def __init__(self, inner: torch.nn.Module | None = None) -> None:
+            super().__init__()
+            self.inner = inner if inner is not None else torch.nn.Linear(2, 2)
+
+    class Block(GradientCheckpointingLayer):
+        pass
+
+    model = torch.nn.Module()
+    model.conv_layers = torch.nn.ModuleList([Block(), Block()])
+    model.layers = torch.nn.ModuleList([GradientCheckpointingLayer(Block())])
+    model.pos = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    properties = training_properties(model)
+    assert properties[EXPORT_MODE_PROPERTY] == "training"
+    assert properties[CHECKPOINT_LAYERS_PROPERTY] == "conv_layers.0,conv_layers.1,layers.0"
+    assert CHECKPOINT_LAYERS_PROPERTY not in training_properties(torch.nn.Sequential(torch.nn.Linear(2, 2)))

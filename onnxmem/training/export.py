@@ -14,6 +14,7 @@ from onnxmem.training.rules import (
     ATEN_IN_PLACE_TAIL,
     ATEN_SAVED_FOR_BACKWARD,
     ATEN_WITH_DROPOUT,
+    CHECKPOINT_LAYERS_PROPERTY,
     DECOMPOSED,
     EVAL_MODULES,
     EXPORT_MODE_PROPERTY,
@@ -349,6 +350,12 @@ def traced_in_train_mode(graph: ModelGraph) -> bool:
     return graph.properties.get(EXPORT_MODE_PROPERTY) == "training" or any(
         op.op_type == "Dropout" or (op.op_type == "BatchNormalization" and len([t for t in op.outputs if t >= 0]) > 1)
         for op in graph.ops)
+
+
+def checkpoint_layers(graph: ModelGraph) -> tuple[str, ...]:
+    """Give the modules the model's library checkpoints one by one, as the export names them (the
+    CHECKPOINT_LAYERS_PROPERTY onnxmem.torch's and onnxmem.hf's exports write); () where the file does not say."""
+    return tuple(filter(None, graph.properties.get(CHECKPOINT_LAYERS_PROPERTY, "").split(",")))
 
 
 def export_mode(graph: ModelGraph, restored: Restored | None = None) -> str:

@@ -277,6 +277,11 @@ EXPORTER_WEIGHT_NAME = r"^(onnx::|val_\d|_val_\d|_v_\d|const_fold|/)"
 # updates its running statistics, or this model property, which onnxmem.torch.export_for_training writes) the copy
 # is the alias it is.
 EXPORT_MODE_PROPERTY = "onnxmem.export_mode"
+# The modules the model's library checkpoints one by one when its checkpointing is on (transformers'
+# GradientCheckpointingLayer instances: what gradient_checkpointing_enable() wraps), comma-separated as
+# model.named_modules() names them; written by the exports that hold the model object (onnxmem.torch, onnxmem.hf),
+# read by --checkpoint layers.
+CHECKPOINT_LAYERS_PROPERTY = "onnxmem.checkpoint_layers"
 EVAL_MODULES: dict[str, str] = {
     "torch.nn.modules.dropout.Dropout": "Dropout",
     "torch.nn.modules.dropout.Dropout1d": "Dropout",

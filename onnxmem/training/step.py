@@ -27,7 +27,14 @@ from collections.abc import Sequence
 
 from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph, module_path
 from onnxmem.passes.liveness import live_bytes
-from onnxmem.training.export import EXPORT_WARNINGS, RECOMMENDED_EXPORT, Restored, export_findings, export_mode
+from onnxmem.training.export import (
+    EXPORT_WARNINGS,
+    RECOMMENDED_EXPORT,
+    Restored,
+    checkpoint_layers,
+    export_findings,
+    export_mode,
+)
 from onnxmem.training.model import StepModel, build_model
 from onnxmem.training.optimizers import optimizer_state_bytes, param_grad_bytes
 from onnxmem.training.options import (
@@ -60,7 +67,8 @@ def training_memory(graph: ModelGraph, order: Sequence[int], options: TrainingOp
     check_options(options)
     rule = options.optimizer_rule()
     model = build_model(graph, order, options)
-    segments, blocks = layer_segments(model, options.checkpoint_levels) if options.checkpoints_layers else (None, "")
+    segments, blocks = (layer_segments(model, options.checkpoint_levels, checkpoint_layers(graph))
+                        if options.checkpoints_layers else (None, ""))
     first = simulate(model, options, rule, True, segments)
     later = simulate(model, options, rule, False, segments)
     recompute_rows, recompute_peak = recompute_what_if(model, options, rule, segments)

@@ -147,14 +147,17 @@ def _segment_ranges(model: StepModel, segments: int) -> list[tuple[int, int]]:
 
 
 
-def layer_segments(model: StepModel, wanted: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]], str]:
+def layer_segments(model: StepModel, wanted: tuple[str, ...] = (), declared: tuple[str, ...] = ()) \
+        -> tuple[list[tuple[int, int]], str]:
     """Give the node ranges [start, end) of the repeated blocks PyTorch users checkpoint one by one (transformers'
-    decoder and encoder layers, timm's blocks), in order, and the words that say which: from the nodes' module
-    scopes, the numbered level ('model.layers.N', 'stages.N.blocks.M') that has the most blocks among those covering
-    at least half the nodes the widest covers (a stage holds blocks, a layer holds numbered experts); where the file
-    names no modules, from the longest repeated run of ops (op types and weight shapes: plan/sharding.py's
-    repeated_run). `wanted`: fnmatch patterns of the levels to take instead ('stages', '*.encoder.layers'), every
-    level matching. Raises TrainingOptionError where there is none."""
+    decoder and encoder layers, timm's blocks), in order, and the words that say which: the modules `declared` by
+    the export (the model's library checkpoints them: transformers' GradientCheckpointingLayer instances, the
+    CHECKPOINT_LAYERS_PROPERTY of onnxmem.torch's and onnxmem.hf's exports) where the file's module scopes name
+    them; else, from the nodes' module scopes, the numbered level ('model.layers.N', 'stages.N.blocks.M') that has
+    the most blocks among those covering at least half the nodes the widest covers (a stage holds blocks, a layer
+    holds numbered experts); where the file names no modules, from the longest repeated run of ops (op types and
+    weight shapes: plan/sharding.py's repeated_run). `wanted`: fnmatch patterns of the levels to take instead
+    ('stages', '*.encoder.layers'), every level matching. Raises TrainingOptionError where there is none."""
     n = model.n_graph_nodes
     levels: dict[str, dict[str, list[int]]] = {}  # level ('stages.*.blocks') -> block ('stages.1.blocks.3') -> nodes
     for m in range(n):
@@ -163,6 +166,9 @@ def layer_segments(model: StepModel, wanted: tuple[str, ...] = ()) -> tuple[list
             levels.setdefault(level, {}).setdefault(f"{prefix}.{index}", []).append(m)
     if wanted:
         return _wanted_levels(levels, wanted)
+    named = _declared_blocks(model, declared) if declared else None
+    if named is not None:
+        return named
     repeated = {level: blocks for level, blocks in levels.items() if len(blocks) >= 2}
     if repeated:
         widest = max(sum(map(len, blocks.values())) for blocks in repeated.values())
@@ -181,6 +187,25 @@ def layer_segments(model: StepModel, wanted: tuple[str, ...] = ()) -> tuple[list
                 "a repeated run of ops and weight shapes: the file names no modules")
     raise TrainingOptionError("--checkpoint layers: no repeated block found (no numbered module scope such as "
                               "'model.layers.N' and no repeated run of ops): checkpoint K segments instead")
+
+
+def _declared_blocks(model: StepModel, declared: tuple[str, ...]) -> tuple[list[tuple[int, int]], str] | None:
+    """Give the node ranges of the modules `declared` (module paths) and their words; None where no node's module
+    scope is one of them (an export whose scopes name modules otherwise)."""
+    wanted = set(declared)
+    blocks: dict[str, list[int]] = {}
+    for m in range(model.n_graph_nodes):
+        path = module_path(model.nodes[m].layer)
+        while path and path not in wanted:
+            path = path.rpartition(".")[0]
+        if path:
+            blocks.setdefault(path, []).append(m)
+    if not blocks:
+        return None
+    ranges = _disjoint(sorted((min(nodes), max(nodes) + 1) for nodes in blocks.values()))
+    levels = dict.fromkeys(".".join("N" if part.isdigit() else part for part in block.split(".")) for block in blocks)
+    return ranges, (f"{len(ranges)} blocks {', '.join(levels)}, as the model's library checkpoints them "
+                    "(transformers' GradientCheckpointingLayer, named by the export)")
 
 
 def _wanted_levels(levels: dict[str, dict[str, list[int]]], wanted: tuple[str, ...]) \
