@@ -3,7 +3,7 @@
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
                                              [--gemm-conv-first-use] [--sdpa-dropout-backward] [--clone]
-                                             [--linear-bias]
+                                             [--linear-bias] [--elementwise]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -73,6 +73,12 @@ bytes at backward start and step peak (less weights and inputs) on the op's reco
 aten.linear runs addmm on the flattened view for contiguous input (one output; it saves the input view and the
 weight, not the product before the bias) and matmul then add_ in place otherwise; the dynamo exporter writes the
 3-D cases as MatMul then Add (training/export.py in_place_tails: that Add writes into the product).
+
+--elementwise: the backward of one elementwise op over a [512, 256] tensor x (fp32 or bf16) and a broadcast [256]
+fp32 one s (a learned scale, a bias, an RMSNorm weight), given an fp32 output gradient, with both, x's only or s's
+only gradient asked: the heap's peak above what was live before backward (malloc counter, one thread, a forked child
+per row), beside onnxmem's rule (training/elementwise.py on CPU: rules.py ELEMENTWISE_GRADIENTS,
+CPU's promoted copy). Behind ELEMENTWISE_GRADIENTS.
 """
 
 from __future__ import annotations
@@ -651,6 +657,49 @@ def linear_bias() -> None:
                           f"| {100 * (estimate - step) / step:+.1f}% |", flush=True)
 
 
+ELEMENTWISE_CASES = (("x * s", "Mul", False), ("s * x", "Mul", True), ("x - s", "Sub", False),
+                     ("x + s", "Add", False))
+
+
+def _elementwise_child(expression: str, dtype: str, x_grad: bool, s_grad: bool) -> list[int]:
+    from benchmarks.accuracy_training import heap_peak, warm_up
+
+    warm_up()
+    generator = torch.Generator().manual_seed(0)
+    leaf = torch.randn(512, 256, generator=generator).to(getattr(torch, dtype)).requires_grad_(x_grad)
+    # (x an activation, as in a network: a leaf's AccumulateGrad would copy a gradient the caller still holds)
+    x = leaf.view(512, 256) if x_grad else leaf
+    s = torch.randn(256, generator=generator).requires_grad_(s_grad)
+    y = {"x * s": lambda: x * s, "s * x": lambda: s * x, "x - s": lambda: x - s, "x + s": lambda: x + s}[expression]()
+    gradient = torch.randn(512, 256, generator=generator)
+    return [heap_peak(lambda: y.backward(gradient))]
+
+
+def elementwise() -> None:
+    from onnxmem.training.elementwise import elementwise_backward
+    from onnxmem.training.values import StepNode, StepValue
+
+    print(f"torch {torch.__version__}, CPU, one thread; y = op(x [512, 256], s [256] fp32), y.backward(fp32 gradient):"
+          " the heap's peak above what was live before (the output gradient included there)\n")
+    print("| op | x | gradients | truth | onnxmem rule | difference |")
+    print("|---|---|---|---:|---:|---:|")
+    for expression, op_type, scale_first in ELEMENTWISE_CASES:
+        for dtype in ("float32", "bfloat16"):
+            for x_grad, s_grad in ((True, True), (True, False), (False, True)):
+                value = in_fork(_elementwise_child, expression, dtype, x_grad, s_grad)
+                if not isinstance(value, list):
+                    raise RuntimeError(f"elementwise {expression} {dtype}: {value}")
+                width = 2 if dtype == "bfloat16" else 4
+                x = StepValue("x", (512, 256), 512 * 256, 512 * 256 * width, True, "activation")
+                s = StepValue("s", (256,), 256, 256 * 4, True, "weight")
+                y = StepValue("y", (512, 256), 512 * 256, 512 * 256 * 4, True, "activation")
+                node = StepNode(op_type, "", "op", "", (1, 0) if scale_first else (0, 1), (2,), 0)
+                rule = elementwise_backward(node, [x, s, y], [x_grad, s_grad, False], True)
+                asked = " and ".join(n for n, g in (("x", x_grad), ("s", s_grad)) if g)
+                print(f"| {expression} | {dtype} | {asked} | {value[0]:,} | {rule:,} | {rule - value[0]:+,} |",
+                      flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -666,6 +715,7 @@ def main() -> None:
     parser.add_argument("--gemm-conv-first-use", action="store_true")
     parser.add_argument("--clone", action="store_true")
     parser.add_argument("--linear-bias", action="store_true")
+    parser.add_argument("--elementwise", action="store_true")
     parser.add_argument("--sdpa-dropout-backward", action="store_true")
     parser.add_argument("--sdpa-dropout-backward-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -691,6 +741,12 @@ def main() -> None:
         return
     if args.clone:
         clone()
+        return
+    if args.elementwise:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        elementwise()
         return
     if args.linear_bias:
         from benchmarks.accuracy_training import under_malloc_counter

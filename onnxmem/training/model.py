@@ -17,6 +17,7 @@ from onnx import TensorProto
 
 from onnxmem.ir.graph import INPUT, WEIGHT, ModelGraph, module_path
 from onnxmem.targets.torch.base import DeviceModel, NodeContext, NodeFacts
+from onnxmem.training.elementwise import elementwise_backward, same_tensor_type
 from onnxmem.training.export import (
     Restored,
     fuse_aten_groups,
@@ -620,6 +621,11 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
                 temporaries[n] = temporaries.get(n, 0) + numel * 2
     if facts.backward_temporaries:
         temporaries[n] = temporaries.get(n, 0) + facts.backward_temporaries
+    made = [t for i, t in enumerate(inputs) if t >= 0 and needs_grad[t]
+            and not (i in rule.grad_passthrough and same_tensor_type(values[t], out0))]
+    elementwise = elementwise_backward(node, values, needs_grad, device.promotes_by_copy)
+    if elementwise > sum(values[t].nbytes for t in made):
+        temporaries[n] = temporaries.get(n, 0) + elementwise - sum(values[t].nbytes for t in made)
     if facts.forward_temporaries:
         needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + facts.forward_temporaries
     if facts.autograd_nodes is not None:
@@ -628,8 +634,7 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
     for i, t in enumerate(inputs):
         if t < 0 or not needs_grad[t] or i in settings:
             continue
-        same_shape = out0 is not None and values[t].numel == out0.numel
-        if i in rule.grad_passthrough and same_shape:
+        if i in rule.grad_passthrough and same_tensor_type(values[t], out0):
             needs.passthrough.setdefault(n, []).append(t)
         else:
             needs.new_grads.setdefault(n, []).append(t)

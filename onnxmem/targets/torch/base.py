@@ -113,6 +113,12 @@ class DeviceModel(Protocol):
         ...
 
     @property
+    def promotes_by_copy(self) -> bool:
+        """Whether an elementwise op over inputs of different float widths first copies each narrower input to the
+        promoted dtype (CPU's TensorIterator) rather than casting as it reads (CUDA's dynamic casting)."""
+        ...
+
+    @property
     def caveat(self) -> str:
         """What the model does not cover, for the report's reader."""
         ...

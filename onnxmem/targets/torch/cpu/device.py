@@ -65,6 +65,9 @@ class TorchCpu:
     # measured: StableLM's attention output, transposed then .contiguous(), is a second storage while o_proj keeps it
     # (benchmarks/training_single_ops.py --clone)
     clone_makes_storage: bool = True
+    # an elementwise op over inputs of different float widths copies each narrower one to the promoted dtype
+    # (TensorIterator without dynamic casting on CPU; tables.py CPU_PROMOTED_INPUT_COPIES)
+    promotes_by_copy: bool = CPU_PROMOTED_INPUT_COPIES
     options: Sequence[DeviceOption] = (
         DeviceOption("threads", int, "PyTorch's intra-op threads (torch.get_num_threads()); they pick the "
                      "convolution kernel and multiply its scratch (default 1)", minimum=1),

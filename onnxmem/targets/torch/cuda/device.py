@@ -52,6 +52,8 @@ class TorchCuda:
     # counted as views, as before the CPU's measurement: the H100 rows disagree with a copy on the fp32 transformers
     # (benchmarks/cuda/score.py: gpt2 -0.0% -> +1.5%, bert -2.5% -> +2.2% with it); no CUDA single-op row measures it
     clone_makes_storage: bool = False
+    # an elementwise op over inputs of different float widths casts as it reads (dynamic casting): no copy
+    promotes_by_copy: bool = False
     options: Sequence[DeviceOption] = ()
     default_update_impl: str = "foreach"
     autograd_node_bytes: int = 0  # the autograd graph is host memory: not the GPU's
