@@ -193,3 +193,35 @@ def test_the_export_declares_the_outermost_checkpointing_layers() -> None:
     assert properties[EXPORT_MODE_PROPERTY] == "training"
     assert properties[CHECKPOINT_LAYERS_PROPERTY] == "conv_layers.0,conv_layers.1,layers.0"
     assert CHECKPOINT_LAYERS_PROPERTY not in training_properties(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def called(count: int = 2) -> onnx.ModelProto:
+    """`count` blocks 'layers.N' (dynamo export scopes): up = x @ A [R, H], then a module call 'layers.N.act' that
+    takes `up` as its argument: a = Relu(up), b = Relu(a), down = b @ B [R, D]."""
+    nodes, inits, previous = [], [], "x"
+    for i in range(count):
+        block, act = f": pkg.M/layers.{i}: pkg.Block", f": pkg.M/layers.{i}: pkg.Block/layers.{i}.act: pkg.Act"
+        inits += [graphs.external_header(f"A{i}", TensorProto.FLOAT, [D, H]),
+                  graphs.external_header(f"B{i}", TensorProto.FLOAT, [H, D])]
+        made = [(oh.make_node("MatMul", [previous, f"A{i}"], [f"up{i}"], name=f"up{i}"), f"{block}/mm: aten.mm"),
+                (oh.make_node("Relu", [f"up{i}"], [f"a{i}"], name=f"act{i}"), f"{act}/relu: aten.relu"),
+                (oh.make_node("Relu", [f"a{i}"], [f"b{i}"], name=f"again{i}"), f"{act}/relu_1: aten.relu"),
+                (oh.make_node("MatMul", [f"b{i}", f"B{i}"], [f"down{i}"], name=f"down{i}"), f"{act}/mm: aten.mm")]
+        for node, scope in made:
+            node.metadata_props.add(key="namespace", value=scope)
+            nodes.append(node)
+        previous = f"down{i}"
+    return graphs.model(nodes, [graphs.value("x", [R, D])], [graphs.value(previous, [R, D])], inits)
+
+
+def test_the_recompute_holds_a_module_calls_arguments_as_the_forward_does() -> None:
+    # `up` is read by the first ReLU only (which keeps its output, not its input), but it is the argument of the
+    # call 'layers.N.act': the caller's frame holds it until the call returns, in forward and again in the
+    # recompute (which stops after the second ReLU, whose output is the last tensor saved)
+    layers = train(called(), checkpoint="layers", device="cuda").training
+    assert layers is not None
+    timeline = layers.timeline
+    live = dict(zip(timeline.events, timeline.first_live_bytes, strict=False))
+    # from the first ReLU to the second: + b [R, H], and `up` [R, H] still held
+    assert live["recompute Relu again1"] - live["recompute Relu act1"] == R * H * 4
+    assert live["Relu again1"] - live["Relu act1"] == R * H * 4

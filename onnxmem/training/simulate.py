@@ -180,6 +180,7 @@ def _recompute_buffers(model: StepModel, step: Schedule, buffers: Buffers, non_r
     nodes, values, roots, rec, bwd = model.nodes, model.values, model.root, step.rec, step.bwd
     for start, end in step.segments:
         recomputed = [m for m in range(start, end) if rec[m] >= 0]  # (a non-reentrant checkpoint stops early)
+        stop = max((rec[m] for m in recomputed), default=-1)
         for m in recomputed:
             if non_reentrant and m == recomputed[-1] and m not in model.extras and \
                     not any(t >= 0 and m in model.saved_by.get(roots[t], ()) for t in nodes[m].outputs):
@@ -197,6 +198,11 @@ def _recompute_buffers(model: StepModel, step: Schedule, buffers: Buffers, non_r
                 for saver in model.saved_by.get(t, []):
                     if start <= saver < end:
                         last = max(last, bwd[saver])
+                held = model.held_by_call.get(t)
+                if non_reentrant and held is not None and start <= held < end:
+                    # the recompute runs the block's Python again: its frames hold what they held in forward, to
+                    # the recompute's end where it stops early
+                    last = max(last, rec[held] if rec[held] >= 0 else stop)
                 buffers.add(values[t].name, "saved activations", values[t].nbytes, rec[m], last)
 
 
