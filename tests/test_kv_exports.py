@@ -234,3 +234,35 @@ def test_a_float16_skip_norms_weights_are_held_in_float32() -> None:
     result = onnxmem.validate(model, {"batch": 2}, provider="cpu")
     first = result.runs[0]
     assert first.measured.weights_bytes >= width * 4 and first.weights_difference_bytes == 0
+
+
+def test_the_genai_config_gives_the_head_size_dim(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from onnxmem.cli.commands import main
+    from onnxmem.errors import DimError
+
+    model = tmp_path / "model.onnx"
+    onnx.save(genai_layer(), model)
+    dims = {"batch_size": 2, "sequence_length": 1, "past_sequence_length": 5}
+    with pytest.raises(DimError, match="unbound dims: kv_cache_dim"):  # no genai_config.json: the user binds it
+        onnxmem.analyze(model, dims, provider="cpu")
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"head_size": HEAD}}}))
+    report = onnxmem.analyze(model, dims, provider="cpu")
+    assert report.dims["kv_cache_dim"] == HEAD
+    (said,) = [w for w in report.warnings if w.code == "genai-config-dim"]
+    assert f"kv_cache_dim={HEAD}" in said.message and "genai_config.json" in said.message
+    given = onnxmem.analyze(model, {**dims, "kv_cache_dim": HEAD}, provider="cpu")
+    assert "genai-config-dim" not in {w.code for w in given.warnings}
+    assert given.inference.peak_bytes == report.inference.peak_bytes
+    assert report.inference.kv_cache is not None
+    assert report.inference.kv_cache.past_bytes == 2 * 2 * KV_HEADS * 5 * HEAD * 4  # batch 2, key and value
+    result = CliRunner().invoke(main, ["fit", str(model), "--provider", "cpu", "--dim", "batch_size=2",
+                                       "--dim", "sequence_length=1", "--search", "past_sequence_length",
+                                       "--memory", "1MiB", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["dims"]["kv_cache_dim"] == HEAD
+    for bad in ({"model": {"decoder": {"head_size": "16"}}}, {"model": {"decoder": {"head_size": 0}}}, [1, 2]):
+        (tmp_path / "genai_config.json").write_text(json.dumps(bad))
+        with pytest.raises(DimError, match="unbound dims: kv_cache_dim"):
+            onnxmem.analyze(model, dims, provider="cpu")

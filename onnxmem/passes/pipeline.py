@@ -24,7 +24,7 @@ from onnxmem.passes.liveness import Lifetimes, Plan, Timeline, lifetimes, livene
 from onnxmem.passes.loops import loop_peaks, loop_trip_counts, loop_warnings
 from onnxmem.passes.orders import DEFAULT_ORDER, SIZE_DEPENDENT_ORDERS, execution_order
 from onnxmem.shapes.dims import InputDim, input_dims
-from onnxmem.shapes.kvcache import kv_cache_of
+from onnxmem.shapes.kvcache import genai_dims, kv_cache_of
 from onnxmem.shapes.sizing import SizedModel, bind_and_infer
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
 from onnxmem.targets.ort.planner import (
@@ -243,12 +243,16 @@ def _size(run: PipelineRun) -> None:
     loaded, graph, given = run.loaded, run.graph, run.given
     assert loaded is not None and graph is not None and run.free is not None
     symbolic = run.symbolic
-    sized = size_graph(graph, loaded.proto, run.dims, run.default_dim, symbolic, run.free)
+    # dims the model's side files state (the model builder's head size in its genai_config.json), unless given
+    implied, said = genai_dims(loaded.path or (given.path if given is not None else None), run.free)
+    dims = {**implied, **run.dims}
+    sized = size_graph(graph, loaded.proto, dims, run.default_dim, symbolic, run.free)
     plan_shapes = planner_shapes(graph, symbolic, loaded.proto, loaded.data)
     changed = given is not None and loaded is not given
     given_types = run_types(given.proto) if given is not None and changed else None
     run.sized = Sizing(loaded, graph, dict(sized.dims), None if plan_shapes is None else tuple(plan_shapes),
-                       (*run.notes, *sized.warnings, *graph.warnings), symbolic, tuple(run.free), run.default_dim,
+                       (*run.notes, *(said if implied.keys() - run.dims.keys() else ()), *sized.warnings,
+                        *graph.warnings), symbolic, tuple(run.free), run.default_dim,
                        run.provider, given if changed else None,
                        given_types=None if given_types is None else (given.proto, given_types))  # type: ignore[union-attr]
 

@@ -42,6 +42,7 @@ from onnxmem.passes.pipeline import (
     sizing,
 )
 from onnxmem.shapes.dims import InputDim, bind_dims, input_dims
+from onnxmem.shapes.kvcache import genai_dims
 from onnxmem.shapes.sizing import bind_and_infer
 from onnxmem.targets.ort import DEFAULT_PROVIDER, ExecutionProvider, execution_provider
 from onnxmem.targets.ort.rules import DEFAULT_INFERENCE_RULES
@@ -101,6 +102,8 @@ class ModelFamily:
         self._free: list[InputDim] | None = None  # the model's input_dims, read at first use
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
         self._symbolic_types: Mapping[str, TensorType] | None | bool = False  # False: not inferred yet
+        # (the dims the model's side files state, as the pipeline binds them, unless given)
+        self.dims = {**genai_dims(self.loaded.path, self.free_dims())[0], **self.dims}
 
     @property
     def affine(self) -> bool:

@@ -12,11 +12,9 @@ peak it gives is the report's, not a formula on the cache's total.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from onnxmem.ir.dtypes import element_bits
-from onnxmem.ir.load import read_small_text
 from onnxmem.passes.pipeline import Sizing
 from onnxmem.plan.family import ModelFamily
 from onnxmem.shapes.kvcache import (
@@ -25,6 +23,7 @@ from onnxmem.shapes.kvcache import (
     cache_tensors,
     fewer_heads,
     fp8_bytes,
+    genai_config,
     int8_bytes,
     kv_cache_of,
     kv_heads,
@@ -80,23 +79,16 @@ def kv_what_ifs(at: Sizing) -> list[tuple[str, Sizing, str]]:
     return changes
 
 
-GENAI_CONFIG = "genai_config.json"
-
-
 def shared_buffer_length(model_path: Path | None) -> int | None:
     """Give the length of the shared past/present buffer onnxruntime-genai runs the model with: search.max_length
     (else model.context_length) of the genai_config.json beside the model, where it says past_present_share_buffer
     (its default: true); None where there is no such file or it says otherwise."""
-    if model_path is None:
+    config = genai_config(model_path)
+    if config is None:
         return None
-    text = read_small_text(Path(model_path).parent / GENAI_CONFIG)  # (a FIFO or a device is never read)
-    try:
-        config = json.loads(text) if text is not None else None
-    except (ValueError, RecursionError):
-        return None
-    search = config.get("search") if isinstance(config, dict) else None
+    search = config.get("search")
     search = search if isinstance(search, dict) else {}
-    model = config.get("model") if isinstance(config, dict) else None
+    model = config.get("model")
     if search.get("past_present_share_buffer", True) is not True:
         return None
     length = search.get("max_length") or (model.get("context_length") if isinstance(model, dict) else None)

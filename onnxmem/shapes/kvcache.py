@@ -13,13 +13,20 @@ presents to the same buffers, so the step allocates no present.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onnxmem.ir.dtypes import dtype_name, element_bits
 from onnxmem.ir.graph import INPUT, OUTPUT, ModelGraph, Tensor
-from onnxmem.views.report import KVCache
+from onnxmem.ir.load import read_small_text
+from onnxmem.views.report import KVCache, Warning
+
+if TYPE_CHECKING:
+    from onnxmem.shapes.dims import InputDim
 
 # names as exporters write them: past_key_values.0.key, past.0.value, past_key_0, cache_key.3 (inputs);
 # present.0.key, present_key_values.1.value, cache_value.3 (outputs)
@@ -285,3 +292,41 @@ def kv_heads(found: CacheTensors, graph: ModelGraph) -> int | None:
             return None
         counts.add(heads)
     return counts.pop() if len(counts) == 1 else None
+
+
+GENAI_CONFIG = "genai_config.json"
+
+
+def genai_config(model_path: Path | None) -> dict[str, object] | None:
+    """Give the genai_config.json beside the model (onnxruntime-genai's model builder writes it), or None where there
+    is none or it is not a JSON object (a FIFO or a device is never read)."""
+    if model_path is None:
+        return None
+    text = read_small_text(Path(model_path).parent / GENAI_CONFIG)
+    try:
+        config = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def genai_dims(model_path: Path | None, free: Sequence[InputDim]) -> tuple[dict[str, int], tuple[Warning, ...]]:
+    """Give the dims the genai_config.json beside the model states and the note that says so: the head size
+    (model.decoder.head_size) of the dims found only on the last axis of the past cache inputs (the model builder's
+    kv_cache_dim of past_key_values.N.key [batch, kv heads, past, head size]); none where there is no such file."""
+    config = genai_config(model_path)
+    model = config.get("model") if config is not None else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    head_size = decoder.get("head_size") if isinstance(decoder, dict) else None
+    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
+        return {}, ()
+    places: dict[str, set[bool]] = {}
+    for d in free:
+        places.setdefault(d.name, set()).add(is_past_cache_name(d.input) and d.axis == 3)
+    heads = sorted(name for name, found in places.items() if found == {True})
+    if not heads:
+        return {}, ()
+    named = ", ".join(f"{name}={head_size}" for name in heads)
+    return dict.fromkeys(heads, head_size), (Warning("genai-config-dim", f"{named}: the head size of the KV cache "
+                                                     f"inputs, from {GENAI_CONFIG} beside the model "
+                                                     "(model.decoder.head_size); --dim overrides it"),)
