@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import io
 import json
 import os
@@ -105,10 +106,32 @@ def _transformers() -> Any:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         import torch  # noqa: F401
+    except ImportError:
+        raise require_extra("transformers", "hf", "--hf (a model from its config)") from None
+    if "transformers" not in sys.modules:
+        _without_a_broken_torchvision()
+    try:
         import transformers
     except ImportError:
         raise require_extra("transformers", "hf", "--hf (a model from its config)") from None
     return transformers
+
+
+def _without_a_broken_torchvision() -> None:
+    """Where torchvision is installed but does not load with this torch (a wheel built for another version: its
+    operators fail to register), import transformers without it: transformers imports it for its image utilities
+    only, which no model built here needs (the detection models that import it in their modeling code then fail with
+    its name). Left as it is where it loads or is absent."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 (a broken build raises RuntimeError, ImportError, OSError, ...)
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None  # type: ignore[assignment]  # (find_spec and import both see it absent)
 
 
 def _config_data(path: Path) -> dict[str, Any]:
@@ -134,6 +157,10 @@ def load_config(config: str | os.PathLike[str]) -> Any:
         return tf.AutoConfig.for_model(**data)
     except (ValueError, KeyError, TypeError) as error:
         raise ModelFileError(f"{path}: transformers {tf.__version__} does not take this config ({error})") from None
+    except ImportError as error:  # transformers' lazy import of the config class failed: say why
+        cause = error.__cause__ or error
+        raise OnnxMemError(f"{path}: transformers {tf.__version__} could not import the config class of model_type "
+                           f"'{data.get('model_type')}' ({type(cause).__name__}: {one_line(str(cause))})") from None
 
 
 def model_class(config: Any, task: str | None = None) -> tuple[str, str]:

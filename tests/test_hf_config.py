@@ -327,3 +327,21 @@ def test_with_the_cache_off_nothing_is_kept(config: Path, tmp_path: Path, monkey
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert hf.cached_export(config, training=True) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_torchvision_that_does_not_load_does_not_stop_an_export(config: Path, tmp_path: Path) -> None:
+    # a torchvision wheel built for another torch fails while it registers its operators; transformers imports it
+    # for its image utilities: onnxmem imports transformers without it (a process of its own: no shim there)
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "torchvision"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken.parent), os.environ.get("PYTHONPATH", "")]),
+                   "ONNXMEM_HF_CACHE": "off"}
+    done = subprocess.run([sys.executable, "-m", "onnxmem", "report", "--hf", str(config), "--dim", "batch=1",
+                           "--dim", "seq=16", "--format", "json"], capture_output=True, text=True, env=environment,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["inference"]["weights_bytes"] > 0
