@@ -54,6 +54,9 @@ def after(function, label):
         mark(label)
         return result
     return run
+# (the stages are marked in this process: the export runs here, where the CLI forks it, frontends/child.py; the
+# peak RSS is then the export's and the analysis's in one process, as before the fork)
+hf.in_child = lambda function, *args, **kwargs: function(*args, **kwargs)
 hf.load_config = after(hf.load_config, "imports (torch, transformers)")
 hf.build = after(hf.build, "build")
 hf._finish = after(hf._finish, "finish")

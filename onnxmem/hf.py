@@ -22,6 +22,7 @@ import gc
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxmem.errors import ModelFileError, OnnxMemError, one_line, require_extra
+from onnxmem.frontends.child import in_child
 from onnxmem.ir.load import read_small_text
 
 CONFIG_FILE = "config.json"
@@ -132,6 +134,8 @@ def _without_a_broken_torchvision() -> None:
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
         sys.modules["torchvision"] = None  # type: ignore[assignment]  # (find_spec and import both see it absent)
+        # (the exporter's registry then says, in a warning per operator, that it skips torchvision's)
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 
 def _config_data(path: Path) -> dict[str, Any]:
@@ -564,8 +568,8 @@ def exported(config: str | os.PathLike[str], *, training: bool = False, task: st
         return
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
-        made = export_config(path, Path(folder) / f"{path.parent.name or 'model'}.onnx", training=training,
-                             task=task, lora=lora)
+        made = in_child(export_config, path, Path(folder) / f"{path.parent.name or 'model'}.onnx",
+                        training=training, task=task, lora=lora)
         say(f"{path}: exported in {time.perf_counter() - start:.1f} s (not cached)")
         yield made
 
@@ -595,11 +599,7 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
     start = time.perf_counter()
 
     def make(staging: Path) -> tuple[Path, dict[str, Any]]:
-        loaded = load_config(path)
-        name, _ = model_class(loaded, task)
-        suffix = "-training" if training else "-decode" if task == DECODE_TASK else ""
-        done = export_config(path, staging / f"{name}{suffix}.onnx", training=training,
-                             task=task, lora=lora)
+        done = in_child(_export_named, path, staging, training, task, lora)
         fields = {f.name: getattr(done, f.name) for f in dataclasses.fields(done) if f.name != "path"}
         return done.path, {**fields, "dims": list(done.dims)}
 
@@ -608,6 +608,13 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
     if made is not None:
         say(f"{path}: exported in {time.perf_counter() - start:.1f} s, kept in the cache ({made.path.parent})")
     return made
+
+
+def _export_named(path: Path, folder: Path, training: bool, task: str | None, lora: int | None) -> HfModel:
+    """Give export_config's export into `folder`, the file named by the model class (and the task)."""
+    name, _ = model_class(load_config(path), task)
+    suffix = "-training" if training else "-decode" if task == DECODE_TASK else ""
+    return export_config(path, folder / f"{name}{suffix}.onnx", training=training, task=task, lora=lora)
 
 
 def _hf_model(path: Path, made: Mapping[str, Any]) -> HfModel | None:
