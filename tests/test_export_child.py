@@ -58,3 +58,17 @@ def test_where_the_heavy_modules_are_here_it_runs_here(monkeypatch: pytest.Monke
     monkeypatch.setattr(child, "_HEAVY", ("os",))
     pid, _ = child.in_child(_pid_and, 1)
     assert pid == os.getpid()
+
+
+def test_where_other_threads_run_it_runs_here() -> None:
+    import threading
+
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        pid, _ = child.in_child(_pid_and, 1)
+    finally:
+        release.set()
+        worker.join()
+    assert pid == os.getpid()

@@ -8,6 +8,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,9 +22,10 @@ _HEAVY = ("torch", "transformers")
 
 def in_child(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Give function(*args, **kwargs) run in a forked child, its result (or the OnnxMemError it raised) sent back
-    pickled; run here where there is no fork (Windows) or torch or transformers is imported already. A child that
-    ends without an answer (killed: out of memory) is an OnnxMemError that says so; an interrupt ends the child."""
-    if not hasattr(os, "fork") or any(name in sys.modules for name in _HEAVY):
+    pickled; run here where there is no fork (Windows), where torch or transformers is imported already, or where
+    other threads run (a lock one of them holds would stay held in the child). A child that ends without an answer
+    (killed: out of memory) is an OnnxMemError that says so; an interrupt ends the child."""
+    if not hasattr(os, "fork") or any(name in sys.modules for name in _HEAVY) or threading.active_count() > 1:
         return function(*args, **kwargs)
     read, write = os.pipe()
     sys.stdout.flush()
