@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 
+import numpy
 import onnx
 from google.protobuf.message import Message
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto
@@ -425,10 +426,11 @@ def _infer(model: ModelProto, free: list[InputDim], bound: Mapping[str, int],
     if data_prop and _has_unknown_outputs(inferred.graph):
         # shape values ONNX's data propagation does not carry (see _shape_values), computed and given back; the
         # shape rules again after each round, as a fused operator may read what a shape value sized
+        decoded: dict[str, numpy.ndarray | None] = {}  # (the initializers' arrays, read once over the rounds)
         for _ in range(_REST_ROUNDS):
             initializers = {t.name: t for t in light.graph.initializer}
-            folded = _shape_values(list(light.graph.node), initializers, types)
-            fresh = [t for name, t in folded.items() if name not in initializers]
+            fresh = list(_shape_values(list(light.graph.node), initializers, types, given=False,
+                                       decoded=decoded).values())
             if not fresh:
                 break  # (the rules ran on what the last round learned, below)
             light.graph.initializer.extend(fresh)

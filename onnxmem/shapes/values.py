@@ -15,23 +15,36 @@ from onnxmem.ir.tensor_types import UNKNOWN_TYPE, Dim, TensorType
 
 
 def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, TensorProto],
-                  known: Mapping[str, TensorType]) -> dict[str, TensorProto]:
+                  known: Mapping[str, TensorType], *, given: bool = True,
+                  decoded: dict[str, numpy.ndarray | None] | None = None) -> dict[str, TensorProto]:
     """Give the values of the small integer tensors these nodes compute from constants and from the sizes of
-    tensors whose shapes are `known` (Shape of a known tensor, then Gather, Concat, Mul, ...), as initializers.
+    tensors whose shapes are `known` (Shape of a known tensor, then Gather, Concat, Mul, ...), as initializers;
+    with given=False, only those that are not `initializers` already. `decoded`: the initializers' arrays read by
+    an earlier call on the same initializers (kept there for the next).
 
     ONNX's data propagation carries such values to Reshape and Expand but not to Slice's bounds, and not through
     Reshape or Identity (the dynamo exporter writes a symbolic size as Reshape(size, [-1]) and slices an RNN's
     weights by it); computing them here sizes what they shape.
     """
     values: dict[str, numpy.ndarray] = {}
+    if decoded is None:
+        decoded = {}  # initializers read (a layer's constants are read by every layer)
 
     def value(name: str) -> numpy.ndarray | None:
         if name in values:
             return values[name]
+        if name in decoded:
+            return decoded[name]
         tensor = initializers.get(name)
-        if tensor is None or tensor.data_type not in _VALUE_TYPES or not _is_shape_constant(tensor):
-            return None  # sized from its header before any data is decoded
-        return onnx.numpy_helper.to_array(tensor)
+        if tensor is None:
+            return None  # (not cached: a later call may have it)
+        if tensor.data_type not in _VALUE_TYPES or not _is_shape_constant(tensor):
+            array = None  # sized from its header before any data is decoded
+        else:
+            array = onnx.numpy_helper.to_array(tensor)
+            array.flags.writeable = False  # (shared by every reader: no rule writes into its arguments)
+        decoded[name] = array
+        return array
 
     for node in nodes:
         if node.op_type == "Split" and node.domain in ("", "ai.onnx") and node.input and node.input[0] in values:
@@ -44,7 +57,6 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             if constant is not None and constant.data_type in _VALUE_TYPES:
                 values[node.output[0]] = onnx.numpy_helper.to_array(constant)
             continue  # (a larger one is no shape value: unknown here, as a large initializer is; never decoded)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type in ("Shape", "Size"):
             computed = values.get(node.input[0])  # a shape value's own shape, else the tensor's known one
             shape = computed.shape if computed is not None else known.get(node.input[0], UNKNOWN_TYPE)[1]
@@ -53,6 +65,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             if node.op_type == "Size":
                 values[node.output[0]] = numpy.array(math.prod(shape), dtype=numpy.int64)
                 continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             start, end = attrs.get("start", 0), attrs.get("end", len(shape))
             values[node.output[0]] = numpy.array(shape[start:end] if end else shape[start:0], dtype=numpy.int64)
             continue
@@ -62,6 +75,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             continue
         if node.op_type not in FLOAT_VALUE_OPS and any(x is not None and x.dtype.kind == "f" for x in arguments):
             continue  # (a float value reaches a shape only through these: a float Range or Expand is no shape)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         try:
             with numpy.errstate(all="ignore"):
                 result = compute(arguments, attrs)
@@ -72,7 +86,7 @@ def _shape_values(nodes: list[onnx.NodeProto], initializers: Mapping[str, Tensor
             values[node.output[0]] = result
     # (a float value is a step of the arithmetic, never a shape: only the integers are given back)
     return {name: onnx.numpy_helper.from_array(array, name) for name, array in values.items()
-            if array.dtype.kind in "iub"}
+            if array.dtype.kind in "iub" and (given or name not in initializers)}
 
 
 Values = list["numpy.ndarray | None"]
