@@ -169,3 +169,18 @@ def test_the_latest_row_of_a_key_by_its_time_wins_whichever_file_holds_it() -> N
     assert score.latest_by_key([later, earlier])["fit/m/answer"]["max_value"] == 1328
     failed = {"key": "fit/m/answer", "time": "2026-11-27T06:00:00Z", "error": "boom"}
     assert score.latest_by_key([later, failed, earlier])["fit/m/answer"]["max_value"] == 1328
+
+
+def test_the_elementwise_rows_are_predicted_without_a_copy_on_cuda() -> None:
+    full32, full16, scale = 4096 * 4096 * 4, 4096 * 4096 * 2, 4096 * 4
+    sizes = {"rows": 4096, "width": 4096}
+    predict = score_singleops.elementwise_prediction
+    # x's gradient and the scale's product, then the product summed (fp32)
+    assert predict({"config": {"op": "mul_broadcast", "dtype": "fp32", "order": "xs"}, "sizes": sizes}) == \
+        2 * full32 + scale
+    # bf16 x: its fp32 gradient and the product, then its cast (no fp32 copy of x for the product on CUDA)
+    assert predict({"config": {"op": "mul_broadcast", "dtype": "bf16", "order": "xs"}, "sizes": sizes}) == \
+        2 * full32 + full16
+    assert predict({"config": {"op": "sub_broadcast", "dtype": "bf16", "order": "xs"}, "sizes": sizes}) == \
+        full32 + full16 + scale
+    assert predict({"config": {"op": "mul_broadcast", "dtype": "bf16"}, "sizes": {}}) is None

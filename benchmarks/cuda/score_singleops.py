@@ -322,9 +322,34 @@ def prediction_lines(rows: list[dict[str, Any]]) -> list[list[Any]]:
                     continue
                 measured = backward["peak_allocated_above"] - int(run.get("grad_bytes") or 0)
                 lines.append([group, _tail(row), label, "backward", measured, predicted])
+        elif group == "lm" and (row.get("config") or {}).get("op") in ("mul_broadcast", "sub_broadcast"):
+            run = runs.get("first") or {}
+            backward = run.get("backward")
+            if run.get("allowed") and isinstance(backward, dict):
+                lines.append([group, _tail(row), "first", "backward", backward["peak_allocated_above"],
+                              elementwise_prediction(row)])
     for line in lines:
         line.append(_verdict(line[5], line[4]))
     return lines
+
+
+def elementwise_prediction(row: dict[str, Any]) -> int | None:
+    """Give onnxmem's backward peak of an elementwise op over a broadcast fp32 scale on CUDA (training/elementwise.py,
+    no copy of the 16-bit operand): the bytes besides the output's gradient, the final gradients included."""
+    from onnxmem.training.elementwise import elementwise_backward
+    from onnxmem.training.values import StepNode, StepValue
+
+    config, sizes = row.get("config") or {}, row.get("sizes") or {}
+    rows, width = sizes.get("rows"), sizes.get("width")
+    if not isinstance(rows, int) or not isinstance(width, int):
+        return None
+    element = 2 if config.get("dtype") in ("bf16", "fp16") else 4
+    x = StepValue("x", (rows, width), rows * width, rows * width * element, True, "activation")
+    scale = StepValue("scale", (width,), width, width * 4, True, "weight")
+    out = StepValue("y", (rows, width), rows * width, rows * width * 4, True, "activation")
+    op = "Mul" if config.get("op") == "mul_broadcast" else "Sub"
+    node = StepNode(op, "", "op", "", (1, 0) if config.get("order") == "sx" else (0, 1), (2,), 0)
+    return elementwise_backward(node, [x, scale, out], [True, True, False], False)
 
 
 def prediction_summary(lines: list[list[Any]]) -> list[list[Any]]:

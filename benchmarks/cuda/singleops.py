@@ -102,6 +102,17 @@ LM_OPS: tuple[dict[str, Any], ...] = (
     {"op": "embedding", "dtype": "bf16", "rows": 4096, "hidden": 768},
     {"op": "dropout", "dtype": "fp32", "rows": 4096, "width": 4096, "p": 0.1},
     {"op": "dropout", "dtype": "bf16", "rows": 4096, "width": 4096, "p": 0.1},
+    # an elementwise op over a broadcast fp32 scale (an RMSNorm's weight, a layer scale): each input's gradient at
+    # the output's size and dtype, then summed and cast (onnxmem/training/elementwise.py; CPU copies a bf16 x for
+    # the product, CUDA is taken to cast as it reads: these rows say); s * x makes x's gradient first
+    {"op": "mul_broadcast", "dtype": "fp32", "rows": 4096, "width": 4096, "order": "xs"},
+    {"op": "mul_broadcast", "dtype": "bf16", "rows": 4096, "width": 4096, "order": "xs"},
+    {"op": "mul_broadcast", "dtype": "bf16", "rows": 4096, "width": 4096, "order": "sx"},
+    {"op": "sub_broadcast", "dtype": "bf16", "rows": 4096, "width": 4096, "order": "xs"},
+    # attention's output as transformers writes it: SDPA, transpose(1, 2).contiguous() (aten.clone in the export:
+    # a copy or not, targets/torch/cuda/device.py clone_makes_storage), view, the output projection
+    {"op": "attention_out", "dtype": "bf16", "rows": 4096, "batch": 8, "heads": 16, "seq": 512, "head_dim": 64},
+    {"op": "attention_out", "dtype": "fp32", "rows": 4096, "batch": 8, "heads": 16, "seq": 512, "head_dim": 64},
 )
 LINEAR_OPS = tuple({"op": "linear", "dtype": d, "bias": b, "rows": 4096, "in": 1024, "out": 4096}
                    for d, b in (("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True), ("fp16", True),
@@ -170,7 +181,7 @@ def key_of(group: str, config: dict[str, Any]) -> str:
     elif c["op"] == "linear":
         tail = f"{c['dtype']}-{'bias' if c['bias'] else 'nobias'}"
     else:
-        extra = f"-{c['approximate']}" if "approximate" in c else ""
+        extra = f"-{c['approximate']}" if "approximate" in c else f"-{c['order']}" if "order" in c else ""
         tail = f"{c['op']}-{c['dtype']}-n{c['rows']}{extra}"
     return f"singleop/{group}/{tail}"
 
@@ -492,6 +503,17 @@ def measure_lm(probe: Probe, config: dict[str, Any], small: bool) -> dict[str, A
     elif op == "dropout":
         inputs = {"x": randn(rows, width)}
         forward = lambda t: F.dropout(t["x"], p=c["p"], training=True)  # noqa: E731
+    elif op in ("mul_broadcast", "sub_broadcast"):
+        inputs = {"x": randn(rows, width), "scale": randn(width, kind=torch.float32)}
+        forward = {("mul_broadcast", "xs"): lambda t: t["x"] * t["scale"],
+                   ("mul_broadcast", "sx"): lambda t: t["scale"] * t["x"],
+                   ("sub_broadcast", "xs"): lambda t: t["x"] - t["scale"]}[(op, c["order"])]
+    elif op == "attention_out":
+        batch, heads, seq, head = (1, 2, 8, 4) if small else (c["batch"], c["heads"], c["seq"], c["head_dim"])
+        inputs = {"q": randn(batch, heads, seq, head), "k": randn(batch, heads, seq, head),
+                  "v": randn(batch, heads, seq, head), "weight": randn(heads * head, heads * head)}
+        forward = lambda t: F.linear(F.scaled_dot_product_attention(  # noqa: E731
+            t["q"], t["k"], t["v"]).transpose(1, 2).contiguous().view(batch, seq, heads * head), t["weight"])
     else:
         raise KeyError(op)
     run = probe.run(inputs, forward, lambda: probe.autocast(c["dtype"]))
@@ -647,7 +669,8 @@ MEASURES: dict[str, Callable[[Probe, dict[str, Any], bool], dict[str, Any]]] = {
     "sdpa": measure_sdpa, "conv2d": measure_conv, "linear": measure_linear, "adamw": measure_adamw,
     "allocator": measure_allocator,
     **{op: measure_lm for op in ("cross_entropy", "linear_cross_entropy", "softmax", "layer_norm", "rms_norm",
-                                 "gelu", "embedding", "dropout")},
+                                 "gelu", "embedding", "dropout", "mul_broadcast", "sub_broadcast",
+                                 "attention_out")},
 }
 
 
