@@ -261,7 +261,9 @@ def test_the_genai_config_gives_the_head_size_dim(tmp_path: Path) -> None:
                                        "--dim", "sequence_length=1", "--search", "past_sequence_length",
                                        "--memory", "1MiB", "--format", "json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["dims"]["kv_cache_dim"] == HEAD
+    fitted = json.loads(result.output)
+    assert fitted["dims"]["kv_cache_dim"] == HEAD
+    assert [w["code"] for w in fitted["warnings"]].count("genai-config-dim") == 1
     for bad in ({"model": {"decoder": {"head_size": "16"}}}, {"model": {"decoder": {"head_size": 0}}}, [1, 2]):
         (tmp_path / "genai_config.json").write_text(json.dumps(bad))
         with pytest.raises(DimError, match="unbound dims: kv_cache_dim"):

@@ -103,7 +103,9 @@ class ModelFamily:
         self._template: _Template | None | bool = False  # False: not built yet; None: not affine
         self._symbolic_types: Mapping[str, TensorType] | None | bool = False  # False: not inferred yet
         # (the dims the model's side files state, as the pipeline binds them, unless given)
-        self.dims = {**genai_dims(self.loaded.path, self.free_dims())[0], **self.dims}
+        implied, said = genai_dims(self.loaded.path, self.free_dims())
+        self._implied_note = said if implied.keys() - self.dims.keys() else ()
+        self.dims = {**implied, **self.dims}
 
     @property
     def affine(self) -> bool:
@@ -289,9 +291,9 @@ class ModelFamily:
         template = self._affine_template()
         if template is None or not template.plan_holds(value) or (value, False) in self._reports:
             report = self.report(value)
-            return report.model, dict(report.dims), report.warnings
+            return report.model, dict(report.dims), (*self._implied_note, *report.warnings)
         bound, _ = bind_dims(self.free_dims(), self._binding(value), self.options.get("default_dim"))
-        return model_name(self.loaded), bound, (*self.loaded.warnings, *template.warnings,
+        return model_name(self.loaded), bound, (*self._implied_note, *self.loaded.warnings, *template.warnings,
                                                 *template.size_warnings)
 
     def _sized_graph(self, template: _Template, value: int) -> ModelGraph:
