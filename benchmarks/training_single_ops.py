@@ -3,7 +3,7 @@
     python benchmarks/training_single_ops.py [--tied] [--dropout] [--gathernd] [--sdpa-heads] [--sdpa-choice]
                                              [--conv-channels-last] [--flash-fp16] [--frozen-lstm]
                                              [--gemm-conv-first-use] [--sdpa-dropout-backward] [--clone]
-                                             [--linear-bias] [--elementwise]
+                                             [--linear-bias] [--elementwise] [--adam-loop]
 
 --tied: a weight tied across two modules (an embedding and the head that reuses it, as GPT-2, Falcon and a
 hand-tied model do). What PyTorch's named_parameters lists, what the dynamo exporter names the initializer, and the
@@ -79,12 +79,18 @@ fp32 one s (a learned scale, a bias, an RMSNorm weight), given an fp32 output gr
 only gradient asked: the heap's peak above what was live before backward (malloc counter, one thread, a forked child
 per row), beside onnxmem's rule (training/elementwise.py on CPU: rules.py ELEMENTWISE_GRADIENTS,
 CPU's promoted copy). Behind ELEMENTWISE_GRADIENTS.
+
+--adam-loop: one AdamW step (for-loop, PyTorch's default on CPU) over lists of fp32 parameters with gradients set:
+the heap's peak above what the step leaves (its temporaries), beside onnxmem's rule (rules.py OPTIMIZERS: 2
+parameter-sized temporaries per update, and the previous parameter's `denom`, which the loop's variable keeps until
+the next update assigns its own). Behind OptimizerRule.held_by_loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import subprocess
 import sys
 import tempfile
@@ -700,6 +706,50 @@ def elementwise() -> None:
                       flush=True)
 
 
+ADAM_LOOP_CASES = (("one [256, 256]", ((256, 256),)), ("eight [256, 64]", ((256, 64),) * 8),
+                   ("[256, 256] then [64, 64]", ((256, 256), (64, 64))),
+                   ("[64, 64] then [256, 256]", ((64, 64), (256, 256))),
+                   ("[256, 256], [256], [256, 256]", ((256, 256), (256,), (256, 256))))
+
+
+def _adam_loop_child(shapes: tuple[tuple[int, ...], ...]) -> list[int]:
+    import ctypes
+    import gc
+
+    from benchmarks.accuracy_training import warm_up
+
+    warm_up()
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape, generator=generator)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn(*p.shape, generator=generator)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    counter = ctypes.CDLL(None)
+    counter.mc_current.restype = counter.mc_peak.restype = ctypes.c_int64
+    gc.collect()
+    counter.mc_reset_peak()
+    optimizer.step()
+    return [int(counter.mc_peak() - counter.mc_current())]
+
+
+def adam_loop() -> None:
+    from onnxmem.training.rules import OPTIMIZERS
+
+    rule = OPTIMIZERS["adamw"]
+    print(f"torch {torch.__version__}, CPU, one thread; torch.optim.AdamW (for-loop), first step: the heap's peak "
+          "above what the step leaves (its states made)\n")
+    print("| parameters | truth | onnxmem rule | difference |")
+    print("|---|---:|---:|---:|")
+    for label, shapes in ADAM_LOOP_CASES:
+        value = in_fork(_adam_loop_child, shapes)
+        if not isinstance(value, list):
+            raise RuntimeError(f"adam-loop {label}: {value}")
+        sizes = [4 * math.prod(shape) for shape in shapes]
+        rule_bytes = max(rule.transient_for_loop * size + (rule.held_by_loop * sizes[i - 1] if i else 0)
+                         for i, size in enumerate(sizes))
+        print(f"| {label} | {value[0]:,} | {rule_bytes:,} | {rule_bytes - value[0]:+,} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tied", action="store_true")
@@ -716,6 +766,7 @@ def main() -> None:
     parser.add_argument("--clone", action="store_true")
     parser.add_argument("--linear-bias", action="store_true")
     parser.add_argument("--elementwise", action="store_true")
+    parser.add_argument("--adam-loop", action="store_true")
     parser.add_argument("--sdpa-dropout-backward", action="store_true")
     parser.add_argument("--sdpa-dropout-backward-one", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gemm-conv-first-use-one", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -741,6 +792,12 @@ def main() -> None:
         return
     if args.clone:
         clone()
+        return
+    if args.adam_loop:
+        from benchmarks.accuracy_training import under_malloc_counter
+
+        under_malloc_counter()
+        adam_loop()
         return
     if args.elementwise:
         from benchmarks.accuracy_training import under_malloc_counter

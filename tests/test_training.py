@@ -102,6 +102,20 @@ def test_adamw_first_step_creates_states_and_its_update_holds_two_temporaries() 
     assert cuda is not None and cuda.peak_bytes == t.peak_bytes - 2 * W + (W + B) - 5 * NODE - LINEAR_MKL
 
 
+def test_the_for_loop_keeps_the_previous_parameters_denom_through_the_next_update() -> None:
+    # mlp(): W1 [256, 512] then W2 [512, 128], each 2 x its size at its update; at W2's, Adam's `denom` of W1 is
+    # still the loop's variable (benchmarks/training_single_ops.py --adam-loop): + W1 there, not at W1's own
+    t = train(mlp(), optimizer="adamw", device="cpu").training
+    assert t is not None and t.timeline is not None
+    live = dict(zip(t.timeline.events, t.timeline.first_live_bytes, strict=False))
+    w1, w2 = 256 * 512 * 4, 512 * 128 * 4
+    assert live["update W2"] - live["update W1"] == 2 * w2 + w1 - 2 * w1
+    sgd = train(mlp(), optimizer="sgd", device="cpu").training  # (no denom: SGD keeps nothing)
+    assert sgd is not None and sgd.timeline is not None
+    plain = dict(zip(sgd.timeline.events, sgd.timeline.first_live_bytes, strict=False))
+    assert plain["update W2"] == plain["update W1"]
+
+
 @pytest.mark.parametrize(
     ("optimizer", "state_bytes"),
     [

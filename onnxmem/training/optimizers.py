@@ -30,6 +30,10 @@ def optimizer_buffers(model: StepModel, options: TrainingOptions, rule: Optimize
         for i, p in enumerate(params):
             buffers.add(f"{values[p].name} (update temporaries)", "temporaries",
                         transient_factor * values[p].nbytes, opt_events[i], opt_events[i])
+            if rule.held_by_loop and i:  # the previous parameter's, kept by the loop's variable through this one
+                previous = params[i - 1]
+                buffers.add(f"{values[previous].name} (update temporaries, held)", "temporaries",
+                            rule.held_by_loop * values[previous].nbytes, opt_events[i], opt_events[i])
     else:
         buffers.add("update temporaries", "temporaries", transient_factor * model.param_bytes, opt_events[0],
                     opt_events[0])
