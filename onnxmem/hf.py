@@ -159,12 +159,23 @@ def load_config(config: str | os.PathLike[str]) -> Any:
     data = _config_data(path)
     try:
         return tf.AutoConfig.for_model(**data)
-    except (ValueError, KeyError, TypeError) as error:
-        raise ModelFileError(f"{path}: transformers {tf.__version__} does not take this config ({error})") from None
     except ImportError as error:  # transformers' lazy import of the config class failed: say why
         cause = error.__cause__ or error
         raise OnnxMemError(f"{path}: transformers {tf.__version__} could not import the config class of model_type "
                            f"'{data.get('model_type')}' ({type(cause).__name__}: {one_line(str(cause))})") from None
+    except Exception as error:  # noqa: BLE001 (transformers' and huggingface_hub's validation errors alike)
+        raise ModelFileError(f"{path}: transformers {tf.__version__} does not take this config "
+                             f"({_config_error(error)})") from None
+
+
+def _config_error(error: Exception) -> str:
+    """Give what transformers said of a config it refused, in one line: the known model types it lists after an
+    unknown one left out (a few thousand characters)."""
+    text = " ".join(str(error).split())
+    unknown = text.find(". Should contain one of")
+    if unknown >= 0:
+        text = f"{text[:unknown]}: not a model type of this transformers (its AutoConfig's CONFIG_MAPPING)"
+    return one_line(text, 300)
 
 
 def model_class(config: Any, task: str | None = None) -> tuple[str, str]:

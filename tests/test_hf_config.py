@@ -168,6 +168,15 @@ def test_a_config_transformers_does_not_know_is_one_line(tmp_path: Path) -> None
     code, _, err = run("report", "--hf", str(tmp_path))
     assert code == 2
     assert err.count("\n") == 1 and "does not take this config" in err
+    assert "not a model type of this transformers" in err and len(err) < 400  # (not its list of every type)
+
+
+def test_a_config_transformers_refuses_is_one_line_not_an_internal_error(tmp_path: Path) -> None:
+    # huggingface_hub's strict-dataclass validation raises its own exception type (not a ValueError)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "hidden_size": 70, "num_attention_heads": 3}))
+    code, _, err = run("report", "--hf", str(tmp_path), "--dim", "batch=1", "--dim", "seq=8")
+    assert code == 2, err
+    assert err.count("\n") == 1 and "does not take this config" in err and "internal error" not in err
 
 
 @pytest.mark.parametrize("attack", ["deep nesting", "over 16 MiB", "not utf-8"])
