@@ -40,6 +40,10 @@ from onnxmem.ir.load import read_small_text
 
 CONFIG_FILE = "config.json"
 CONFIG_LIMIT = 16 << 20  # a transformers config is a few KiB: more is no config
+# The most layers a stack of a config may have: the model is built with every layer before two are traced (about
+# 4 ms a layer on the meta device), and the largest published decoders have under 200
+LAYERS_LIMIT = 4096
+_LAYER_COUNT = re.compile(r"(^|_)(n_layers?|num_(hidden_)?layers|(encoder|decoder)_layers|num_layers)$")
 # The task of an architecture, by the end of its class name (config.architectures[0]); the first that ends it.
 ARCHITECTURE_TASKS = (
     ("ForCausalLM", "causal-lm"),
@@ -149,6 +153,12 @@ def _config_data(path: Path) -> dict[str, Any]:
         raise ModelFileError(f"{path}: not a JSON config ({one_line(str(error) or type(error).__name__)})") from None
     if not isinstance(data, dict) or not data.get("model_type"):
         raise ModelFileError(f"{path}: no model_type: not a transformers config")
+    for owner in (data, *(v for v in data.values() if isinstance(v, dict))):  # (a composite's sub-configs too)
+        for key, value in owner.items():
+            if isinstance(key, str) and _LAYER_COUNT.search(key) and isinstance(value, int) and \
+                    not isinstance(value, bool) and value > LAYERS_LIMIT:
+                raise ModelFileError(f"{path}: {key} {value:,}: more layers than onnxmem builds (at most "
+                                     f"{LAYERS_LIMIT:,}; published models have under 200)")
     return data
 
 

@@ -354,3 +354,12 @@ def test_a_torchvision_that_does_not_load_does_not_stop_an_export(config: Path, 
                           timeout=600)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["inference"]["weights_bytes"] > 0
+
+
+@pytest.mark.parametrize("layers", [{"num_hidden_layers": 100_000_000}, {"text_config": {"num_layers": 5000}}])
+def test_a_config_of_more_layers_than_onnxmem_builds_is_refused_at_once(tmp_path: Path,
+                                                                         layers: dict[str, Any]) -> None:
+    # (the model is built whole on the meta device before two layers are traced: 10^8 layers took hours)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **layers}))
+    code, _, err = run("report", "--hf", str(tmp_path), "--dim", "batch=1", "--dim", "seq=8")
+    assert code == 2 and err.count("\n") == 1 and "more layers than onnxmem builds (at most 4,096" in err
