@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -13,16 +14,17 @@ from onnxmem.frontends import child
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here: the export runs in the process")
 
 
-@pytest.fixture(autouse=True)
-def _fork_even_with_torch_imported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(child, "_HEAVY", ("a module no test imports",))
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (this process has imported torch, and other tests may have left threads running: fork anyway)
+    monkeypatch.setattr(child, "_can_fork", lambda: True)
 
 
 def _pid_and(value: int) -> tuple[int, int]:
     return os.getpid(), value * 2
 
 
-def test_the_answer_comes_back_from_another_process() -> None:
+def test_the_answer_comes_back_from_another_process(forking: None) -> None:
     pid, doubled = child.in_child(_pid_and, 21)
     assert doubled == 42 and pid != os.getpid()
 
@@ -31,44 +33,46 @@ def _raise_dim_error() -> None:
     raise DimError("unbound dims: seq")
 
 
-def test_an_onnxmem_error_is_raised_here_as_it_was_there() -> None:
+def test_an_onnxmem_error_is_raised_here_as_it_was_there(forking: None) -> None:
     with pytest.raises(DimError, match="unbound dims: seq"):
         child.in_child(_raise_dim_error)
 
 
-def _killed() -> None:
+def _killed(parent: int) -> None:
+    if os.getpid() == parent:
+        raise AssertionError("not in a child: nothing killed")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_child_killed_without_an_answer_is_a_one_line_error() -> None:
+def test_a_child_killed_without_an_answer_is_a_one_line_error(forking: None) -> None:
     with pytest.raises(OnnxMemError, match="ended without an answer .killed by signal 9"):
-        child.in_child(_killed)
+        child.in_child(_killed, os.getpid())
 
 
 def _bug() -> None:
     raise KeyError("a bug")
 
 
-def test_another_exception_is_an_internal_error_here() -> None:
+def test_another_exception_is_an_internal_error_here(forking: None) -> None:
     with pytest.raises(RuntimeError, match="the export failed: KeyError"):
         child.in_child(_bug)
 
 
-def test_where_the_heavy_modules_are_here_it_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(child, "_HEAVY", ("os",))
+def test_it_runs_here_where_torch_is_imported_or_another_thread_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(child.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(child, "_HEAVY", ("a module no test imports",))
+    assert child._can_fork()
+    monkeypatch.setattr(child, "_HEAVY", ("os",))  # (imported: as torch would be)
+    assert not child._can_fork()
     pid, _ = child.in_child(_pid_and, 1)
     assert pid == os.getpid()
-
-
-def test_where_other_threads_run_it_runs_here() -> None:
-    import threading
-
+    monkeypatch.setattr(child, "_HEAVY", ("a module no test imports",))
+    monkeypatch.undo()
     release = threading.Event()
     worker = threading.Thread(target=release.wait)
     worker.start()
     try:
-        pid, _ = child.in_child(_pid_and, 1)
+        assert not child._can_fork()
     finally:
         release.set()
         worker.join()
-    assert pid == os.getpid()

@@ -20,12 +20,18 @@ T = TypeVar("T")
 _HEAVY = ("torch", "transformers")
 
 
+def _can_fork() -> bool:
+    """Say whether a forked child can run the export: POSIX, torch and transformers not imported here, and no other
+    Python thread running."""
+    return hasattr(os, "fork") and not any(name in sys.modules for name in _HEAVY) and threading.active_count() == 1
+
+
 def in_child(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Give function(*args, **kwargs) run in a forked child, its result (or the OnnxMemError it raised) sent back
     pickled; run here where there is no fork (Windows), where torch or transformers is imported already, or where
     other threads run (a lock one of them holds would stay held in the child). A child that ends without an answer
     (killed: out of memory) is an OnnxMemError that says so; an interrupt ends the child."""
-    if not hasattr(os, "fork") or any(name in sys.modules for name in _HEAVY) or threading.active_count() > 1:
+    if not _can_fork():
         return function(*args, **kwargs)
     read, write = os.pipe()
     sys.stdout.flush()
