@@ -314,17 +314,17 @@ def genai_dims(model_path: Path | None, free: Sequence[InputDim]) -> tuple[dict[
     """Give the dims the genai_config.json beside the model states and the note that says so: the head size
     (model.decoder.head_size) of the dims found only on the last axis of the past cache inputs (the model builder's
     kv_cache_dim of past_key_values.N.key [batch, kv heads, past, head size]); none where there is no such file."""
+    places: dict[str, set[bool]] = {}
+    for d in free:
+        places.setdefault(d.name, set()).add(is_past_cache_name(d.input) and d.axis == 3)
+    heads = sorted(name for name, found in places.items() if found == {True})
+    if not heads:  # (the file is read only where a dim could take its value: every sizing asks)
+        return {}, ()
     config = genai_config(model_path)
     model = config.get("model") if config is not None else None
     decoder = model.get("decoder") if isinstance(model, dict) else None
     head_size = decoder.get("head_size") if isinstance(decoder, dict) else None
     if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
-        return {}, ()
-    places: dict[str, set[bool]] = {}
-    for d in free:
-        places.setdefault(d.name, set()).add(is_past_cache_name(d.input) and d.axis == 3)
-    heads = sorted(name for name, found in places.items() if found == {True})
-    if not heads:
         return {}, ()
     named = ", ".join(f"{name}={head_size}" for name in heads)
     return dict.fromkeys(heads, head_size), (Warning("genai-config-dim", f"{named}: the head size of the KV cache "

@@ -621,11 +621,6 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
                 temporaries[n] = temporaries.get(n, 0) + numel * 2
     if facts.backward_temporaries:
         temporaries[n] = temporaries.get(n, 0) + facts.backward_temporaries
-    made = [t for i, t in enumerate(inputs) if t >= 0 and needs_grad[t]
-            and not (i in rule.grad_passthrough and same_tensor_type(values[t], out0))]
-    elementwise = elementwise_backward(node, values, needs_grad, device.promotes_by_copy)
-    if elementwise > sum(values[t].nbytes for t in made):
-        temporaries[n] = temporaries.get(n, 0) + elementwise - sum(values[t].nbytes for t in made)
     if facts.forward_temporaries:
         needs.forward_temporaries[n] = needs.forward_temporaries.get(n, 0) + facts.forward_temporaries
     if facts.autograd_nodes is not None:
@@ -638,6 +633,11 @@ def _backward_needs(graph: ModelGraph, n: int, node: StepNode, values: list[Step
             needs.passthrough.setdefault(n, []).append(t)
         else:
             needs.new_grads.setdefault(n, []).append(t)
+    # (the gradients the step counts at this event: what the elementwise backward holds beyond them)
+    made = sum(values[t].nbytes for t in needs.new_grads.get(n, []))
+    elementwise = elementwise_backward(node, values, needs_grad, device.promotes_by_copy)
+    if elementwise > made:
+        temporaries[n] = temporaries.get(n, 0) + elementwise - made
 
 
 def _forward_only_needs(graph: ModelGraph, n: int, node: StepNode, values: list[StepValue], needs_grad: list[bool],
