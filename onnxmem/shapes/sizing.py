@@ -20,10 +20,13 @@ from onnxmem.shapes.dims import InputDim, _evaluate_dim, bind_dims, input_dims
 from onnxmem.shapes.infer import (
     _REST_ROUNDS,
     _bounded_inference,
+    _has_unknown_outputs,
     _infer,
+    _rule_rounds,
     _shape_only_copy,
     _substitute,
     _without_initializers,
+    has_rule,
 )
 from onnxmem.shapes.values import (
     _INT_TYPES,
@@ -81,12 +84,32 @@ def _bind_inputs(model: ModelProto, dims: Mapping[str, int], default_dim: int | 
         types, unknown = evaluate_known(symbolic, bound)
         if unknown and graph is not None:
             unknown = _size_from_inputs(model, graph, symbolic, types, unknown, bound)
+            sequences = unknown & _sequences(graph)
+            if sequences:  # (a sequence has no tensor type: no inference sizes it, the whole graph's neither)
+                types.update((name, UNKNOWN_TYPE) for name in sequences)
+                unknown -= sequences
         if not unknown:
             return SizedModel(model, types, bound, tuple(warnings))
         rest = _infer_rest(model, types, unknown, bound, graph)
         if rest is not None:
             return SizedModel(model, {**types, **rest}, bound, tuple(warnings))
     return SizedModel(model, _infer(model, free, bound, warnings), bound, tuple(warnings))
+
+
+# The operators that make a sequence (no tensor type), and those that pass one on (onnxruntime's Memcpy copies).
+SEQUENCE_OPS = frozenset({"SplitToSequence", "SequenceConstruct", "SequenceInsert", "SequenceErase",
+                          "SequenceEmpty"})
+_PASSING_ON = frozenset({"Identity", "MemcpyFromHost", "MemcpyToHost"})
+
+
+def _sequences(graph: ModelGraph) -> set[str]:
+    """Give the names of the tensors of a graph that are sequences, by the operators that make them."""
+    tensors, found = graph.tensors, set[str]()
+    for op in graph.ops:  # (in node order: a copy comes after what it copies)
+        if op.op_type in SEQUENCE_OPS or op.op_type in _PASSING_ON and op.inputs and op.inputs[0] >= 0 and \
+                tensors[op.inputs[0]].name in found:
+            found.update(tensors[j].name for j in op.outputs if j >= 0)
+    return found
 
 
 def _check_counts(counts: Mapping[str, int]) -> None:
@@ -488,6 +511,8 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
     graph.input.extend(inputs)
     try:
         inferred, _ = _bounded_inference(sub, True, [])  # (the whole graph's inference warns of a long vector)
+        if any(has_rule(n) for n in sub.graph.node) and _has_unknown_outputs(inferred.graph):
+            inferred = _rule_rounds(sub, inferred, True)  # (onnxruntime's Memcpy copies: as the whole graph's)
     except Exception:  # noqa: BLE001 - the whole graph's inference will say what is wrong
         return None
     found: dict[str, TensorType] = {}
