@@ -488,8 +488,17 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
     if declared:
         graph.value_info.extend(declared)
         _substitute(graph, bound)  # the inputs below are sized already
-    entered: set[str] = set()
     type_protos: dict[TensorType, onnx.TypeProto] = {}  # layers repeat their types: make each one once
+    # what the part makes that is known already (a shape value's producers, taken in for its value) keeps its
+    # known sizes: inferred again from the part alone, a Range of a size the part does not hold would lose them
+    for name in sorted(made - unknown):
+        sized = known.get(name)
+        if sized is not None and sized[1] is not None and sized[2] is not None:
+            type_proto = type_protos.get(sized)
+            if type_proto is None:
+                type_proto = type_protos[sized] = onnx.helper.make_tensor_type_proto(sized[0], list(sized[1]))
+            graph.value_info.append(ValueInfoProto(name=name, type=type_proto))
+    entered: set[str] = set()
     inputs = []
     for i in part:
         for j in ops[i].inputs:
