@@ -36,6 +36,7 @@ from typing import Any
 
 from onnxmem.errors import ModelFileError, OnnxMemError, one_line, require_extra
 from onnxmem.frontends.child import in_child
+from onnxmem.frontends.traced import Traced
 from onnxmem.ir.load import read_small_text
 
 CONFIG_FILE = "config.json"
@@ -381,24 +382,32 @@ def export_config(config: str | os.PathLike[str], path: str | os.PathLike[str], 
         The model cannot be built without weights, or exported (the message names the model class and the fix).
     """
     _check_task(task, training)
+    traced = trace_config(config, training=training, task=task, lora=lora, repeat_layers=repeat_layers)
+    target = Path(path)
+    write_traced(traced, target)
+    return HfModel(target, traced.model_class, traced.task, traced.dims, *traced.counts)
+
+
+def trace_config(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
+                 lora: int | None = None, repeat_layers: bool = True) -> Traced:
+    """Give the export of the model a config.json describes before its layers are repeated (export_config's
+    arguments)."""
+    _check_task(task, training)
     loaded = load_config(config)
     model, name, found = build(loaded, task, lora=lora)
     parameters = sum(p.numel() for p in model.parameters())
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     lora_parameters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
-    target = Path(path)
+    counts = (parameters, parameter_bytes, lora_parameters)
     if found == DECODE_TASK:
-        axes = _export_decode(model, name, loaded, target, repeat=repeat_layers)
+        traced = _trace_decode(model, name, loaded, repeat=repeat_layers)
     else:
         inputs, per_input = _inputs(loaded, found)
-        _export(model, name, inputs, per_input, target, training=training, repeat=repeat_layers)
-        axes = list(per_input.values())
+        traced = _trace(model, name, found, inputs, per_input, training=training, repeat=repeat_layers)
         del inputs
     del model
     gc.collect()  # the exporter's graphs are cycles, and the command line runs with the collector off
-    # (the dims to bind: 'past + seq', an attention mask's, is bound with them)
-    dims = tuple(dict.fromkeys(d for per_input in axes for d in per_input.values() if "+" not in d))
-    return HfModel(target, name, found, dims, parameters, parameter_bytes, lora_parameters)
+    return dataclasses.replace(traced, counts=counts)
 
 
 def _check_task(task: str | None, training: bool) -> None:
@@ -409,8 +418,8 @@ def _check_task(task: str | None, training: bool) -> None:
                            "use task causal-lm to size training")
 
 
-def _export_decode(model: Any, name: str, config: Any, target: Path, *, repeat: bool) -> list[dict[int, str]]:
-    """Write the decode export of a causal LM at `target` (frontends/decode.py); give its inputs' symbolic axes."""
+def _trace_decode(model: Any, name: str, config: Any, *, repeat: bool) -> Traced:
+    """Give the decode export of a causal LM (frontends/decode.py), its layers not yet repeated."""
     from onnxmem.frontends import decode
     from onnxmem.frontends.layers import KEPT_LAYERS, cut_layer_stacks
 
@@ -423,12 +432,11 @@ def _export_decode(model: Any, name: str, config: Any, target: Path, *, repeat: 
     decode.with_decode_forward(model, config)
     proto = _exported_proto(model, name, inputs, dynamic, names=(input_names, output_names))
     axes = [*axes[:2], *(axes[2] for _ in range(2 * layers))]  # (every layer's cache, once repeated)
-    _finish(proto, name, target, stacks, axes, properties={}, per_layer=decode.per_layer_names())
-    return axes
+    return Traced(proto, name, DECODE_TASK, stacks, axes, {}, decode.per_layer_names(), (0, 0, 0))
 
 
-def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]], target: Path, *,
-            training: bool, repeat: bool) -> None:
+def _trace(model: Any, name: str, task: str, inputs: dict[str, Any], axes: dict[str, dict[int, str]], *,
+           training: bool, repeat: bool) -> Traced:
     import torch
 
     from onnxmem.frontends.layers import cut_layer_stacks
@@ -440,7 +448,14 @@ def _export(model: Any, name: str, inputs: dict[str, Any], axes: dict[str, dict[
     stacks = cut_layer_stacks(model) if repeat else {}
     dynamic = {key: {axis: torch.export.Dim.DYNAMIC for axis in per_input} for key, per_input in axes.items()}
     proto = _exported_proto(model, name, inputs, dynamic)
-    _finish(proto, name, target, stacks, list(axes.values()), properties=properties)
+    return Traced(proto, name, task, stacks, list(axes.values()), properties, None, (0, 0, 0))
+
+
+def write_traced(traced: Traced, target: Path) -> None:
+    """Finish an export (its layers repeated, its dims named, what onnxmem does not read dropped, its weights stored
+    outside) and write it at `target`."""
+    _finish(traced.proto, traced.model_class, target, traced.stacks, traced.axes, properties=traced.properties,
+            per_layer=traced.per_layer)
 
 
 def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: list[dict[int, str]], *,
@@ -452,7 +467,6 @@ def _finish(proto: Any, name: str, target: Path, stacks: dict[str, int], axes: l
     from onnxmem.frontends.layers import repeat_layers
     from onnxmem.torch import name_dims
 
-    _drop_unread_metadata(proto.graph)  # (first: the copies of the layers never carry it)
     if stacks and not repeat_layers(proto, stacks, per_layer):
         raise OnnxMemError(f"{name}: its layers' exports differ although their modules are alike: size it with "
                            "repeat_layers=False (every layer traced)")
@@ -493,7 +507,9 @@ def _exported_proto(model: Any, name: str, inputs: dict[str, Any], dynamic: dict
             continue  # a constant the exporter made, with its data: kept in the file
         value.const_value = ir.ExternalTensor("", 0, raw.numel() * raw.element_size(), tensor.dtype,
                                               shape=ir.Shape(raw.shape), name=value.name or "")
-    return ir.serde.serialize_model(program.model)
+    proto = ir.serde.serialize_model(program.model)
+    _drop_unread_metadata(proto.graph)  # (before the layers are repeated: their copies never carry it)
+    return proto
 
 
 # Node metadata the exporter writes that onnxmem never reads (the module scope is read from `namespace`, the ATen
@@ -576,14 +592,36 @@ def _stderr_line(line: str) -> None:
 
 @contextlib.contextmanager
 def exported(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
-             lora: int | None = None, progress: Callable[[str], None] | None = _stderr_line) -> Iterator[HfModel]:
+             lora: int | None = None, progress: Callable[[str], None] | None = _stderr_line,
+             templates: bool | None = None) -> Iterator[HfModel]:
     """Give the export of a config (export_config): from the per-user cache where an earlier command made it
-    (frontends/hfcache.py), else made there; with the cache off (ONNXMEM_HF_CACHE=off) or unwritable, made in a
-    temporary folder removed when the block ends. `progress` is told, in one line, where the export came from
-    (default: a line on stderr; None: nothing)."""
+    (frontends/hfcache.py), else from a shipped graph template of its family where one applies
+    (frontends/templates.py: no torch, in a second or two; `templates` False, or ONNXMEM_HF_TEMPLATES=off, never),
+    else made in the cache; with the cache off (ONNXMEM_HF_CACHE=off) or unwritable, made in a temporary folder
+    removed when the block ends. `progress` is told, in one line, where the export came from (default: a line on
+    stderr; None: nothing)."""
     say = progress or (lambda line: None)
     path = config_path(config)
-    made = cached_export(path, training=training, task=task, lora=lora, progress=say)
+    made = cached_export(path, training=training, task=task, lora=lora, progress=say, missing=False)
+    if made is None:
+        from onnxmem.frontends import templates as graph_templates
+
+        _check_task(task, training)
+        found = graph_templates.find_template(_config_data(path), training=training, task=task, lora=lora) \
+            if (graph_templates.enabled() if templates is None else templates) else None
+        if found is not None:
+            start = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
+                made = _from_template(found, Path(folder), training, task, say)
+                if made is not None:
+                    say(f"{path}: from {found[0].label} in {time.perf_counter() - start:.1f} s")
+                    yield made
+                    return
+        elif lora is None and (graph_templates.enabled() if templates is None else templates):
+            reason = graph_templates.refusal(_config_data(path), training=training, task=task)
+            if reason is not None:
+                say(f"{path}: {reason}; exporting")
+        made = cached_export(path, training=training, task=task, lora=lora, progress=say)
     if made is not None:
         yield made
         return
@@ -595,11 +633,29 @@ def exported(config: str | os.PathLike[str], *, training: bool = False, task: st
         yield made
 
 
+def _from_template(found: Any, folder: Path, training: bool, task: str | None,
+                   say: Callable[[str], None]) -> HfModel | None:
+    """Give the export a template makes (frontends/templates.py) in `folder`; None, said, where its files do not
+    read back (the config is then exported)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        traced = found[0].instantiate(found[1])
+        target = folder / f"{traced.model_class}{_suffix(training, task)}.onnx"
+        write_traced(traced, target)
+    except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, DecodeError) as error:
+        say(f"{found[0].path.name}: not a whole template ({type(error).__name__}: {one_line(str(error), 120)}); "
+            "exporting instead")
+        return None
+    return HfModel(target, traced.model_class, traced.task, traced.dims, *traced.counts)
+
+
 def cached_export(config: str | os.PathLike[str], *, training: bool = False, task: str | None = None,
-                  lora: int | None = None, progress: Callable[[str], None] | None = None) -> HfModel | None:
+                  lora: int | None = None, progress: Callable[[str], None] | None = None,
+                  missing: bool = True) -> HfModel | None:
     """Give the export of a config kept in the per-user cache (frontends/hfcache.py), made and kept there on a
-    miss; None where the cache is off or cannot be written. An entry that does not read back whole is made again.
-    `progress` is told whether the export came from the cache."""
+    miss (`missing` False: None on a miss); None where the cache is off or cannot be written. An entry that does not
+    read back whole is made again. `progress` is told whether the export came from the cache."""
     from onnxmem.frontends import hfcache
 
     say = progress or (lambda line: None)
@@ -614,6 +670,8 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
     if made is not None:
         say(f"{path}: the export from the cache ({made.path.parent})")
         return made
+    if not missing:
+        return None
     if hit is not None:
         with contextlib.suppress(OSError):
             hfcache.remove_entry(folder, key)  # (it read back, but not as an export: made again)
@@ -634,8 +692,12 @@ def cached_export(config: str | os.PathLike[str], *, training: bool = False, tas
 def _export_named(path: Path, folder: Path, training: bool, task: str | None, lora: int | None) -> HfModel:
     """Give export_config's export into `folder`, the file named by the model class (and the task)."""
     name, _ = model_class(load_config(path), task)
-    suffix = "-training" if training else "-decode" if task == DECODE_TASK else ""
-    return export_config(path, folder / f"{name}{suffix}.onnx", training=training, task=task, lora=lora)
+    return export_config(path, folder / f"{name}{_suffix(training, task)}.onnx", training=training, task=task,
+                         lora=lora)
+
+
+def _suffix(training: bool, task: str | None) -> str:
+    return "-training" if training else "-decode" if task == DECODE_TASK else ""
 
 
 def _hf_model(path: Path, made: Mapping[str, Any]) -> HfModel | None:
@@ -650,31 +712,32 @@ def _hf_model(path: Path, made: Mapping[str, Any]) -> HfModel | None:
 
 
 def analyze(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None, *, task: str | None = None,
-            lora: int | None = None, **options: Any) -> Any:
+            lora: int | None = None, templates: bool | None = None, **options: Any) -> Any:
     """Give the memory report of the model a config.json describes (onnxmem.analyze's, with its options); a
-    training estimate (training=TrainingOptions(...)) reads the train-mode export."""
+    training estimate (training=TrainingOptions(...)) reads the train-mode export. `templates`: exported()'s."""
     from onnxmem.passes.pipeline import analyze as analyze_file
 
     with exported(config, training=options.get("training") is not None, task=task, lora=lora,
-                  progress=None) as made:
+                  progress=None, templates=templates) as made:
         return analyze_file(made.path, dims, **options)
 
 
-def fit(config: str | os.PathLike[str], *, task: str | None = None, lora: int | None = None, **options: Any) -> Any:
+def fit(config: str | os.PathLike[str], *, task: str | None = None, lora: int | None = None,
+        templates: bool | None = None, **options: Any) -> Any:
     """Give onnxmem.fit's answer (the largest batch, or `search`, that fits) for the model a config.json
     describes."""
     from onnxmem.plan.fit import fit as fit_file
 
     with exported(config, training=options.get("training") is not None, task=task, lora=lora,
-                  progress=None) as made:
+                  progress=None, templates=templates) as made:
         return fit_file(made.path, **options)
 
 
 def check(config: str | os.PathLike[str], dims: Mapping[str, int] | None = None, *, task: str | None = None,
-          lora: int | None = None, **options: Any) -> Any:
+          lora: int | None = None, templates: bool | None = None, **options: Any) -> Any:
     """Give onnxmem.check's verdict (does it fit the budget at these dims) for the model a config.json describes."""
     from onnxmem.plan.fit import check as check_file
 
     with exported(config, training=options.get("training") is not None, task=task, lora=lora,
-                  progress=None) as made:
+                  progress=None, templates=templates) as made:
         return check_file(made.path, dims, **options)

@@ -24,6 +24,7 @@ import onnx  # noqa: E402
 import onnxmem  # noqa: E402
 import onnxmem.hf as hf  # noqa: E402
 from onnxmem.frontends import hfcache  # noqa: E402
+from onnxmem.frontends.templates import TEMPLATES_ENV  # noqa: E402
 from onnxmem.training.step import TrainingOptions  # noqa: E402
 
 from .cli import run  # noqa: E402
@@ -39,6 +40,8 @@ def _export_cache(tmp_path_factory: Any) -> Any:
     with pytest.MonkeyPatch.context() as patch:
         folder = tmp_path_factory.mktemp("hf-cache")
         patch.setenv(hfcache.CACHE_ENV, str(folder))
+        patch.setenv(TEMPLATES_ENV, "off")  # (the export itself is tested here; tests/test_hf_templates.py
+        # tests the templates)
         yield folder
 
 

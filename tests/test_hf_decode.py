@@ -25,6 +25,7 @@ import onnxmem  # noqa: E402
 import onnxmem.hf as hf  # noqa: E402
 from onnxmem.errors import OnnxMemError  # noqa: E402
 from onnxmem.frontends import hfcache  # noqa: E402
+from onnxmem.frontends.templates import TEMPLATES_ENV  # noqa: E402
 
 from .cli import run  # noqa: E402
 
@@ -42,6 +43,8 @@ MHA = {**GQA, "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_h
 def _export_cache(tmp_path_factory: Any) -> Any:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(hfcache.CACHE_ENV, str(tmp_path_factory.mktemp("hf-cache")))
+        patch.setenv(TEMPLATES_ENV, "off")  # (the export itself is tested here; tests/test_hf_templates.py
+        # tests the templates)
         yield
 
 
