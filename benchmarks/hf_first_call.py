@@ -1,4 +1,5 @@
-"""Where the seconds of a first --hf call go: one CLI process per row (no export cache), its CPU and wall seconds
+"""Where the seconds of a first --hf call go: one CLI process per row (no export cache, no graph template: the export
+itself; benchmarks/hf_templates.py times the templates), its CPU and wall seconds
 split at the stages of the export and the analysis, its peak RSS, and the machine's load when it ran.
 
     python benchmarks/hf_first_call.py [--configs llama3-70b,mixtral-8x7b,whisper-large-v3] [--commands LABEL,...]
@@ -97,7 +98,7 @@ def first_call(root: Path, arguments: list[str]) -> dict[str, object]:
     code = RUNNER.format(shim=str(SHIM_DIR), root=str(root))
     load = os.getloadavg()[0]
     done = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
-                          env={**os.environ, "ONNXMEM_HF_CACHE": "off"})
+                          env={**os.environ, "ONNXMEM_HF_CACHE": "off", "ONNXMEM_HF_TEMPLATES": "off"})
     line = next((x for x in done.stderr.splitlines() if x.startswith("STAGES ")), None)
     if line is None:
         raise SystemExit(f"{arguments}: no stages ({done.stderr[-400:]})")

@@ -92,6 +92,32 @@ def test_unnamed_dims_of_a_kv_cache_are_sized_by_rule_without_inference(monkeypa
     assert len(present) == 6 and all(fast.types[name][1][2] == DIMS["past"] + DIMS["seq"] for name in present)
 
 
+def test_a_sequence_left_unknown_infers_nothing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.split exported without the optimizer: a SplitToSequence (a sequence has no tensor type, so no
+    # inference ever sizes it) read by SequenceAt; at bound dims it is the only unknown, and the whole graph was
+    # inferred again for it at every probe of fit (Mixtral-8x7B's gate and up projections: 6 s each)
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["parts"], axis=1, keepdims=1),
+             helper.make_node("SequenceAt", ["parts", "zero"], ["first"]),
+             helper.make_node("Relu", ["first"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [helper.make_tensor("zero", TensorProto.INT64, [], [0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    symbolic = planner.infer_symbolic(model)
+    assert shapes.evaluate_known(symbolic, {"batch": 3})[1] == {"parts"}
+    whole = shapes.bind_and_infer(model, {"batch": 3})
+
+    def no_inference(*args: object) -> None:
+        raise AssertionError("inferred again")
+
+    monkeypatch.setattr(shapes, "_infer_rest", no_inference)
+    monkeypatch.setattr(shapes, "_infer", no_inference)
+    fast = shapes.bind_and_infer(model, {"batch": 3}, symbolic=symbolic, graph=build_graph(model))
+    assert fast.types == whole.types and fast.types["first"][2] == 12
+
+
 @pytest.mark.parametrize(("rule", "rank", "inputs", "axis", "sizes"), [
     ("concat", 4, [(2, 2, 3, 16), (2, 2, 16, 16)], 2, [2, 2, 19, 16]),
     ("concat", 2, [(2, 3), (2, "unk__1")], 1, [2, None]),  # an input dim not known: no size
