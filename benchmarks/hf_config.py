@@ -12,8 +12,9 @@ imported just before torchvision, which transformers imports, so a process that 
 imports torch for it), timed from start to exit; its peak RSS is the process's own (os.wait4's ru_maxrss). Each row
 runs twice with ONNXMEM_HF_CACHE set to a new empty folder of its own: "first" exports (or, where one of the shipped
 graph templates applies, makes the graph from it: frontends/templates.py, not kept in the cache; run with
-ONNXMEM_HF_TEMPLATES=off to time the export), "cached" reads the export the first one kept; "same" says whether the two answers are equal (the JSON but for the model's path). --no-cache
-(ONNXMEM_HF_CACHE=off) runs each row once, exporting, as onnxmem did before the cache.
+ONNXMEM_HF_TEMPLATES=off to time the export), "cached" reads the export the first one kept; "same" says whether
+the two answers are equal (the JSON but for the model's path). --no-cache (ONNXMEM_HF_CACHE=off) runs each row
+once, exporting, as onnxmem did before the cache.
 Rows: report (inference), report --training --precision amp-bf16, fit --gpu H100-80GB (inference, the batch); for
 causal LMs, the serving step with its KV cache (--hf-task decode): its report at 32 sequences of 8k context, a
 prefill of 8k tokens (past=0), fit's largest context for 32 sequences and its largest concurrency at 8k. The last
