@@ -61,8 +61,31 @@ def _whisper(d_model: int, layers: int, heads: int, ffn: int, mels: int, vocab: 
             "decoder_ffn_dim": ffn, "num_mel_bins": mels, "vocab_size": vocab}
 
 
+QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
+         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "sliding_window": 131072, "use_sliding_window": False,
+         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 152064,
+         "max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151645}
+MISTRAL = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1e6, "sliding_window": None,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32768,
+           "max_position_embeddings": 32768, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _decoder(base: dict[str, Any], hidden: int, inter: int, layers: int, heads: int, kv: int, **more: Any) \
+        -> dict[str, Any]:
+    return {**base, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, **more}
+
+
+# References of the families beyond hf_config's (published shapes, as their config.json write them).
+REFERENCES = {
+    "qwen2.5-72b": (_decoder(QWEN2, 8192, 29568, 80, 64, 8, max_window_layers=70), {"batch": 1, "seq": 4096}),
+    "mistral-7b-v0.3": (_decoder(MISTRAL, 4096, 14336, 32, 32, 8), {"batch": 1, "seq": 4096}),
+}
 # Validation configs (a template is checked on them when it is made) and held-out ones (compare only).
 VALIDATION = {
+    "qwen2.5-7b": (_decoder(QWEN2, 3584, 18944, 28, 28, 4, max_window_layers=28), {"batch": 1, "seq": 4096}),
+    "codestral-22b": (_decoder(MISTRAL, 6144, 16384, 56, 48, 8), {"batch": 1, "seq": 4096}),
     "llama3-8b": (CONFIGS["llama3-8b"][0], {"batch": 1, "seq": 4096}),
     "mixtral-8x22b": ({**MIXTRAL, "hidden_size": 6144, "intermediate_size": 16384, "num_hidden_layers": 56,
                        "num_attention_heads": 48, "num_key_value_heads": 8, "vocab_size": 32768,
@@ -83,6 +106,12 @@ HELD_OUT = {
                            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
                            "max_position_embeddings": 8192, "rope_theta": 1e6, "num_local_experts": 4},
                           {"batch": 2, "seq": 2048}),
+    "qwen2.5-32b": (_decoder(QWEN2, 5120, 27648, 64, 40, 8, max_window_layers=64), {"batch": 1, "seq": 4096}),
+    "qwen2.5-0.5b (tied)": (_decoder(QWEN2, 896, 4864, 24, 14, 2, max_window_layers=24, tie_word_embeddings=True),
+                            {"batch": 4, "seq": 4096}),
+    "mistral-3b-shaped": (_decoder(MISTRAL, 3072, 8192, 26, 24, 8), {"batch": 2, "seq": 4096}),
+    "mistral-7b-v0.1 (sliding window)": ({**_decoder(MISTRAL, 4096, 14336, 32, 32, 8), "sliding_window": 4096,
+                                          "vocab_size": 32000}, {"batch": 1, "seq": 4096}),
     "whisper-small": (_whisper(768, 12, 12, 3072, 80, 51865), {"batch": 2, "decoder_seq": 448}),
     "whisper-base": (_whisper(512, 6, 8, 2048, 80, 51865), {"batch": 4, "decoder_seq": 448}),
 }
@@ -94,10 +123,16 @@ TEMPLATES = (
     ("mixtral-causal-lm", "mixtral-8x7b", False, None, ("mixtral-8x22b",)),
     ("mixtral-causal-lm-training", "mixtral-8x7b", True, None, ("mixtral-8x22b",)),
     ("mixtral-decode", "mixtral-8x7b", False, "decode", ("mixtral-8x22b",)),
+    ("qwen2-causal-lm", "qwen2.5-72b", False, None, ("qwen2.5-7b",)),
+    ("qwen2-causal-lm-training", "qwen2.5-72b", True, None, ("qwen2.5-7b",)),
+    ("qwen2-decode", "qwen2.5-72b", False, "decode", ("qwen2.5-7b",)),
+    ("mistral-causal-lm", "mistral-7b-v0.3", False, None, ("codestral-22b",)),
+    ("mistral-causal-lm-training", "mistral-7b-v0.3", True, None, ("codestral-22b",)),
+    ("mistral-decode", "mistral-7b-v0.3", False, "decode", ("codestral-22b",)),
     ("whisper-speech-seq2seq", "whisper-large-v3", False, None, ("whisper-medium",)),
     ("whisper-speech-seq2seq-training", "whisper-large-v3", True, None, ("whisper-medium",)),
 )
-ALL = {**{name: CONFIGS[name] for name in CONFIGS}, **VALIDATION, **HELD_OUT}
+ALL = {**{name: CONFIGS[name] for name in CONFIGS}, **REFERENCES, **VALIDATION, **HELD_OUT}
 
 
 def make(only: set[str] | None) -> None:
@@ -112,7 +147,7 @@ def make(only: set[str] | None) -> None:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as staging:
             try:
-                path = make_template(CONFIGS[reference][0], Path(staging), name, training=training, task=task,
+                path = make_template(ALL[reference][0], Path(staging), name, training=training, task=task,
                                      validate=tuple({**ALL[c][0], "_name": c} for c in checks),
                                      progress=lambda line, n=name: print(f"  {n}: {line}", file=sys.stderr))
             except TemplateError as error:
@@ -142,8 +177,8 @@ def run(arguments: list[str], cache: str, templates: bool) -> tuple[float, int, 
         wall = time.perf_counter() - start
         out.seek(0)
         text = out.read().decode()
-    source = next(("template" if "template" in line else "export" for line in lines
-                   if line.startswith("onnxmem:") and ("template" in line or "exported" in line)), "?")
+    source = "template" if any(line.startswith("onnxmem:") and "from onnxmem's" in line for line in lines) else \
+        "export" if any(line.startswith("onnxmem:") and " exported in " in line for line in lines) else "?"
     return wall, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status), text, source
 
 
@@ -186,7 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("make", "compare"))
     parser.add_argument("--only", default=None, help="make: these templates (comma-separated names)")
-    parser.add_argument("--configs", default=",".join([*CONFIGS, *HELD_OUT]))
+    parser.add_argument("--configs", default=",".join([*CONFIGS, *REFERENCES, *HELD_OUT]))
     parser.add_argument("--commands", default=",".join([*(label for label, _ in COMMANDS),
                                                          *(label for label, _, _ in DECODE_COMMANDS)]))
     args = parser.parse_args()

@@ -44,7 +44,7 @@ PROVIDER_HELP = ("The onnxruntime execution provider the estimate assumes: cuda 
 EXIT_INTERNAL = 3
 HF_HELP = ("MODEL is a Hugging Face transformers config.json (or the folder holding one): the model is built "
            "without weights and exported, nothing downloaded (needs torch and transformers), or made from a shipped "
-           "graph template of its family where one applies (Llama, Mixtral, Whisper: no torch; "
+           "graph template of its family where one applies (Llama, Mistral, Qwen2, Mixtral, Whisper: no torch; "
            "ONNXMEM_HF_TEMPLATES=off always exports).")
 # (onnxmem.hf.TASKS, written here: the command line starts without importing onnxmem.hf)
 HF_TASKS = ("causal-lm", "decode", "seq2seq", "speech-seq2seq", "classifier", "masked-lm", "vision")

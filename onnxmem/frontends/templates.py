@@ -1,7 +1,7 @@
 """Graph templates: a config's export made without torch, from the export of an architecture's reference config
-whose sizes are rewritten to the config's. A first `--hf` call on a config of a shipped family (Llama, Mixtral,
-Whisper, ...) then takes a second or two: no torch, transformers or exporter is imported (their imports and the
-exporter's two traces are 13-14 CPU s of a first export, which no change inside them removes).
+whose sizes are rewritten to the config's. A first `--hf` call on a config of a shipped family (Llama, Mistral,
+Qwen2, Mixtral, Whisper) then takes a second or two: no torch, transformers or exporter is imported (their imports
+and the exporter's two traces are 13-14 CPU s of a first export, which no change inside them removes).
 
 How a template is made (frontends/template_maker.py, offline, with torch): the reference config is exported with
 its layer stacks cut to two (hf.trace_config), then once per integer key with that key doubled. Each integer the
