@@ -612,7 +612,7 @@ def exported(config: str | os.PathLike[str], *, training: bool = False, task: st
         if found is not None:
             start = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
-                made = _from_template(found, Path(folder), training, task, say)
+                made = _from_template(found, Path(folder), training, task, lambda line: say(f"{path}: {line}"))
                 if made is not None:
                     say(f"{path}: from {found[0].label} in {time.perf_counter() - start:.1f} s")
                     yield made
@@ -639,12 +639,17 @@ def _from_template(found: Any, folder: Path, training: bool, task: str | None,
     read back (the config is then exported)."""
     from google.protobuf.message import DecodeError
 
+    from onnxmem.frontends.templates import TooLarge
+
     try:
         traced = found[0].instantiate(found[1])
         target = folder / f"{traced.model_class}{_suffix(training, task)}.onnx"
         write_traced(traced, target)
+    except TooLarge as error:
+        say(f"{found[0].label} does not apply: {error}; exporting")
+        return None
     except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, DecodeError) as error:
-        say(f"{found[0].path.name}: not a whole template ({type(error).__name__}: {one_line(str(error), 120)}); "
+        say(f"{found[0].path.name} is not a whole template ({type(error).__name__}: {one_line(str(error), 120)}); "
             "exporting instead")
         return None
     return HfModel(target, traced.model_class, traced.task, traced.dims, *traced.counts)

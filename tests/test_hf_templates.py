@@ -200,3 +200,15 @@ def test_a_torn_template_is_no_error(made: templates.Template, tmp_path: Path,
     with hf.exported(_config(tmp_path / "other", OTHER), progress=said.append) as export:
         assert export.path.is_file()
     assert any("not a whole template" in line for line in said) and any("exported in" in line for line in said)
+
+
+def test_hostile_sizes_are_refused_not_written(made: templates.Template) -> None:
+    # a dim past what any model holds is refused before the graph is read; weights past what any file holds
+    # (each dim plausible, their product not) when the graph is made: either way the config is exported, and
+    # the exporter says what it says of it (an overflow in a one-line error)
+    reason = templates.sizes_or_reason(made.record, {**OTHER, "hidden_size": 2**62})
+    assert isinstance(reason, str) and "a size of its graph is" in reason
+    sizes = templates.applies(made.record, {**OTHER, "hidden_size": 2**40, "num_attention_heads": 2**10})
+    assert sizes is not None
+    with pytest.raises(templates.TooLarge, match="its weights would be"):
+        templates.instantiate(made, sizes)

@@ -57,6 +57,8 @@ _ROPE = re.compile(r"^rope_(scaling|parameters)$")
 _PROBABILITY = re.compile(r"(dropout|_pdrop|dropout_prob|dropout_rate)$")
 _ALIASES = {"torch_dtype": "dtype"}
 # The graph's integers a template rewrites, by where they are.
+LARGEST = 1 << 48  # the largest size a template writes (a dim of 2^48 elements is no model's)
+LARGEST_BYTES = 1 << 62  # the most bytes of weights it writes (the sparse data file's length)
 KEPT_LAYERS = 2  # (frontends/layers.py's: a template's stacks hold two layers)
 _SMALL = 64  # an embedded integer tensor of at most this many elements holds sizes (a Reshape's shape)
 
@@ -213,9 +215,9 @@ def sizes_or_reason(record: Mapping[str, Any], config: Mapping[str, Any]) -> dic
                 return f"{a} {'=' if sizes[a] == sizes[b] else '!='} {b}, unlike the template's"
     for _, reference, powers in record["slots"]:
         value = _monomial(reference, powers, reference_sizes, sizes)
-        if value.denominator != 1 or value < 0:
+        if value.denominator != 1 or value < 0 or value > LARGEST:
             monomial = " x ".join(f"{k}^{e}" for k, e in powers.items())
-            return f"a size of its graph is {value} at these sizes ({monomial})"
+            return f"a size of its graph is {float(value):.6g} at these sizes ({monomial})"
     return sizes
 
 
@@ -436,8 +438,8 @@ def instantiate(template: Template, sizes: Mapping[str, int]) -> Any:
         value = _monomial(reference, powers, reference_sizes, sizes)
         values[tuple(address)] = int(value)
     rewrite(proto, values)
-    _external_lengths(proto)
     stacks = {path: sizes[key] for path, key in record["layers"].items()}
+    _external_lengths(proto, stacks)
     axes = [{int(axis): name for axis, name in per_input.items()} for per_input in record["axes"]]
     per_layer = record["per_layer"]
     if per_layer:  # (a decode export's per-layer cache inputs: every layer's, once repeated)
@@ -448,17 +450,29 @@ def instantiate(template: Template, sizes: Mapping[str, int]) -> Any:
     return Traced(proto, record["model_class"], record["task"], stacks, axes, properties, per_layer, counts)
 
 
-def _external_lengths(proto: Any) -> None:
-    """Set each external weight's length to its bytes at its dims (the reference's before)."""
+class TooLarge(ValueError):
+    """The weights a template would write at a config's sizes are more bytes than any file holds."""
+
+
+def _external_lengths(proto: Any, stacks: Mapping[str, int]) -> None:
+    """Set each external weight's length to its bytes at its dims (the reference's before); raise TooLarge where
+    the model's weights (every layer's) would be more than LARGEST_BYTES."""
     import onnx
 
     from onnxmem.ir.dtypes import tensor_bytes
 
+    total = 0
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            length = tensor_bytes(tensor.data_type, math.prod(tensor.dims)) or 0
+            copies = max((count for prefix, count in stacks.items() if tensor.name.startswith(f"{prefix}.")),
+                         default=1)
+            total += length * copies
             for entry in tensor.external_data:
                 if entry.key == "length":
-                    entry.value = str(tensor_bytes(tensor.data_type, math.prod(tensor.dims)) or 0)
+                    entry.value = str(length)
+    if total > LARGEST_BYTES:
+        raise TooLarge(f"its weights would be {float(total):.3g} bytes")
 
 
 def graph_file(record_file: Path) -> Path:
