@@ -212,3 +212,22 @@ def test_hostile_sizes_are_refused_not_written(made: templates.Template) -> None
     assert sizes is not None
     with pytest.raises(templates.TooLarge, match="its weights would be"):
         templates.instantiate(made, sizes)
+
+
+def test_mutated_configs_never_raise(made: templates.Template) -> None:
+    # each key of a config given another type or an extreme value: a template applies or says why, never raises
+    import random
+
+    odd: list[Any] = [None, True, -1, 0, 2**70, 1.5, float("nan"), "x", [], {}, [1, 2], {"a": 1}]
+    draw = random.Random(7)
+    for _ in range(300):
+        config: dict[str, Any] = dict(OTHER)
+        for key in draw.sample(sorted(config), draw.randint(1, 3)):
+            config[key] = draw.choice(odd)
+        found = templates.sizes_or_reason(made.record, config)
+        assert isinstance(found, (dict, str))
+        if isinstance(found, dict):
+            try:
+                templates.instantiate(made, found)
+            except templates.TooLarge:
+                pass
