@@ -217,7 +217,7 @@ def sizes_or_reason(record: Mapping[str, Any], config: Mapping[str, Any]) -> dic
         value = _monomial(reference, powers, reference_sizes, sizes)
         if value.denominator != 1 or value < 0 or value > LARGEST:
             monomial = " x ".join(f"{k}^{e}" for k, e in powers.items())
-            return f"a size of its graph is {float(value):.6g} at these sizes ({monomial})"
+            return f"a size of its graph is {float(value):.6g} at these sizes (a multiple of {monomial})"
     return sizes
 
 
