@@ -465,8 +465,8 @@ def _external_lengths(proto: Any, stacks: Mapping[str, int]) -> None:
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             length = tensor_bytes(tensor.data_type, math.prod(tensor.dims)) or 0
-            copies = max((count for prefix, count in stacks.items() if tensor.name.startswith(f"{prefix}.")),
-                         default=1)
+            copies = next((count - 1 for prefix, count in stacks.items() if tensor.name.startswith(f"{prefix}.1.")),
+                          1)  # (the second layer's, once per layer after the first)
             total += length * copies
             for entry in tensor.external_data:
                 if entry.key == "length":
