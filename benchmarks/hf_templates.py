@@ -115,23 +115,20 @@ HELD_OUT = {
     "whisper-small": (_whisper(768, 12, 12, 3072, 80, 51865), {"batch": 2, "decoder_seq": 448}),
     "whisper-base": (_whisper(512, 6, 8, 2048, 80, 51865), {"batch": 4, "decoder_seq": 448}),
 }
-# The shipped templates: name, reference config, mode (training, task), validation configs.
-TEMPLATES = (
-    ("llama-causal-lm", "llama3-70b", False, None, ("llama3-8b",)),
-    ("llama-causal-lm-training", "llama3-70b", True, None, ("llama3-8b",)),
-    ("llama-decode", "llama3-70b", False, "decode", ("llama3-8b",)),
-    ("mixtral-causal-lm", "mixtral-8x7b", False, None, ("mixtral-8x22b",)),
-    ("mixtral-causal-lm-training", "mixtral-8x7b", True, None, ("mixtral-8x22b",)),
-    ("mixtral-decode", "mixtral-8x7b", False, "decode", ("mixtral-8x22b",)),
-    ("qwen2-causal-lm", "qwen2.5-72b", False, None, ("qwen2.5-7b",)),
-    ("qwen2-causal-lm-training", "qwen2.5-72b", True, None, ("qwen2.5-7b",)),
-    ("qwen2-decode", "qwen2.5-72b", False, "decode", ("qwen2.5-7b",)),
-    ("mistral-causal-lm", "mistral-7b-v0.3", False, None, ("codestral-22b",)),
-    ("mistral-causal-lm-training", "mistral-7b-v0.3", True, None, ("codestral-22b",)),
-    ("mistral-decode", "mistral-7b-v0.3", False, "decode", ("codestral-22b",)),
-    ("whisper-speech-seq2seq", "whisper-large-v3", False, None, ("whisper-medium",)),
-    ("whisper-speech-seq2seq-training", "whisper-large-v3", True, None, ("whisper-medium",)),
+# The shipped families: name, reference config, validation config, task (decoders also get a decode template).
+FAMILIES = (
+    ("llama", "llama3-70b", "llama3-8b", "causal-lm"),
+    ("mixtral", "mixtral-8x7b", "mixtral-8x22b", "causal-lm"),
+    ("qwen2", "qwen2.5-72b", "qwen2.5-7b", "causal-lm"),
+    ("mistral", "mistral-7b-v0.3", "codestral-22b", "causal-lm"),
+    ("whisper", "whisper-large-v3", "whisper-medium", "speech-seq2seq"),
 )
+# The shipped templates: name, reference config, mode (training, task), validation configs.
+TEMPLATES = tuple(
+    (f"{family}-{name}", reference, training, asked, (check,))
+    for family, reference, check, task in FAMILIES
+    for name, training, asked in ((task, False, None), (f"{task}-training", True, None),
+                                  *((("decode", False, "decode"),) if task == "causal-lm" else ())))
 ALL = {**{name: CONFIGS[name] for name in CONFIGS}, **REFERENCES, **VALIDATION, **HELD_OUT}
 
 

@@ -607,8 +607,10 @@ def exported(config: str | os.PathLike[str], *, training: bool = False, task: st
         from onnxmem.frontends import templates as graph_templates
 
         _check_task(task, training)
-        found = graph_templates.find_template(_config_data(path), training=training, task=task, lora=lora) \
-            if (graph_templates.enabled() if templates is None else templates) else None
+        use = graph_templates.enabled() if templates is None else templates
+        data = _config_data(path) if use and lora is None else None
+        found = graph_templates.find_template(data, training=training, task=task, lora=lora) \
+            if data is not None else None
         if found is not None:
             start = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="onnxmem-hf-") as folder:
@@ -617,8 +619,8 @@ def exported(config: str | os.PathLike[str], *, training: bool = False, task: st
                     say(f"{path}: from {found[0].label} in {time.perf_counter() - start:.1f} s")
                     yield made
                     return
-        elif lora is None and (graph_templates.enabled() if templates is None else templates):
-            reason = graph_templates.refusal(_config_data(path), training=training, task=task)
+        elif data is not None:
+            reason = graph_templates.refusal(data, training=training, task=task)
             if reason is not None:
                 say(f"{path}: {reason}; exporting")
         made = cached_export(path, training=training, task=task, lora=lora, progress=say)

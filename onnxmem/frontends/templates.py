@@ -102,38 +102,41 @@ def _templates(folder: Path) -> Iterator[Template]:
             yield Template(path, record)
 
 
+def _of_mode(config: Mapping[str, Any], training: bool, task: str | None, folder: Path | None) -> Iterator[Template]:
+    """Give the templates of `config`'s family made for this mode (training or not, the task asked or found)."""
+    for template in _templates(FOLDER if folder is None else folder):
+        record = template.record
+        if record["model_type"] == config.get("model_type") and record["training"] == training and \
+                task in (record["asked"], record["task"]):
+            yield template
+
+
+def _sizes_or_reason(template: Template, config: Mapping[str, Any]) -> dict[str, int] | str | None:
+    try:
+        return sizes_or_reason(template.record, config)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        return None  # a record not of this format's shape: no template
+
+
 def find_template(config: Mapping[str, Any], *, training: bool, task: str | None, lora: int | None,
                   folder: Path | None = None) -> tuple[Template, dict[str, int]] | None:
     """Give the template that exports `config` (a config.json's object) for this mode and the sizes it binds, or
     None where no template is checked for it (then the config is exported)."""
     if lora is not None:
         return None
-    for template in _templates(FOLDER if folder is None else folder):
-        record = template.record
-        if record["model_type"] != config.get("model_type") or record["training"] != training or \
-                not (task == record["asked"] or task == record["task"]):
-            continue
-        try:
-            sizes = applies(record, config)
-        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
-            continue  # a record not of this format's shape: no template
-        if sizes is not None:
+    for template in _of_mode(config, training, task, folder):
+        sizes = _sizes_or_reason(template, config)
+        if isinstance(sizes, dict):
             return template, sizes
     return None
 
 
 def refusal(config: Mapping[str, Any], *, training: bool, task: str | None, folder: Path | None = None) -> str | None:
     """Give why the template of this config's family and mode does not apply to it, None where there is none."""
-    for template in _templates(FOLDER if folder is None else folder):
-        record = template.record
-        if record.get("model_type") == config.get("model_type") and record.get("training") == training and \
-                task in (record.get("asked"), record.get("task")):
-            try:
-                found = sizes_or_reason(record, config)
-            except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
-                continue
-            if isinstance(found, str):
-                return f"{template.label} does not apply: {found}"
+    for template in _of_mode(config, training, task, folder):
+        found = _sizes_or_reason(template, config)
+        if isinstance(found, str):
+            return f"{template.label} does not apply: {found}"
     return None
 
 
@@ -360,27 +363,23 @@ def rewrite(proto: Any, values: Mapping[tuple[Any, ...], int]) -> None:
 def _set_constants(graph: Any, computed: list[Any], uses: Mapping[tuple[int, int], Mapping[int, int]]) -> None:
     """Give each use of a constant (a node's input) the elements `uses` says, a Constant node per distinct value."""
     constants = {node.output[0]: node for node in graph.node if _is_constant(node)}
-    wanted: dict[str, dict[tuple[int, ...], list[tuple[int, int]]]] = {}
     readers: dict[str, list[tuple[int, int]]] = {}
     for k, node in enumerate(computed):
         for j, name in enumerate(node.input):
             if name in constants:
                 readers.setdefault(name, []).append((k, j))
-    for name, uses_of in readers.items():
-        dtype, dims, elements = constant_value(constants[name])
-        for use in uses_of:
-            changed = uses.get(use)
-            if elements is None or not changed:
-                value = tuple(elements or ())
-            else:
-                value = tuple(changed.get(e, v) for e, v in enumerate(elements))
-            wanted.setdefault(name, {}).setdefault(value, []).append(use)
     added: dict[str, list[Any]] = {}
-    for name, by_value in wanted.items():
+    for name, uses_of in readers.items():
         node = constants[name]
         dtype, dims, elements = constant_value(node)
+        if elements is None:
+            continue  # (no integers: nothing to set)
+        by_value: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for use in uses_of:
+            changed = uses.get(use) or {}
+            by_value.setdefault(tuple(changed.get(e, v) for e, v in enumerate(elements)), []).append(use)
         for n, (value, users) in enumerate(by_value.items()):
-            if elements is None or list(value) == elements and n == 0:
+            if list(value) == elements and n == 0:
                 continue
             target = node
             if n > 0:  # (a second value: a Constant node of its own)
@@ -450,6 +449,12 @@ def instantiate(template: Template, sizes: Mapping[str, int]) -> Any:
     return Traced(proto, record["model_class"], record["task"], stacks, axes, properties, per_layer, counts)
 
 
+def layer_copies(name: str, stacks: Mapping[str, int]) -> int:
+    """Give how many layers a template's weight stands for: the second layer's, once per layer after the first
+    (frontends/layers.py copies it); any other, one."""
+    return next((count - 1 for prefix, count in stacks.items() if name.startswith(f"{prefix}.1.")), 1)
+
+
 class TooLarge(ValueError):
     """The weights a template would write at a config's sizes are more bytes than any file holds."""
 
@@ -465,9 +470,7 @@ def _external_lengths(proto: Any, stacks: Mapping[str, int]) -> None:
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             length = tensor_bytes(tensor.data_type, math.prod(tensor.dims)) or 0
-            copies = next((count - 1 for prefix, count in stacks.items() if tensor.name.startswith(f"{prefix}.1.")),
-                          1)  # (the second layer's, once per layer after the first)
-            total += length * copies
+            total += length * layer_copies(tensor.name, stacks)
             for entry in tensor.external_data:
                 if entry.key == "length":
                     entry.value = str(length)
@@ -517,11 +520,7 @@ def parameter_counts(proto: Any, stacks: Mapping[str, int]) -> tuple[int, int, i
         tensor = tensors.get(name)
         if tensor is None:
             continue
-        copies = 1
-        for prefix, count in stacks.items():
-            if name.startswith(f"{prefix}.1."):
-                copies = count - 1
-        elements = math.prod(tensor.dims) * copies
+        elements = math.prod(tensor.dims) * layer_copies(name, stacks)
         counts[0] += elements
         counts[1] += tensor_bytes(tensor.data_type, elements) or 0
         counts[2] += elements if ".lora_" in name else 0

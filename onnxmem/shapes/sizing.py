@@ -489,15 +489,19 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
         graph.value_info.extend(declared)
         _substitute(graph, bound)  # the inputs below are sized already
     type_protos: dict[TensorType, onnx.TypeProto] = {}  # layers repeat their types: make each one once
+
+    def type_proto(sized: TensorType) -> onnx.TypeProto:
+        made_once = type_protos.get(sized)
+        if made_once is None:
+            made_once = type_protos[sized] = onnx.helper.make_tensor_type_proto(sized[0], list(sized[1] or ()))
+        return made_once
+
     # what the part makes that is known already (a shape value's producers, taken in for its value) keeps its
     # known sizes: inferred again from the part alone, a Range of a size the part does not hold would lose them
     for name in sorted(made - unknown):
         sized = known.get(name)
         if sized is not None and sized[1] is not None and sized[2] is not None:
-            type_proto = type_protos.get(sized)
-            if type_proto is None:
-                type_proto = type_protos[sized] = onnx.helper.make_tensor_type_proto(sized[0], list(sized[1]))
-            graph.value_info.append(ValueInfoProto(name=name, type=type_proto))
+            graph.value_info.append(ValueInfoProto(name=name, type=type_proto(sized)))
     entered: set[str] = set()
     inputs = []
     for i in part:
@@ -513,10 +517,7 @@ def _infer_part(model: ModelProto, wiring: ModelGraph, part: list[int], folded: 
             sized = known.get(name, UNKNOWN_TYPE)
             if sized[1] is None:
                 return None
-            type_proto = type_protos.get(sized)
-            if type_proto is None:
-                type_proto = type_protos[sized] = onnx.helper.make_tensor_type_proto(sized[0], list(sized[1]))
-            inputs.append(ValueInfoProto(name=name, type=type_proto))
+            inputs.append(ValueInfoProto(name=name, type=type_proto(sized)))
     graph.input.extend(inputs)
     try:
         inferred, _ = _bounded_inference(sub, True, [])  # (the whole graph's inference warns of a long vector)
